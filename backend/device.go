@@ -1,0 +1,108 @@
+package backend
+
+import (
+	"sync"
+
+	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio"
+)
+
+// Device is what a device type implements. It never sees the vhost-user
+// wire: the session negotiates, maps memory and runs the rings, and calls the
+// device for its features, its config space and the work on its queues.
+//
+// Methods may be called from several goroutines at once (the session's and
+// one worker per started queue); implementations synchronise themselves.
+type Device interface {
+	// Features returns the virtio feature bits the device offers. The
+	// session adds VHOST_USER_F_PROTOCOL_FEATURES (bit 30) on the wire.
+	Features() uint64
+	// NumQueues is the number of virtqueues (GET_QUEUE_NUM).
+	NumQueues() int
+	// MaxQueueSize bounds SET_VRING_NUM.
+	MaxQueueSize() int
+	// ConfigSize is the size of the device config space in bytes.
+	ConfigSize() int
+	// ReadConfig fills buf from config space at off. The session has
+	// checked that [off, off+len(buf)) lies within ConfigSize.
+	ReadConfig(off int, buf []byte) error
+	// WriteConfig writes data at off (checked like ReadConfig).
+	WriteConfig(off int, data []byte) error
+
+	// Attach is called when a front-end connects, with the host services
+	// the device may use until Detach: its guest memory and queues.
+	Attach(h Host)
+	// HandleQueue processes what the driver made available on q. It is
+	// called by q's worker after a kick, with q locked and a memory table
+	// held; it must return promptly once q.Stopping() is true. A returned
+	// error breaks the ring (it stays stopped until the front-end sets it
+	// up again).
+	HandleQueue(q *Queue) error
+	// Reset returns the device to its initial state, releasing everything
+	// the driver created (RESET_DEVICE, front-end disconnect).
+	Reset()
+	// Detach follows Reset when the front-end is gone.
+	Detach()
+}
+
+// Host is what the session offers a device.
+type Host interface {
+	// Memory is the guest memory of the connected front-end.
+	Memory() *memmap.Memory
+	// Queue returns queue i (nil if out of range). Use Queue.Run to work
+	// on it from outside HandleQueue.
+	Queue(i int) *Queue
+	// NotifyConfigChange asks the front-end to raise a config-change
+	// interrupt (BACKEND_CONFIG_CHANGE_MSG). It is a no-op without a
+	// backend channel.
+	NotifyConfigChange() error
+}
+
+// Queue is a device's handle on one virtqueue. Between HandleQueue calls a
+// device can reach it only through Run, which takes the same lock as the
+// worker.
+type Queue struct {
+	index int // immutable
+
+	mu    sync.Mutex
+	vr    *vring              // immutable
+	vq    *virtio.DeviceQueue // protected by mu; nil while the ring is stopped
+	table *memmap.Table       // protected by mu; set only while locked for work
+	dirty bool                // protected by mu; something was pushed
+}
+
+// Index is the queue's index.
+func (q *Queue) Index() int { return q.index }
+
+// Memory is the guest memory table held for the current piece of work.
+// Precondition: called inside HandleQueue or Run.
+func (q *Queue) Memory() *memmap.Table { return q.table }
+
+// Pop takes the next available chain into c; see virtio.DeviceQueue.Pop.
+// Precondition: called inside HandleQueue or Run.
+func (q *Queue) Pop(c *virtio.Chain) (bool, error) {
+	return q.vq.Pop(q.table, c)
+}
+
+// Push returns a chain to the driver; the interrupt, if the driver wants
+// one, is sent when the current HandleQueue or Run returns.
+// Precondition: called inside HandleQueue or Run.
+func (q *Queue) Push(head uint16, written uint32) error {
+	if err := q.vq.Push(head, written); err != nil {
+		return err
+	}
+	q.dirty = true
+	return nil
+}
+
+// Stopping reports whether the ring is being stopped or the front-end is
+// going away; long-running handlers poll it.
+func (q *Queue) Stopping() bool { return q.vr.stopping.Load() }
+
+// Run runs fn with the queue locked and a memory table held, and signals
+// the driver afterwards if fn pushed and the driver wants it. It returns
+// ErrQueueStopped when the ring is not running, and breaks the ring if fn
+// returns an error or faults on guest memory.
+func (q *Queue) Run(fn func(q *Queue) error) error {
+	return q.vr.run(fn)
+}

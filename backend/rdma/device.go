@@ -1,0 +1,340 @@
+package rdma
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/google/uuid"
+	"github.com/sirupsen/logrus"
+
+	"github.com/vrdma/vrdma/backend"
+	"github.com/vrdma/vrdma/virtio"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+)
+
+// Limits are a device's resource limits, reported in config space and
+// QUERY_DEVICE and enforced by the control path.
+type Limits struct {
+	MaxQP         uint32
+	MaxQPWR       uint32
+	MaxSGE        uint32
+	MaxCQ         uint32
+	MaxCQE        uint32
+	MaxMR         uint32
+	MaxPD         uint32
+	MaxAH         uint32
+	MaxMRSize     uint64
+	MaxInlineData uint32
+	MaxQPRdAtom   uint32
+}
+
+// DefaultLimits are the limits of a device created without explicit ones.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxQP: 1024, MaxQPWR: 4096, MaxSGE: 16, MaxCQ: 1024, MaxCQE: 65536,
+		MaxMR: 4096, MaxPD: 256, MaxAH: 1024, MaxMRSize: 1 << 40,
+		MaxInlineData: 256, MaxQPRdAtom: 16,
+	}
+}
+
+// Config describes a device.
+type Config struct {
+	// ID names the device in logs and the control API.
+	ID string
+	// UUID identifies the device; node GUID and GID derive from it. The
+	// zero UUID means a random one.
+	UUID uuid.UUID
+	// DoorbellQueues is the number of doorbell queues (one per guest
+	// vCPU); zero means 1.
+	DoorbellQueues int
+	// MaxQueueSize bounds each virtqueue's size; zero means 1024.
+	MaxQueueSize int
+	// Limits; the zero value means DefaultLimits.
+	Limits Limits
+}
+
+// maxRequest bounds a control request's size (header included). The largest
+// command, REG_MR with an inline page list, fits in it.
+const maxRequest = 64 << 10
+
+// maxResponse bounds a control response (header included).
+const maxResponse = 4 << 10
+
+// Device is the vrdma device served on one socket.
+type Device struct {
+	cfg  Config        // immutable
+	log  *logrus.Entry // immutable
+	conf abi.Config    // immutable config space image
+	raw  [abi.ConfigSize]byte
+
+	// Control-queue scratch, protected by the control queue's lock (only
+	// HandleQueue on queue 0 uses them).
+	chain virtio.Chain
+	req   []byte
+	resp  []byte
+
+	mu   sync.Mutex
+	host backend.Host // protected by mu
+
+	commands atomic.Uint64
+	errors   atomic.Uint64
+}
+
+// Option configures a Device.
+type Option func(*Device)
+
+// WithLogger sets the logger.
+func WithLogger(l *logrus.Entry) Option { return func(d *Device) { d.log = l } }
+
+// New creates a device.
+func New(cfg Config, opts ...Option) (*Device, error) {
+	if cfg.DoorbellQueues == 0 {
+		cfg.DoorbellQueues = 1
+	}
+	if cfg.DoorbellQueues < 0 || cfg.DoorbellQueues > 256 {
+		return nil, fmt.Errorf("rdma: %d doorbell queues out of range [1, 256]", cfg.DoorbellQueues)
+	}
+	if cfg.MaxQueueSize == 0 {
+		cfg.MaxQueueSize = 1024
+	}
+	if cfg.MaxQueueSize < 2 || cfg.MaxQueueSize > virtio.MaxQueueSize || cfg.MaxQueueSize&(cfg.MaxQueueSize-1) != 0 {
+		return nil, fmt.Errorf("rdma: max queue size %d is not a power of two in [2, %d]", cfg.MaxQueueSize, virtio.MaxQueueSize)
+	}
+	if cfg.Limits == (Limits{}) {
+		cfg.Limits = DefaultLimits()
+	}
+	if cfg.UUID == uuid.Nil {
+		cfg.UUID = uuid.New()
+	}
+	d := &Device{cfg: cfg, req: make([]byte, maxRequest), resp: make([]byte, maxResponse)}
+	for _, o := range opts {
+		o(d)
+	}
+	if d.log == nil {
+		l := logrus.New()
+		l.SetLevel(logrus.PanicLevel)
+		d.log = logrus.NewEntry(l)
+	}
+	d.log = d.log.WithField("device", cfg.ID)
+	guid := NodeGUID(cfg.UUID)
+	l := cfg.Limits
+	d.conf = abi.Config{
+		ABIVersion:        abi.ABIVersion,
+		NumDoorbellQueues: uint32(cfg.DoorbellQueues),
+		NodeGUID:          guid,
+		PortGID:           GID(guid),
+		MaxQP:             l.MaxQP,
+		MaxQPWR:           l.MaxQPWR,
+		MaxSGE:            l.MaxSGE,
+		MaxCQ:             l.MaxCQ,
+		MaxCQE:            l.MaxCQE,
+		MaxMR:             l.MaxMR,
+		MaxPD:             l.MaxPD,
+		MaxAH:             l.MaxAH,
+		MaxMRSize:         l.MaxMRSize,
+		MaxInlineData:     l.MaxInlineData,
+		ActiveMTU:         abi.MTU4096,
+		PortState:         abi.PortActive,
+		MaxQPRdAtom:       l.MaxQPRdAtom,
+	}
+	copy(d.raw[:], abi.Marshal(&d.conf))
+	return d, nil
+}
+
+// NodeGUID derives an EUI-64 node GUID from a UUID: its first eight bytes
+// with the locally-administered bit set and the group bit clear.
+func NodeGUID(u uuid.UUID) uint64 {
+	g := binary.BigEndian.Uint64(u[:8])
+	g |= 0x02 << 56
+	g &^= 0x01 << 56
+	return g
+}
+
+// GID is the port's GID 0: fe80::/64 with the node GUID as interface ID, as
+// IB and RoCE form a default GID.
+func GID(guid uint64) [16]byte {
+	var g [16]byte
+	g[0], g[1] = 0xfe, 0x80
+	binary.BigEndian.PutUint64(g[8:], guid)
+	return g
+}
+
+// ID is the device's ID.
+func (d *Device) ID() string { return d.cfg.ID }
+
+// UUID is the device's UUID.
+func (d *Device) UUID() uuid.UUID { return d.cfg.UUID }
+
+// ConfigSpace returns the config space as the driver sees it.
+func (d *Device) ConfigSpace() abi.Config { return d.conf }
+
+// Stats are the device's counters.
+type Stats struct {
+	Commands uint64 `json:"commands"`
+	Errors   uint64 `json:"errors"`
+}
+
+// Stats returns the device's counters.
+func (d *Device) Stats() Stats {
+	return Stats{Commands: d.commands.Load(), Errors: d.errors.Load()}
+}
+
+// backend.Device implementation.
+
+func (d *Device) Features() uint64 {
+	return virtio.FeatureVersion1 | virtio.FeatureIndirectDesc | virtio.FeatureEventIdx
+}
+
+func (d *Device) NumQueues() int    { return abi.FirstDoorbellQueue + d.cfg.DoorbellQueues }
+func (d *Device) MaxQueueSize() int { return d.cfg.MaxQueueSize }
+func (d *Device) ConfigSize() int   { return abi.ConfigSize }
+
+func (d *Device) ReadConfig(off int, buf []byte) error {
+	if off < 0 || off > len(d.raw) || len(buf) > len(d.raw)-off {
+		return fmt.Errorf("config read [%d, +%d) out of range", off, len(buf))
+	}
+	copy(buf, d.raw[off:])
+	return nil
+}
+
+// WriteConfig ignores writes: the config space is read-only for the driver.
+func (d *Device) WriteConfig(off int, data []byte) error { return nil }
+
+func (d *Device) Attach(h backend.Host) {
+	d.mu.Lock()
+	d.host = h
+	d.mu.Unlock()
+}
+
+func (d *Device) Detach() {
+	d.mu.Lock()
+	d.host = nil
+	d.mu.Unlock()
+}
+
+// Reset releases everything the driver created. Version 1's control path
+// creates nothing yet.
+func (d *Device) Reset() {}
+
+// Connected reports whether a front-end is attached.
+func (d *Device) Connected() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.host != nil
+}
+
+func (d *Device) HandleQueue(q *backend.Queue) error {
+	switch q.Index() {
+	case abi.ControlQueue:
+		return d.handleControl(q)
+	default:
+		// The event queue's buffers stay posted until there is an event to
+		// write; doorbells are the engine's.
+		return nil
+	}
+}
+
+// errNoRoom is a control chain whose writable part cannot hold a response
+// header.
+var errNoRoom = errors.New("control response buffer too small")
+
+// handleControl runs the commands waiting on the control queue, in order.
+// The loop is bounded: a queue holds at most its size in chains, and Pop
+// fails on an index that jumps further.
+func (d *Device) handleControl(q *backend.Queue) error {
+	for !q.Stopping() {
+		ok, err := q.Pop(&d.chain)
+		if err != nil || !ok {
+			return err
+		}
+		n := d.execute(&d.chain)
+		if err := q.Push(d.chain.Head, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// execute runs one command and writes its response; it returns the bytes
+// written. The request is copied out of guest memory once and only the copy
+// is looked at.
+func (d *Device) execute(c *virtio.Chain) uint32 {
+	d.commands.Add(1)
+	if c.WritableLen < abi.RespHeaderSize {
+		d.errors.Add(1)
+		d.log.WithError(errNoRoom).Warn("control command dropped")
+		return 0
+	}
+	var st abi.Status
+	var payload []byte
+	if c.ReadableLen > uint64(len(d.req)) || c.ReadableLen < abi.CmdHeaderSize {
+		st = abi.StatusInvalid
+	} else {
+		req := d.req[:c.Gather(d.req)]
+		var h abi.CmdHeader
+		_ = abi.Unmarshal(req[:abi.CmdHeaderSize], &h)
+		op := abi.Opcode(h.Opcode)
+		if h.Flags != 0 || h.Reserved != 0 {
+			st = abi.StatusInvalid
+		} else {
+			payload, st = d.command(op, req[abi.CmdHeaderSize:])
+		}
+		if st != abi.StatusOK {
+			d.log.WithFields(logrus.Fields{"cmd": op.String(), "status": st.String()}).Debug("control command failed")
+		}
+	}
+	if st == abi.StatusOK && uint64(abi.RespHeaderSize+len(payload)) > c.WritableLen {
+		st, payload = abi.StatusInvalid, nil
+	}
+	if st != abi.StatusOK {
+		d.errors.Add(1)
+		payload = nil
+	}
+	resp := d.resp[:abi.RespHeaderSize+len(payload)]
+	binary.LittleEndian.PutUint32(resp[0:], uint32(st))
+	binary.LittleEndian.PutUint32(resp[4:], 0)
+	copy(resp[abi.RespHeaderSize:], payload)
+	return uint32(c.Scatter(resp))
+}
+
+// command dispatches one command on a validated header.
+func (d *Device) command(op abi.Opcode, req []byte) ([]byte, abi.Status) {
+	switch op {
+	case abi.CmdQueryDevice:
+		if len(req) != 0 {
+			return nil, abi.StatusInvalid
+		}
+		return abi.Marshal(d.deviceAttr()), abi.StatusOK
+	}
+	return nil, abi.StatusUnsupported
+}
+
+func (d *Device) deviceAttr() *abi.DeviceAttr {
+	c := &d.conf
+	return &abi.DeviceAttr{
+		FWVer:           abi.ABIVersion,
+		NodeGUID:        c.NodeGUID,
+		SysImageGUID:    c.NodeGUID,
+		MaxMRSize:       c.MaxMRSize,
+		PageSizeCap:     4096,
+		VendorID:        0x1af4,
+		VendorPartID:    0x1040 + abi.DeviceID,
+		HWVer:           1,
+		MaxQP:           c.MaxQP,
+		MaxQPWR:         c.MaxQPWR,
+		MaxSGE:          c.MaxSGE,
+		MaxCQ:           c.MaxCQ,
+		MaxCQE:          c.MaxCQE,
+		MaxMR:           c.MaxMR,
+		MaxPD:           c.MaxPD,
+		MaxQPRdAtom:     c.MaxQPRdAtom,
+		MaxQPInitRdAtom: c.MaxQPRdAtom,
+		AtomicCap:       abi.AtomicHCA,
+		MaxAH:           c.MaxAH,
+		PhysPortCnt:     1,
+		MaxInlineData:   c.MaxInlineData,
+	}
+}

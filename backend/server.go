@@ -1,0 +1,232 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+)
+
+// Config describes one device socket.
+type Config struct {
+	// Socket is the path of the unix socket QEMU connects to. A stale
+	// socket file (nobody listening) is replaced; a live one is an error.
+	Socket string
+	// Device is the device served on the socket; it lives as long as the
+	// server and is Reset between front-ends.
+	Device Device
+	// Mode is the socket file's permission; zero means 0600.
+	Mode os.FileMode
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithLogger sets the logger; the default discards.
+func WithLogger(l *logrus.Entry) Option { return func(s *Server) { s.log = l } }
+
+// Stats are a server's counters; all fields are atomic.
+type Stats struct {
+	sessions       atomic.Uint64
+	refused        atomic.Uint64
+	messages       atomic.Uint64
+	protocolErrors atomic.Uint64
+	ringErrors     atomic.Uint64
+	interrupts     atomic.Uint64
+	memTables      atomic.Uint64
+}
+
+// StatsSnapshot is a copy of Stats.
+type StatsSnapshot struct {
+	Sessions       uint64 `json:"sessions"`
+	Refused        uint64 `json:"refused"`
+	Messages       uint64 `json:"messages"`
+	ProtocolErrors uint64 `json:"protocol_errors"`
+	RingErrors     uint64 `json:"ring_errors"`
+	Interrupts     uint64 `json:"interrupts"`
+	MemTables      uint64 `json:"mem_tables"`
+}
+
+// Server listens on one device socket and serves one front-end at a time.
+type Server struct {
+	cfg Config        // immutable
+	log *logrus.Entry // immutable
+	ln  *net.UnixListener
+
+	stats Stats
+
+	mu     sync.Mutex
+	active *session // protected by mu
+	closed bool     // protected by mu
+	wg     sync.WaitGroup
+}
+
+// Listen creates the device socket.
+func Listen(cfg Config, opts ...Option) (*Server, error) {
+	if cfg.Socket == "" || cfg.Device == nil {
+		return nil, errors.New("backend: socket path and device are required")
+	}
+	s := &Server{cfg: cfg}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.log == nil {
+		l := logrus.New()
+		l.SetOutput(discard{})
+		s.log = logrus.NewEntry(l)
+	}
+	s.log = s.log.WithField("socket", cfg.Socket)
+	if err := removeStale(cfg.Socket); err != nil {
+		return nil, err
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: cfg.Socket, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("backend: listen: %w", err)
+	}
+	ln.SetUnlinkOnClose(true)
+	mode := cfg.Mode
+	if mode == 0 {
+		mode = 0o600
+	}
+	if err := os.Chmod(cfg.Socket, mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("backend: chmod socket: %w", err)
+	}
+	s.ln = ln
+	return s, nil
+}
+
+// removeStale removes a socket file nobody listens on.
+func removeStale(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("backend: %w", err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("backend: %s exists and is not a socket", path)
+	}
+	if c, err := net.Dial("unix", path); err == nil {
+		c.Close()
+		return fmt.Errorf("backend: %s is in use by another listener", path)
+	}
+	return os.Remove(path)
+}
+
+// Socket is the path served.
+func (s *Server) Socket() string { return s.cfg.Socket }
+
+// Device is the device served.
+func (s *Server) Device() Device { return s.cfg.Device }
+
+// Connected reports whether a front-end is connected.
+func (s *Server) Connected() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.active != nil
+}
+
+// Stats returns a copy of the counters.
+func (s *Server) Stats() StatsSnapshot {
+	return StatsSnapshot{
+		Sessions:       s.stats.sessions.Load(),
+		Refused:        s.stats.refused.Load(),
+		Messages:       s.stats.messages.Load(),
+		ProtocolErrors: s.stats.protocolErrors.Load(),
+		RingErrors:     s.stats.ringErrors.Load(),
+		Interrupts:     s.stats.interrupts.Load(),
+		MemTables:      s.stats.memTables.Load(),
+	}
+}
+
+// Serve accepts front-ends until ctx ends or Close. A second front-end
+// while one is connected is refused (its connection closed at once).
+func (s *Server) Serve(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	defer stop()
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				s.wg.Wait()
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+				s.log.WithError(err).Warn("accept")
+				continue
+			}
+			return fmt.Errorf("backend: accept: %w", err)
+		}
+		s.mu.Lock()
+		if s.active != nil || s.closed {
+			s.mu.Unlock()
+			s.stats.refused.Add(1)
+			s.log.Warn("refused a second front-end: the device is connected")
+			c.Close()
+			continue
+		}
+		sess := newSession(c, s.cfg.Device, s.log.WithField("session", s.stats.sessions.Add(1)), &s.stats)
+		s.active = sess
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			s.log.Info("front-end connected")
+			if err := sess.serve(); err != nil {
+				s.log.WithError(err).Warn("front-end session ended with an error")
+			} else {
+				s.log.Info("front-end disconnected")
+			}
+			s.mu.Lock()
+			s.active = nil
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// Disconnect closes the current front-end's connection, if any; its
+// session releases everything it owned.
+func (s *Server) Disconnect() {
+	s.mu.Lock()
+	sess := s.active
+	s.mu.Unlock()
+	if sess != nil {
+		sess.closing.Store(true)
+		sess.conn.Close()
+	}
+}
+
+// Close stops listening, ends the current session, waits for it to release
+// everything, and removes the socket file. It is idempotent.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	err := s.ln.Close()
+	s.Disconnect()
+	s.wg.Wait()
+	return err
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }

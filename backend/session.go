@@ -1,0 +1,642 @@
+package backend
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vrdma/vrdma/internal/eventfd"
+	"github.com/vrdma/vrdma/memmap"
+	vu "github.com/vrdma/vrdma/virtio/vhostuser"
+)
+
+// ProtocolFeatures are the vhost-user protocol features the back-end
+// offers. Not offered, deliberately: LOG_SHMFD (the device is not
+// migratable yet), INFLIGHT_SHMFD, in-band notifications, host notifiers,
+// DEVICE_STATE.
+const ProtocolFeatures = vu.ProtocolMQ | vu.ProtocolReplyAck | vu.ProtocolBackendReq |
+	vu.ProtocolConfig | vu.ProtocolResetDevice | vu.ProtocolConfigureMemSlots | vu.ProtocolStatus
+
+// errUnsupported answers requests for features the back-end did not offer.
+var errUnsupported = errors.New("request not supported")
+
+// session serves one front-end connection. Everything but the rings'
+// workers runs on the session goroutine, so session fields need no lock
+// unless marked.
+type session struct {
+	conn  *vu.Conn
+	dev   Device
+	log   *logrus.Entry
+	mem   *memmap.Memory
+	stats *Stats
+
+	features    uint64 // acked virtio features
+	acked       uint64 // = features; kept apart for clarity in ring setup
+	protocol    uint64 // acked protocol features
+	protocolSet bool
+	owner       bool
+	status      uint8
+	rings       []*vring
+	queues      []*Queue
+	wg          sync.WaitGroup
+	backendMu   sync.Mutex // protects backendConn
+	backendConn *vu.Conn
+	closing     atomic.Bool
+}
+
+func newSession(c *net.UnixConn, dev Device, log *logrus.Entry, stats *Stats) *session {
+	s := &session{
+		conn:  vu.NewConn(c),
+		dev:   dev,
+		log:   log,
+		mem:   memmap.NewMemory(),
+		stats: stats,
+	}
+	n := dev.NumQueues()
+	s.rings = make([]*vring, n)
+	s.queues = make([]*Queue, n)
+	for i := range n {
+		q := &Queue{index: i}
+		r := &vring{s: s, q: q, wg: &s.wg, log: log.WithField("queue", i)}
+		q.vr = r
+		s.rings[i] = r
+		s.queues[i] = q
+	}
+	return s
+}
+
+// Host implementation for the device.
+
+func (s *session) Memory() *memmap.Memory { return s.mem }
+
+func (s *session) Queue(i int) *Queue {
+	if i < 0 || i >= len(s.queues) {
+		return nil
+	}
+	return s.queues[i]
+}
+
+func (s *session) NotifyConfigChange() error {
+	s.backendMu.Lock()
+	defer s.backendMu.Unlock()
+	if s.backendConn == nil || s.protocol&vu.ProtocolBackendReq == 0 {
+		return nil
+	}
+	h := vu.Header{Request: uint32(vu.BackendConfigChangeMsg), Flags: vu.FlagVersion}
+	return s.backendConn.WriteMessage(h, nil, nil)
+}
+
+// serve runs until the front-end disconnects or the connection must close
+// because of a protocol error. It releases everything the front-end owned
+// before it returns.
+func (s *session) serve() error {
+	s.dev.Attach(s)
+	defer s.teardown()
+	for {
+		m, err := s.conn.ReadMessage()
+		if err != nil {
+			if s.closing.Load() || errors.Is(err, net.ErrClosed) || isEOF(err) {
+				return nil
+			}
+			return err
+		}
+		s.stats.messages.Add(1)
+		if err := s.handle(m); err != nil {
+			return err
+		}
+	}
+}
+
+// handle validates and dispatches one message; a non-nil error ends the
+// session.
+func (s *session) handle(m *vu.Message) error {
+	defer m.CloseFds() // whatever a handler did not take
+	req := m.Req()
+	log := s.log.WithField("msg", req.String())
+	if m.Flags&vu.FlagReply != 0 {
+		return fmt.Errorf("%s: reply flag set on a request", req)
+	}
+	reply, err := []byte(nil), vu.Check(m)
+	if err == nil {
+		reply, err = s.dispatch(m)
+	}
+	if err != nil {
+		s.stats.protocolErrors.Add(1)
+		log.WithError(err).Warn("request failed")
+	} else {
+		log.Debug("request")
+	}
+	if alwaysReplies(req) {
+		if err != nil {
+			// There is no way to say "failed" in these replies but to
+			// break the stream: the front-end's reply check fails and it
+			// sees the back-end as gone.
+			if req == vu.GetConfig {
+				// An empty GET_CONFIG reply is how vhost-user says "failed".
+				return s.reply(req, nil)
+			}
+			return fmt.Errorf("%s: %w", req, err)
+		}
+		return s.reply(req, reply)
+	}
+	if m.NeedReply() && s.protocol&vu.ProtocolReplyAck != 0 {
+		var status uint64
+		if err != nil {
+			status = 1
+		}
+		return s.reply(req, vu.EncodeU64(status))
+	}
+	return nil
+}
+
+// alwaysReplies lists the requests answered whether or not REPLY_ACK was
+// negotiated.
+func alwaysReplies(r vu.Request) bool {
+	switch r {
+	case vu.GetFeatures, vu.GetProtocolFeatures, vu.GetVringBase, vu.GetConfig,
+		vu.GetQueueNum, vu.GetMaxMemSlots, vu.GetStatus, vu.GetInflightFd:
+		return true
+	}
+	return false
+}
+
+func (s *session) reply(req vu.Request, payload []byte) error {
+	h := vu.Header{Request: uint32(req), Flags: vu.FlagVersion | vu.FlagReply, Size: uint32(len(payload))}
+	return s.conn.WriteMessage(h, payload, nil)
+}
+
+func (s *session) offered() uint64 { return s.dev.Features() | vu.FeatureProtocolFeatures }
+
+func (s *session) ring(index uint32) (*vring, error) {
+	if index >= uint32(len(s.rings)) {
+		return nil, fmt.Errorf("ring index %d out of range (device has %d)", index, len(s.rings))
+	}
+	return s.rings[index], nil
+}
+
+func (s *session) dispatch(m *vu.Message) ([]byte, error) {
+	p := m.Payload
+	switch m.Req() {
+	case vu.GetFeatures:
+		return vu.EncodeU64(s.offered()), nil
+	case vu.SetFeatures:
+		f, err := vu.DecodeU64(p)
+		if err != nil {
+			return nil, err
+		}
+		if f&^s.offered() != 0 {
+			return nil, fmt.Errorf("features %#x not offered (offered %#x)", f&^s.offered(), s.offered())
+		}
+		s.features, s.acked = f, f
+		if f&vu.FeatureProtocolFeatures == 0 {
+			// "If VHOST_USER_F_PROTOCOL_FEATURES has not been negotiated,
+			// the ring starts directly in the enabled state."
+			for _, r := range s.rings {
+				r.enabled.Store(true)
+			}
+		}
+		return nil, nil
+	case vu.SetOwner:
+		s.owner = true
+		return nil, nil
+	case vu.ResetOwner:
+		s.resetDevice()
+		s.owner = false
+		return nil, nil
+	case vu.GetProtocolFeatures:
+		return vu.EncodeU64(ProtocolFeatures), nil
+	case vu.SetProtocolFeatures:
+		f, err := vu.DecodeU64(p)
+		if err != nil {
+			return nil, err
+		}
+		if f&^ProtocolFeatures != 0 {
+			return nil, fmt.Errorf("protocol features %#x not offered", f&^ProtocolFeatures)
+		}
+		s.protocol, s.protocolSet = f, true
+		return nil, nil
+	case vu.GetQueueNum:
+		return vu.EncodeU64(uint64(len(s.rings))), nil
+	case vu.GetMaxMemSlots:
+		return vu.EncodeU64(memmap.MaxRegions), nil
+	case vu.SetBackendReqFd:
+		return nil, s.setBackendChannel(m)
+	case vu.SetMemTable:
+		return nil, s.setMemTable(m)
+	case vu.AddMemReg:
+		return nil, s.addMemReg(m)
+	case vu.RemMemReg:
+		return nil, s.remMemReg(m)
+	case vu.SetVringNum:
+		return nil, s.setVringNum(p)
+	case vu.SetVringAddr:
+		return nil, s.setVringAddr(p)
+	case vu.SetVringBase:
+		return nil, s.setVringBase(p)
+	case vu.GetVringBase:
+		return s.getVringBase(p)
+	case vu.SetVringKick, vu.SetVringCall, vu.SetVringErr:
+		return nil, s.setVringFile(m)
+	case vu.SetVringEnable:
+		return nil, s.setVringEnable(p)
+	case vu.GetConfig:
+		return s.getConfig(p)
+	case vu.SetConfig:
+		return nil, s.setConfig(p)
+	case vu.ResetDevice:
+		s.resetDevice()
+		return nil, nil
+	case vu.SetStatus:
+		return nil, s.setStatus(p)
+	case vu.GetStatus:
+		return vu.EncodeU64(uint64(s.status)), nil
+	}
+	return nil, fmt.Errorf("%w: %s", errUnsupported, m.Req())
+}
+
+func (s *session) setBackendChannel(m *vu.Message) error {
+	if s.protocol&vu.ProtocolBackendReq == 0 {
+		return fmt.Errorf("%w: BACKEND_REQ not negotiated", errUnsupported)
+	}
+	fd, err := m.TakeFd(0)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), "vhost-user-backend")
+	c, err := net.FileConn(f) // dups
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("backend channel: %w", err)
+	}
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		c.Close()
+		return errors.New("backend channel is not a unix socket")
+	}
+	s.backendMu.Lock()
+	old := s.backendConn
+	s.backendConn = vu.NewConn(uc)
+	s.backendMu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	return nil
+}
+
+// mapRegions maps the regions of a memory-table message, taking its fds.
+// On error every region mapped so far is released.
+func mapRegions(m *vu.Message, regions []vu.MemoryRegion) ([]*memmap.Region, error) {
+	out := make([]*memmap.Region, 0, len(regions))
+	for i, mr := range regions {
+		fd, err := m.TakeFd(i)
+		if err == nil {
+			var r *memmap.Region
+			r, err = memmap.MapRegion(fd, memmap.RegionSpec{
+				GuestAddr:  memmap.GPA(mr.GuestAddr),
+				Size:       mr.Size,
+				UserAddr:   memmap.UVA(mr.UserAddr),
+				MmapOffset: mr.MmapOffset,
+			})
+			if err == nil {
+				out = append(out, r)
+				continue
+			}
+		}
+		for _, r := range out {
+			r.Release()
+		}
+		return nil, fmt.Errorf("region %d: %w", i, err)
+	}
+	return out, nil
+}
+
+func (s *session) setMemTable(m *vu.Message) error {
+	mt, err := vu.DecodeMemTable(m.Payload)
+	if err != nil {
+		return err
+	}
+	regions, err := mapRegions(m, mt.Regions)
+	if err != nil {
+		return err
+	}
+	t, err := memmap.NewTable(regions)
+	for _, r := range regions {
+		r.Release() // the table holds its own references
+	}
+	if err != nil {
+		return err
+	}
+	s.mem.Swap(t)
+	s.stats.memTables.Add(1)
+	return nil
+}
+
+func (s *session) addMemReg(m *vu.Message) error {
+	if s.protocol&vu.ProtocolConfigureMemSlots == 0 {
+		return fmt.Errorf("%w: CONFIGURE_MEM_SLOTS not negotiated", errUnsupported)
+	}
+	rm, err := vu.DecodeMemRegionMsg(m.Payload)
+	if err != nil {
+		return err
+	}
+	regions, err := mapRegions(m, []vu.MemoryRegion{rm.Region})
+	if err != nil {
+		return err
+	}
+	cur := s.mem.Acquire()
+	t, err := cur.With(regions[0])
+	cur.Release()
+	regions[0].Release()
+	if err != nil {
+		return err
+	}
+	s.mem.Swap(t)
+	return nil
+}
+
+func (s *session) remMemReg(m *vu.Message) error {
+	if s.protocol&vu.ProtocolConfigureMemSlots == 0 {
+		return fmt.Errorf("%w: CONFIGURE_MEM_SLOTS not negotiated", errUnsupported)
+	}
+	rm, err := vu.DecodeMemRegionMsg(m.Payload)
+	if err != nil {
+		return err
+	}
+	cur := s.mem.Acquire()
+	t, err := cur.Without(memmap.RegionSpec{
+		GuestAddr: memmap.GPA(rm.Region.GuestAddr),
+		Size:      rm.Region.Size,
+		UserAddr:  memmap.UVA(rm.Region.UserAddr),
+	})
+	cur.Release()
+	if err != nil {
+		return err
+	}
+	s.mem.Swap(t)
+	return nil
+}
+
+func (s *session) setVringNum(p []byte) error {
+	st, err := vu.DecodeVringState(p)
+	if err != nil {
+		return err
+	}
+	r, err := s.ring(st.Index)
+	if err != nil {
+		return err
+	}
+	if r.started {
+		return fmt.Errorf("ring %d: SET_VRING_NUM while started", st.Index)
+	}
+	// "Queue Size value is always a power of 2. The maximum Queue Size
+	// value is 32768." Ours is also bounded by the device.
+	max := uint32(s.dev.MaxQueueSize())
+	if st.Num == 0 || st.Num > max || st.Num&(st.Num-1) != 0 {
+		return fmt.Errorf("ring %d: size %d is not a power of two in [1, %d]", st.Index, st.Num, max)
+	}
+	r.num = uint16(st.Num)
+	return nil
+}
+
+func (s *session) setVringAddr(p []byte) error {
+	a, err := vu.DecodeVringAddr(p)
+	if err != nil {
+		return err
+	}
+	r, err := s.ring(a.Index)
+	if err != nil {
+		return err
+	}
+	if a.Flags&vu.VringAddrFLog != 0 {
+		return fmt.Errorf("%w: dirty logging (migration) of ring %d", errUnsupported, a.Index)
+	}
+	if a.Flags != 0 {
+		return fmt.Errorf("ring %d: unknown address flags %#x", a.Index, a.Flags)
+	}
+	if r.started {
+		return fmt.Errorf("ring %d: SET_VRING_ADDR while started", a.Index)
+	}
+	r.desc, r.avail, r.used = memmap.UVA(a.Desc), memmap.UVA(a.Avail), memmap.UVA(a.Used)
+	r.addrSet = true
+	return nil
+}
+
+func (s *session) setVringBase(p []byte) error {
+	st, err := vu.DecodeVringState(p)
+	if err != nil {
+		return err
+	}
+	r, err := s.ring(st.Index)
+	if err != nil {
+		return err
+	}
+	if r.started {
+		return fmt.Errorf("ring %d: SET_VRING_BASE while started", st.Index)
+	}
+	// Split rings use the low 16 bits; anything above them is not an
+	// index this device can have produced.
+	if st.Num > 0xffff {
+		return fmt.Errorf("ring %d: base %#x out of range for a split ring", st.Index, st.Num)
+	}
+	r.base = uint16(st.Num)
+	return nil
+}
+
+func (s *session) getVringBase(p []byte) ([]byte, error) {
+	st, err := vu.DecodeVringState(p)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.ring(st.Index)
+	if err != nil {
+		return nil, err
+	}
+	// "Stop the ring ... returns the next available index."
+	base := r.stop()
+	r.kick.Close()
+	r.kick = nil
+	return vu.VringState{Index: st.Index, Num: uint32(base)}.Encode(), nil
+}
+
+func (s *session) setVringFile(m *vu.Message) error {
+	u, err := vu.DecodeU64(m.Payload)
+	if err != nil {
+		return err
+	}
+	index, noFd, err := vu.DecodeVringFile(u)
+	if err != nil {
+		return err
+	}
+	r, err := s.ring(uint32(index))
+	if err != nil {
+		return err
+	}
+	var e *eventfd.EventFD
+	if !noFd {
+		fd, err := m.TakeFd(0)
+		if err != nil {
+			return err
+		}
+		if e, err = eventfd.FromFd(fd); err != nil {
+			return err
+		}
+	}
+	switch m.Req() {
+	case vu.SetVringKick:
+		if noFd {
+			return fmt.Errorf("%w: polled ring %d (no kick fd)", errUnsupported, index)
+		}
+		wasStarted := r.started
+		r.stop()
+		r.kick.Close()
+		r.kick = e
+		// "the ring is started upon receiving a kick": the worker starts
+		// now and its first kick (sent by start) looks for buffers.
+		if r.ready() {
+			r.start()
+		} else if wasStarted {
+			return fmt.Errorf("ring %d: kick set before size and addresses", index)
+		}
+	case vu.SetVringCall:
+		r.q.mu.Lock()
+		old := r.call
+		r.call = e
+		r.q.mu.Unlock()
+		old.Close()
+	case vu.SetVringErr:
+		r.q.mu.Lock()
+		old := r.errfd
+		r.errfd = e
+		r.q.mu.Unlock()
+		old.Close()
+	}
+	return nil
+}
+
+func (s *session) setVringEnable(p []byte) error {
+	st, err := vu.DecodeVringState(p)
+	if err != nil {
+		return err
+	}
+	r, err := s.ring(st.Index)
+	if err != nil {
+		return err
+	}
+	if s.features&vu.FeatureProtocolFeatures == 0 && !s.protocolSet {
+		return fmt.Errorf("%w: SET_VRING_ENABLE without protocol features", errUnsupported)
+	}
+	if st.Num > 1 {
+		return fmt.Errorf("ring %d: enable value %d is not 0 or 1", st.Index, st.Num)
+	}
+	r.enabled.Store(st.Num == 1)
+	if st.Num == 1 && r.started {
+		r.kick.Signal() // look for buffers made available while disabled
+	}
+	return nil
+}
+
+func (s *session) configRange(off, size uint32) error {
+	if s.protocol&vu.ProtocolConfig == 0 {
+		return fmt.Errorf("%w: CONFIG not negotiated", errUnsupported)
+	}
+	end := uint64(off) + uint64(size)
+	if size == 0 || end > uint64(s.dev.ConfigSize()) {
+		return fmt.Errorf("config range [%d, %d) outside config space of %d bytes", off, end, s.dev.ConfigSize())
+	}
+	return nil
+}
+
+func (s *session) getConfig(p []byte) ([]byte, error) {
+	c, err := vu.DecodeConfigMsg(p)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.configRange(c.Offset, c.Size); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, c.Size)
+	if err := s.dev.ReadConfig(int(c.Offset), buf); err != nil {
+		return nil, err
+	}
+	c.Data = buf
+	return c.Encode(), nil
+}
+
+func (s *session) setConfig(p []byte) error {
+	c, err := vu.DecodeConfigMsg(p)
+	if err != nil {
+		return err
+	}
+	if err := s.configRange(c.Offset, c.Size); err != nil {
+		return err
+	}
+	return s.dev.WriteConfig(int(c.Offset), c.Data)
+}
+
+func (s *session) setStatus(p []byte) error {
+	if s.protocol&vu.ProtocolStatus == 0 {
+		return fmt.Errorf("%w: STATUS not negotiated", errUnsupported)
+	}
+	u, err := vu.DecodeU64(p)
+	if err != nil {
+		return err
+	}
+	if u > 0xff {
+		return fmt.Errorf("status %#x does not fit the 8-bit device status", u)
+	}
+	s.status = uint8(u)
+	return nil
+}
+
+// stopRings stops every ring's worker.
+func (s *session) stopRings() {
+	for _, r := range s.rings {
+		r.stop()
+	}
+}
+
+// resetDevice is RESET_DEVICE: "disable all rings and reset all internal
+// device state to the initial state". Guest memory stays mapped: the
+// front-end keeps ownership of the device and sends a new table when it
+// wants to.
+func (s *session) resetDevice() {
+	s.stopRings()
+	for _, r := range s.rings {
+		r.reset()
+	}
+	s.dev.Reset()
+	s.features, s.acked, s.status = 0, 0, 0
+}
+
+// teardown releases everything the front-end owned: workers, fds, device
+// resources, memory maps.
+func (s *session) teardown() {
+	s.closing.Store(true)
+	s.stopRings()
+	s.wg.Wait()
+	for _, r := range s.rings {
+		r.reset()
+	}
+	s.dev.Reset()
+	s.dev.Detach()
+	s.backendMu.Lock()
+	if s.backendConn != nil {
+		s.backendConn.Close()
+		s.backendConn = nil
+	}
+	s.backendMu.Unlock()
+	s.mem.Close()
+	s.conn.Close()
+}
+
+func isEOF(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, os.ErrClosed) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET)
+}

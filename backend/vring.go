@@ -1,0 +1,251 @@
+package backend
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vrdma/vrdma/internal/eventfd"
+	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio"
+)
+
+// ErrQueueStopped is returned by Queue.Run when the ring is not running.
+var ErrQueueStopped = errors.New("queue not running")
+
+// vring is the session's state for one ring. Its configuration fields are
+// written only by the session goroutine, and only while no worker runs
+// (the worker is started by start and joined by stop), so the worker reads
+// them without a lock.
+type vring struct {
+	s   *session // immutable
+	q   *Queue   // immutable
+	log *logrus.Entry
+
+	// Configuration (session goroutine; see above).
+	num      uint16
+	desc     memmap.UVA
+	avail    memmap.UVA
+	used     memmap.UVA
+	addrSet  bool
+	base     uint16           // next avail index, from SET_VRING_BASE / GET_VRING_BASE
+	kick     *eventfd.EventFD // replaced only while stopped
+	call     *eventfd.EventFD // protected by q.mu (written by the session, read by workers)
+	errfd    *eventfd.EventFD // protected by q.mu
+	started  bool
+	enabled  atomic.Bool
+	brokenAt atomic.Pointer[error] // the error that broke the ring, until it is set up again
+
+	stopping atomic.Bool
+	done     chan struct{} // closed when the worker exits; nil when none runs
+	gen      uint64        // memory generation the rings were translated for (worker)
+	wg       *sync.WaitGroup
+}
+
+// ready reports whether the ring has what it needs to start.
+func (r *vring) ready() bool { return r.num != 0 && r.addrSet && r.kick != nil }
+
+// start creates the device queue and the worker. Precondition: session
+// goroutine, ring not started.
+func (r *vring) start() {
+	r.started = true
+	r.brokenAt.Store(nil)
+	r.stopping.Store(false)
+	r.kick.Rearm()
+	cfg := virtio.DeviceQueueConfig{
+		Index:     r.q.index,
+		Size:      r.num,
+		EventIdx:  r.s.acked&virtio.FeatureEventIdx != 0,
+		Indirect:  r.s.acked&virtio.FeatureIndirectDesc != 0,
+		LastAvail: r.base,
+	}
+	t := r.s.mem.Acquire()
+	rings, err := r.translate(t)
+	var vq *virtio.DeviceQueue
+	if err == nil {
+		vq, err = virtio.NewDeviceQueue(cfg, rings)
+	}
+	r.gen = r.s.mem.Generation()
+	t.Release()
+	r.q.mu.Lock()
+	r.q.vq = vq
+	r.q.mu.Unlock()
+	if err != nil {
+		r.breakRing(fmt.Errorf("start ring: %w", err))
+	}
+	r.done = make(chan struct{})
+	r.wg.Add(1)
+	go r.worker(r.done)
+	// Buffers may already be waiting (a restart after GET_VRING_BASE).
+	r.kick.Signal()
+}
+
+// stop stops the worker and returns the next avail index. Precondition:
+// session goroutine.
+func (r *vring) stop() uint16 {
+	if !r.started {
+		return r.base
+	}
+	r.stopping.Store(true)
+	r.kick.Interrupt()
+	<-r.done
+	r.done = nil
+	r.started = false
+	r.q.mu.Lock()
+	if r.q.vq != nil {
+		r.base = r.q.vq.LastAvail()
+		r.q.vq = nil
+	}
+	r.q.mu.Unlock()
+	return r.base
+}
+
+// translate maps the three ring parts through the memory table.
+func (r *vring) translate(t *memmap.Table) (virtio.Rings, error) {
+	var rings virtio.Rings
+	var err error
+	if rings.Desc, err = t.SliceUser(r.desc, virtio.DescTableSize(r.num)); err != nil {
+		return rings, fmt.Errorf("descriptor table: %w", err)
+	}
+	if rings.Avail, err = t.SliceUser(r.avail, virtio.AvailRingSize(r.num)); err != nil {
+		return rings, fmt.Errorf("available ring: %w", err)
+	}
+	if rings.Used, err = t.SliceUser(r.used, virtio.UsedRingSize(r.num)); err != nil {
+		return rings, fmt.Errorf("used ring: %w", err)
+	}
+	return rings, nil
+}
+
+// breakRing puts the ring in the broken state (precondition: q.mu held, or
+// the session goroutine): no more processing until the
+// front-end sets it up again. The front-end hears of it through the error
+// eventfd; the daemon and every other ring go on.
+func (r *vring) breakRing(err error) {
+	if !r.brokenAt.CompareAndSwap(nil, &err) {
+		return
+	}
+	r.s.stats.ringErrors.Add(1)
+	r.log.WithError(err).Warn("ring broken")
+	if r.errfd != nil {
+		r.errfd.Signal()
+	}
+}
+
+func (r *vring) broken() error {
+	if p := r.brokenAt.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (r *vring) worker(done chan struct{}) {
+	defer r.wg.Done()
+	defer close(done)
+	for {
+		if _, err := r.kick.Wait(); err != nil {
+			if !errors.Is(err, eventfd.ErrInterrupted) {
+				r.q.mu.Lock()
+				r.breakRing(fmt.Errorf("kick: %w", err))
+				r.q.mu.Unlock()
+			}
+			return
+		}
+		if r.stopping.Load() {
+			return
+		}
+		if !r.enabled.Load() || r.broken() != nil {
+			continue
+		}
+		r.process()
+	}
+}
+
+// process handles the ring until the driver has nothing more for it,
+// re-enabling notifications before it sleeps.
+func (r *vring) process() {
+	for i := 0; ; i++ {
+		more := false
+		err := r.run(func(q *Queue) error {
+			// Handle with kicks suppressed, then ask for them and look once
+			// more, so a buffer made available in between is not missed.
+			q.vq.DisableNotify()
+			if err := r.s.dev.HandleQueue(q); err != nil {
+				return err
+			}
+			q.vq.EnableNotify()
+			var err error
+			more, err = q.vq.HasAvail()
+			return err
+		})
+		if err != nil || !more || r.stopping.Load() {
+			return
+		}
+	}
+}
+
+// run is Queue.Run: fn with the queue locked and a memory table held.
+func (r *vring) run(fn func(q *Queue) error) error {
+	q := r.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.vq == nil || r.stopping.Load() {
+		return ErrQueueStopped
+	}
+	if err := r.broken(); err != nil {
+		return err
+	}
+	t := r.s.mem.Acquire()
+	defer t.Release()
+	if gen := r.s.mem.Generation(); gen != r.gen {
+		// The memory table changed: the ring addresses are front-end
+		// virtual addresses and must be translated again.
+		rings, err := r.translate(t)
+		if err == nil {
+			err = q.vq.SetRings(rings)
+		}
+		if err != nil {
+			err = fmt.Errorf("remap ring: %w", err)
+			r.breakRing(err)
+			return err
+		}
+		r.gen = gen
+	}
+	q.table = t
+	q.dirty = false
+	var ferr error
+	gerr := memmap.Guard(func() { ferr = fn(q) })
+	q.table = nil
+	if gerr != nil {
+		ferr = gerr
+	}
+	if ferr == nil {
+		ferr = q.vq.Err()
+	}
+	if q.dirty && q.vq.NeedsNotify() && r.call != nil {
+		r.s.stats.interrupts.Add(1)
+		r.call.Signal()
+	}
+	if ferr != nil {
+		r.breakRing(ferr)
+	}
+	return ferr
+}
+
+// closeFds closes the ring's eventfds. Precondition: stopped.
+func (r *vring) closeFds() {
+	r.kick.Close()
+	r.call.Close()
+	r.errfd.Close()
+	r.kick, r.call, r.errfd = nil, nil, nil
+}
+
+// reset returns the ring to its initial state. Precondition: stopped.
+func (r *vring) reset() {
+	r.closeFds()
+	r.num, r.desc, r.avail, r.used, r.addrSet, r.base = 0, 0, 0, 0, false, 0
+	r.enabled.Store(false)
+	r.brokenAt.Store(nil)
+}

@@ -1,0 +1,205 @@
+// Package daemon is vrdmad's core: the set of devices, each served on its
+// own vhost-user socket, and the HTTP/JSON control API on a unix socket.
+// cmd/vrdmad is a thin flag parser around it, and tests run it in-process.
+//
+// Lock order: Daemon.mu → (backend locks). Device servers run in their own
+// goroutines; Close waits for all of them.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vrdma/vrdma/backend"
+	"github.com/vrdma/vrdma/backend/rdma"
+)
+
+// Errors of the device set.
+var (
+	ErrExists   = errors.New("device exists")
+	ErrNotFound = errors.New("no such device")
+)
+
+// DeviceSpec describes a device to add.
+type DeviceSpec struct {
+	ID     string
+	Socket string
+	Device rdma.Config
+}
+
+// Device is one served device.
+type Device struct {
+	ID     string
+	Dev    *rdma.Device
+	Server *backend.Server
+
+	done chan struct{} // closed when Serve returned
+}
+
+// Daemon owns devices and the control API.
+type Daemon struct {
+	log *logrus.Entry // immutable
+
+	mu      sync.Mutex
+	devices map[string]*Device // protected by mu
+	closed  bool               // protected by mu
+	http    *http.Server       // protected by mu
+	httpLn  net.Listener       // protected by mu
+	wg      sync.WaitGroup
+}
+
+// New creates a daemon with no devices.
+func New(log *logrus.Entry) *Daemon {
+	return &Daemon{log: log, devices: map[string]*Device{}}
+}
+
+// AddDevice creates a device and starts serving its socket.
+func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
+	if spec.ID == "" || spec.Socket == "" {
+		return nil, errors.New("device id and socket are required")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, errors.New("daemon is shutting down")
+	}
+	if _, ok := d.devices[spec.ID]; ok {
+		return nil, fmt.Errorf("%w: %s", ErrExists, spec.ID)
+	}
+	for _, o := range d.devices {
+		if o.Server.Socket() == spec.Socket {
+			return nil, fmt.Errorf("%w: socket %s is used by device %s", ErrExists, spec.Socket, o.ID)
+		}
+	}
+	spec.Device.ID = spec.ID
+	log := d.log.WithField("device", spec.ID)
+	dev, err := rdma.New(spec.Device, rdma.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	srv, err := backend.Listen(backend.Config{Socket: spec.Socket, Device: dev}, backend.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	dv := &Device{ID: spec.ID, Dev: dev, Server: srv, done: make(chan struct{})}
+	d.devices[spec.ID] = dv
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer close(dv.done)
+		if err := srv.Serve(context.Background()); err != nil {
+			log.WithError(err).Error("device server stopped")
+		}
+	}()
+	log.WithField("socket", spec.Socket).Info("device added")
+	return dv, nil
+}
+
+// RemoveDevice stops serving a device: a connected front-end is
+// disconnected and everything it owned released.
+func (d *Daemon) RemoveDevice(id string) error {
+	d.mu.Lock()
+	dv, ok := d.devices[id]
+	if ok {
+		delete(d.devices, id)
+	}
+	d.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	err := dv.Server.Close()
+	<-dv.done
+	d.log.WithField("device", id).Info("device removed")
+	return err
+}
+
+// Device returns a device by ID.
+func (d *Daemon) Device(id string) (*Device, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	dv, ok := d.devices[id]
+	return dv, ok
+}
+
+// Devices returns the devices sorted by ID.
+func (d *Daemon) Devices() []*Device {
+	d.mu.Lock()
+	out := make([]*Device, 0, len(d.devices))
+	for _, dv := range d.devices {
+		out = append(out, dv)
+	}
+	d.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// ServeControl serves the control API on a unix socket at path.
+func (d *Daemon) ServeControl(path string) error {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return fmt.Errorf("control socket %s exists and is not a socket", path)
+		}
+		if c, err := net.Dial("unix", path); err == nil {
+			c.Close()
+			return fmt.Errorf("control socket %s is in use", path)
+		}
+		os.Remove(path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("control socket: %w", err)
+	}
+	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	d.mu.Lock()
+	d.http, d.httpLn = srv, ln
+	d.mu.Unlock()
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.WithError(err).Error("control API stopped")
+		}
+	}()
+	d.log.WithField("socket", path).Info("control API serving")
+	return nil
+}
+
+// Close removes every device and stops the control API.
+func (d *Daemon) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	srv := d.http
+	ids := make([]string, 0, len(d.devices))
+	for id := range d.devices {
+		ids = append(ids, id)
+	}
+	d.mu.Unlock()
+	var errs []error
+	if srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		errs = append(errs, srv.Shutdown(ctx))
+		cancel()
+	}
+	for _, id := range ids {
+		errs = append(errs, d.RemoveDevice(id))
+	}
+	d.wg.Wait()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,51 @@
+// Package memmap maps a vhost-user front-end's guest memory into the
+// backend and translates addresses into it.
+//
+// The front-end (QEMU, or vmm/frontend) describes guest RAM as up to
+// MaxRegions regions, each an fd plus RegionSpec (SET_MEM_TABLE, ADD_MEM_REG,
+// REM_MEM_REG). MapRegion maps one; NewTable, Table.With and Table.Without
+// build immutable tables of them; Memory publishes the current table to the
+// workers of one device and swaps it while they run. Tables translate
+// guest-physical addresses (GPA, descriptor and WQE addresses) and front-end
+// virtual addresses (UVA, SET_VRING_ADDR) to host bytes. Every translation
+// checks the whole range: Slice never returns bytes that cross a region
+// boundary, and ForEach splits a range explicitly across GPA-adjacent
+// regions. Guard contains the SIGBUS a front-end causes by shrinking the
+// file behind a region. The atomic accessors (LoadUint16 … StoreUint64,
+// Fence) are for ring fields shared with the other side.
+//
+// Non-goals: PVDMA pinning and the map cache (later; a Region keeps its fd
+// and file offset for them), the dirty-page log, and anything of the
+// vhost-user wire (package virtio/vhostuser decodes messages; this package
+// only sees RegionSpecs and fds).
+//
+// # Invariants
+//
+//   - Every Region passed MapRegion's checks: Size > 0, GuestAddr+Size,
+//     UserAddr+Size and MmapOffset+Size do not overflow, and the file held
+//     MmapOffset+Size bytes when it was mapped. A Region owns its fd and its
+//     mapping; both go away together, on the last Release.
+//   - A Table is immutable after construction: at most MaxRegions regions,
+//     sorted by GuestAddr, no two overlapping in guest-physical nor in
+//     front-end virtual space. It holds one reference on each region while
+//     its own count is positive.
+//   - Reference counts never rise from zero: tryRef refuses a released
+//     object. Memory.cur is never nil and always carries one reference on
+//     the table it points to; Swap installs the new table before it
+//     releases the old one, so Acquire's retry loop always finds a live
+//     table.
+//   - A slice returned by Slice, SliceUser or ForEach has its capacity equal
+//     to its length, so append cannot reach beyond the range, and it is
+//     valid only while the caller holds a reference on the table.
+//   - Guest memory may change or vanish at any time (the front-end and the
+//     guest write it concurrently; a front-end may truncate the file): copy
+//     guest structures once before validating them, use the atomic accessors
+//     for shared ring fields, and touch guest memory under Guard.
+//
+// # Lock order
+//
+// There are no mutexes. Memory.cur, Memory.gen and the reference counts are
+// atomics; tables and regions are otherwise immutable. Release of a table
+// releases its regions after its own count reached zero; nothing acquires
+// in the opposite direction.
+package memmap

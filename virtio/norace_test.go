@@ -1,0 +1,5 @@
+//go:build !race
+
+package virtio
+
+const raceEnabled = false

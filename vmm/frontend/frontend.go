@@ -1,0 +1,559 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vrdma/vrdma/internal/eventfd"
+	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio"
+	vu "github.com/vrdma/vrdma/virtio/vhostuser"
+)
+
+// UserBase is added to a guest-physical address to form the front-end
+// virtual address the back-end sees.
+const UserBase = 0x7f00_0000_0000
+
+// Config describes the front-end's VM.
+type Config struct {
+	// Socket is the back-end's unix socket.
+	Socket string
+	// MemorySize is the guest memory in bytes; zero means 64 MiB.
+	MemorySize uint64
+	// QueueSize is every queue's size (QEMU's vq_size); zero means 256.
+	QueueSize uint16
+	// Features are the virtio features the driver accepts, masked by what
+	// the device offers; zero means all the device offers.
+	Features uint64
+	// NoSeal leaves the memfd unsealed (tests that shrink it use this).
+	NoSeal bool
+}
+
+// Frontend is one connected front-end.
+type Frontend struct {
+	cfg  Config
+	conn *vu.Conn
+	fd   int // the memfd, kept to send again (SET_MEM_TABLE) and for tests
+	mem  *memmap.Region
+	brk  uint64 // allocation pointer into guest memory
+
+	// Negotiated.
+	DeviceFeatures   uint64
+	Features         uint64
+	ProtocolFeatures uint64
+	NumQueues        int
+	MaxMemSlots      uint64
+
+	queues []*Queue
+
+	scratch    []byte // Exec's request and response buffers
+	scratchGPA memmap.GPA
+
+	backendConn   *vu.Conn
+	backendEvents chan vu.BackendRequest
+	wg            sync.WaitGroup
+}
+
+// Queue is a driver-side virtqueue with its eventfds.
+type Queue struct {
+	Index int
+	*virtio.DriverQueue
+	Kick, Call, Err   *eventfd.EventFD
+	desc, avail, used memmap.GPA
+	base              uint16 // ring base for the next start (from GET_VRING_BASE)
+	started           bool
+}
+
+// ProtocolFeatures is what this front-end accepts, as QEMU 10 does for the
+// generic device.
+const ProtocolFeatures = vu.ProtocolMQ | vu.ProtocolReplyAck | vu.ProtocolBackendReq |
+	vu.ProtocolConfig | vu.ProtocolResetDevice | vu.ProtocolConfigureMemSlots | vu.ProtocolStatus |
+	vu.ProtocolLogShmfd | vu.ProtocolInflightShmfd | vu.ProtocolBackendSendFd
+
+// Dial connects to the back-end, creates guest memory and performs QEMU's
+// realize sequence: GET_FEATURES, GET_PROTOCOL_FEATURES,
+// SET_PROTOCOL_FEATURES, GET_QUEUE_NUM, GET_MAX_MEM_SLOTS,
+// SET_BACKEND_REQ_FD, SET_OWNER, then SET_VRING_CALL and SET_VRING_ERR for
+// every queue.
+func Dial(ctx context.Context, cfg Config) (*Frontend, error) {
+	f, err := Connect(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Realize(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// Connect connects and creates guest memory without sending anything.
+func Connect(ctx context.Context, cfg Config) (*Frontend, error) {
+	if cfg.MemorySize == 0 {
+		cfg.MemorySize = 64 << 20
+	}
+	if cfg.QueueSize == 0 {
+		cfg.QueueSize = 256
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", cfg.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("frontend: %w", err)
+	}
+	fd, err := memmap.NewMemfd("vrdma-guest", cfg.MemorySize)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("frontend: guest memory: %w", err)
+	}
+	if !cfg.NoSeal {
+		if err := memmap.SealSize(fd); err != nil {
+			unix.Close(fd)
+			c.Close()
+			return nil, fmt.Errorf("frontend: seal guest memory: %w", err)
+		}
+	}
+	mfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(fd)
+		c.Close()
+		return nil, fmt.Errorf("frontend: %w", err)
+	}
+	region, err := memmap.MapRegion(mfd, memmap.RegionSpec{GuestAddr: 0, Size: cfg.MemorySize, UserAddr: UserBase})
+	if err != nil {
+		unix.Close(fd)
+		c.Close()
+		return nil, fmt.Errorf("frontend: map guest memory: %w", err)
+	}
+	return &Frontend{
+		cfg:  cfg,
+		conn: vu.NewConn(c.(*net.UnixConn)),
+		fd:   fd,
+		mem:  region,
+		brk:  4096, // leave GPA 0 unused: a zero address is a bug's favourite
+	}, nil
+}
+
+// Conn is the raw connection, for tests that send what QEMU never would.
+func (f *Frontend) Conn() *vu.Conn { return f.conn }
+
+// MemFd is the guest memory's memfd (owned by f).
+func (f *Frontend) MemFd() int { return f.fd }
+
+// Memory is the guest memory as this process sees it.
+func (f *Frontend) Memory() []byte { return f.mem.Bytes() }
+
+// MemoryRegion is the one region of guest memory as sent to the back-end.
+func (f *Frontend) MemoryRegion() vu.MemoryRegion {
+	return vu.MemoryRegion{GuestAddr: 0, Size: f.cfg.MemorySize, UserAddr: UserBase, MmapOffset: 0}
+}
+
+// Alloc reserves n bytes of guest memory aligned to align (a power of two)
+// and returns their guest-physical address and host view.
+func (f *Frontend) Alloc(n, align uint64) (memmap.GPA, []byte, error) {
+	if align == 0 || align&(align-1) != 0 {
+		return 0, nil, fmt.Errorf("frontend: alignment %d is not a power of two", align)
+	}
+	start := (f.brk + align - 1) &^ (align - 1)
+	if start < f.brk || n > f.cfg.MemorySize || start > f.cfg.MemorySize-n {
+		return 0, nil, fmt.Errorf("frontend: guest memory exhausted (%d bytes wanted)", n)
+	}
+	f.brk = start + n
+	return memmap.GPA(start), f.mem.Bytes()[start : start+n : start+n], nil
+}
+
+// Call sends a request and, when it expects one, returns the reply.
+func (f *Frontend) Call(req vu.Request, payload []byte, fds []int, wantReply bool) (*vu.Message, error) {
+	return f.conn.Call(req, payload, fds, wantReply)
+}
+
+// callU64 sends a request whose reply is a u64.
+func (f *Frontend) callU64(req vu.Request) (uint64, error) {
+	m, err := f.conn.Call(req, nil, nil, true)
+	if err != nil {
+		return 0, err
+	}
+	defer m.CloseFds()
+	return vu.DecodeU64(m.Payload)
+}
+
+// Send sends a request that has no reply of its own; with REPLY_ACK it
+// asks for one and returns the back-end's verdict.
+func (f *Frontend) Send(req vu.Request, payload []byte, fds []int) error {
+	if f.ProtocolFeatures&vu.ProtocolReplyAck == 0 {
+		h := vu.Header{Request: uint32(req), Flags: vu.FlagVersion, Size: uint32(len(payload))}
+		return f.conn.WriteMessage(h, payload, fds)
+	}
+	h := vu.Header{Request: uint32(req), Flags: vu.FlagVersion | vu.FlagNeedReply, Size: uint32(len(payload))}
+	if err := f.conn.WriteMessage(h, payload, fds); err != nil {
+		return err
+	}
+	m, err := f.conn.ReadMessage()
+	if err != nil {
+		return fmt.Errorf("%s: %w", req, err)
+	}
+	defer m.CloseFds()
+	if err := vu.CheckReply(req, m); err != nil {
+		return err
+	}
+	v, err := vu.DecodeU64(m.Payload)
+	if err != nil {
+		return err
+	}
+	if v != 0 {
+		return &NackError{Request: req, Status: v}
+	}
+	return nil
+}
+
+// NackError is a REPLY_ACK with a non-zero status.
+type NackError struct {
+	Request vu.Request
+	Status  uint64
+}
+
+func (e *NackError) Error() string {
+	return fmt.Sprintf("%s: back-end answered failure (%d)", e.Request, e.Status)
+}
+
+// Realize performs QEMU's realize-time sequence.
+func (f *Frontend) Realize() error {
+	var err error
+	if f.DeviceFeatures, err = f.callU64(vu.GetFeatures); err != nil {
+		return err
+	}
+	if f.DeviceFeatures&vu.FeatureProtocolFeatures != 0 {
+		pf, err := f.callU64(vu.GetProtocolFeatures)
+		if err != nil {
+			return err
+		}
+		f.ProtocolFeatures = pf & ProtocolFeatures
+		if err := f.Send(vu.SetProtocolFeatures, vu.EncodeU64(f.ProtocolFeatures), nil); err != nil {
+			return err
+		}
+	}
+	if f.ProtocolFeatures&vu.ProtocolMQ != 0 {
+		n, err := f.callU64(vu.GetQueueNum)
+		if err != nil {
+			return err
+		}
+		if n == 0 || n > 1024 {
+			return fmt.Errorf("frontend: back-end reports %d queues", n)
+		}
+		f.NumQueues = int(n)
+	} else {
+		f.NumQueues = 1
+	}
+	if f.ProtocolFeatures&vu.ProtocolConfigureMemSlots != 0 {
+		if f.MaxMemSlots, err = f.callU64(vu.GetMaxMemSlots); err != nil {
+			return err
+		}
+	}
+	if f.ProtocolFeatures&vu.ProtocolBackendReq != 0 {
+		if err := f.setupBackendChannel(); err != nil {
+			return err
+		}
+	}
+	if err := f.Send(vu.SetOwner, nil, nil); err != nil {
+		return err
+	}
+	f.queues = make([]*Queue, f.NumQueues)
+	for i := range f.queues {
+		q := &Queue{Index: i}
+		if q.Call, err = eventfd.New(); err != nil {
+			return err
+		}
+		if q.Err, err = eventfd.New(); err != nil {
+			return err
+		}
+		f.queues[i] = q
+		if err := f.SetVringFile(vu.SetVringCall, i, q.Call); err != nil {
+			return err
+		}
+		if err := f.SetVringFile(vu.SetVringErr, i, q.Err); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SetVringFile sends SET_VRING_KICK/CALL/ERR for queue i with e's fd (nil:
+// the no-fd flag).
+func (f *Frontend) SetVringFile(req vu.Request, i int, e *eventfd.EventFD) error {
+	if e == nil {
+		return f.Send(req, vu.EncodeU64(vu.EncodeVringFile(uint8(i), true)), nil)
+	}
+	return f.Send(req, vu.EncodeU64(vu.EncodeVringFile(uint8(i), false)), []int{e.Fd()})
+}
+
+func (f *Frontend) setupBackendChannel() error {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("frontend: backend channel: %w", err)
+	}
+	file := os.NewFile(uintptr(fds[0]), "backend-channel")
+	c, err := net.FileConn(file)
+	file.Close()
+	if err != nil {
+		unix.Close(fds[1])
+		return err
+	}
+	err = f.Send(vu.SetBackendReqFd, nil, []int{fds[1]})
+	unix.Close(fds[1])
+	if err != nil {
+		c.Close()
+		return err
+	}
+	f.backendConn = vu.NewConn(c.(*net.UnixConn))
+	f.backendEvents = make(chan vu.BackendRequest, 16)
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		defer close(f.backendEvents)
+		for {
+			m, err := f.backendConn.ReadMessage()
+			if err != nil {
+				return
+			}
+			m.CloseFds()
+			select {
+			case f.backendEvents <- vu.BackendRequest(m.Request):
+			default:
+			}
+			if m.NeedReply() {
+				f.backendConn.ReplyU64(vu.Request(m.Request), 0)
+			}
+		}
+	}()
+	return nil
+}
+
+// BackendEvents delivers the requests the back-end sends on its channel
+// (e.g. CONFIG_CHANGE_MSG). Closed when the channel closes.
+func (f *Frontend) BackendEvents() <-chan vu.BackendRequest { return f.backendEvents }
+
+// Queue returns queue i.
+func (f *Frontend) Queue(i int) *Queue { return f.queues[i] }
+
+// SetMemTable sends the guest memory table.
+func (f *Frontend) SetMemTable() error {
+	mt := vu.MemTable{Regions: []vu.MemoryRegion{f.MemoryRegion()}}
+	return f.Send(vu.SetMemTable, mt.Encode(), []int{f.fd})
+}
+
+// Start performs QEMU's DRIVER_OK sequence for the given queues (the others
+// are left unset, as QEMU skips queues the guest did not set up):
+// SET_FEATURES, SET_MEM_TABLE, per queue SET_VRING_NUM, SET_VRING_BASE,
+// SET_VRING_ADDR, SET_VRING_KICK, then SET_VRING_ENABLE(1) each, and
+// SET_STATUS. Rings are allocated in guest memory on first start and kept
+// (with their indices) across Stop/Start.
+func (f *Frontend) Start(queues ...int) error {
+	feat := f.DeviceFeatures &^ vu.FeatureProtocolFeatures
+	if f.cfg.Features != 0 {
+		feat &= f.cfg.Features
+	}
+	f.Features = feat
+	if f.DeviceFeatures&vu.FeatureProtocolFeatures != 0 {
+		feat |= vu.FeatureProtocolFeatures
+	}
+	if err := f.Send(vu.SetFeatures, vu.EncodeU64(feat), nil); err != nil {
+		return err
+	}
+	if err := f.SetMemTable(); err != nil {
+		return err
+	}
+	for _, i := range queues {
+		if i < 0 || i >= len(f.queues) {
+			return fmt.Errorf("frontend: queue %d out of range", i)
+		}
+		if err := f.startQueue(f.queues[i]); err != nil {
+			return err
+		}
+	}
+	for _, i := range queues {
+		if f.ProtocolFeatures != 0 {
+			if err := f.Send(vu.SetVringEnable, vu.VringState{Index: uint32(i), Num: 1}.Encode(), nil); err != nil {
+				return err
+			}
+		}
+	}
+	if f.ProtocolFeatures&vu.ProtocolStatus != 0 {
+		st := uint64(virtio.StatusAcknowledge | virtio.StatusDriver | virtio.StatusFeaturesOK | virtio.StatusDriverOK)
+		if err := f.Send(vu.SetStatus, vu.EncodeU64(st), nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *Frontend) startQueue(q *Queue) error {
+	n := f.cfg.QueueSize
+	if q.DriverQueue == nil {
+		dAddr, d, err := f.Alloc(virtio.DescTableSize(n), 4096)
+		if err != nil {
+			return err
+		}
+		aAddr, a, err := f.Alloc(virtio.AvailRingSize(n), virtio.AvailAlign)
+		if err != nil {
+			return err
+		}
+		uAddr, u, err := f.Alloc(virtio.UsedRingSize(n), 4096)
+		if err != nil {
+			return err
+		}
+		dq, err := virtio.NewDriverQueue(virtio.DriverQueueConfig{Size: n, EventIdx: f.Features&virtio.FeatureEventIdx != 0},
+			virtio.Rings{Desc: d, Avail: a, Used: u})
+		if err != nil {
+			return err
+		}
+		q.DriverQueue, q.desc, q.avail, q.used = dq, dAddr, aAddr, uAddr
+	}
+	var err error
+	if q.Kick == nil {
+		if q.Kick, err = eventfd.New(); err != nil {
+			return err
+		}
+	}
+	i := uint32(q.Index)
+	if err := f.Send(vu.SetVringNum, vu.VringState{Index: i, Num: uint32(n)}.Encode(), nil); err != nil {
+		return err
+	}
+	if err := f.Send(vu.SetVringBase, vu.VringState{Index: i, Num: uint32(q.base)}.Encode(), nil); err != nil {
+		return err
+	}
+	addr := vu.VringAddr{Index: i, Desc: uint64(q.desc) + UserBase, Avail: uint64(q.avail) + UserBase, Used: uint64(q.used) + UserBase}
+	if err := f.Send(vu.SetVringAddr, addr.Encode(), nil); err != nil {
+		return err
+	}
+	if err := f.SetVringFile(vu.SetVringKick, q.Index, q.Kick); err != nil {
+		return err
+	}
+	q.started = true
+	return nil
+}
+
+// Stop performs QEMU's stop sequence for the started queues:
+// SET_VRING_ENABLE(0) each, then GET_VRING_BASE each. It returns the bases.
+func (f *Frontend) Stop() (map[int]uint32, error) {
+	bases := map[int]uint32{}
+	for _, q := range f.queues {
+		if q.started && f.ProtocolFeatures != 0 {
+			if err := f.Send(vu.SetVringEnable, vu.VringState{Index: uint32(q.Index), Num: 0}.Encode(), nil); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, q := range f.queues {
+		if !q.started {
+			continue
+		}
+		m, err := f.conn.Call(vu.GetVringBase, vu.VringState{Index: uint32(q.Index)}.Encode(), nil, true)
+		if err != nil {
+			return nil, err
+		}
+		st, err := vu.DecodeVringState(m.Payload)
+		m.CloseFds()
+		if err != nil {
+			return nil, err
+		}
+		bases[q.Index] = st.Num
+		q.base = uint16(st.Num)
+		q.started = false
+	}
+	return bases, nil
+}
+
+// ResetDevice sends RESET_DEVICE; queues must be set up again with Start.
+func (f *Frontend) ResetDevice() error {
+	for _, q := range f.queues {
+		q.started = false
+		q.DriverQueue = nil
+		q.base = 0
+		q.Kick.Close()
+		q.Kick = nil
+	}
+	return f.Send(vu.ResetDevice, nil, nil)
+}
+
+// ReadConfig reads n bytes of device config space at off (GET_CONFIG).
+func (f *Frontend) ReadConfig(off, n uint32) ([]byte, error) {
+	msg := vu.ConfigMsg{Offset: off, Size: n, Data: make([]byte, n)}
+	m, err := f.conn.Call(vu.GetConfig, msg.Encode(), nil, true)
+	if err != nil {
+		return nil, err
+	}
+	defer m.CloseFds()
+	c, err := vu.DecodeConfigMsg(m.Payload)
+	if err != nil {
+		return nil, fmt.Errorf("frontend: GET_CONFIG reply: %w", err)
+	}
+	if c.Size != n {
+		return nil, fmt.Errorf("frontend: GET_CONFIG failed (reply of %d bytes)", c.Size)
+	}
+	return c.Data, nil
+}
+
+// Notify kicks queue q if the device wants it.
+func (q *Queue) Notify() error {
+	if q.NeedsKick() {
+		return q.Kick.Signal()
+	}
+	return nil
+}
+
+// ErrTimeout is returned when the device did not answer in time.
+var ErrTimeout = errors.New("frontend: timed out waiting for the device")
+
+// WaitUsed waits up to timeout for the next used element of q.
+func (q *Queue) WaitUsed(timeout time.Duration) (head uint16, written uint32, err error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		h, n, ok, err := q.Used()
+		if err != nil {
+			return 0, 0, err
+		}
+		if ok {
+			return h, n, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, 0, ErrTimeout
+		}
+		// The call eventfd is signalled when the device wants us to look;
+		// poll briefly as well so that suppressed interrupts never hang us.
+		q.Call.TryWait()
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// Close disconnects and releases guest memory, eventfds and the backend
+// channel.
+func (f *Frontend) Close() error {
+	err := f.conn.Close()
+	if f.backendConn != nil {
+		f.backendConn.Close()
+	}
+	f.wg.Wait()
+	for _, q := range f.queues {
+		if q == nil {
+			continue
+		}
+		q.Kick.Close()
+		q.Call.Close()
+		q.Err.Close()
+	}
+	if f.mem != nil {
+		f.mem.Release()
+		f.mem = nil
+	}
+	if f.fd >= 0 {
+		unix.Close(f.fd)
+		f.fd = -1
+	}
+	return err
+}

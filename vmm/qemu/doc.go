@@ -1,0 +1,45 @@
+// Package qemu runs QEMU with vrdma's vhost-user devices attached and
+// drives it over QMP.
+//
+// It builds the command line of a q35 machine whose RAM is a shared memfd
+// (memory-backend-memfd,share=on: vhost-user back-ends map guest RAM from
+// the fds QEMU sends) with QEMU's generic vhost-user front-end,
+// vhost-user-device-pci (virtio-id=42, num_vqs, vq_size, config_size;
+// named vhost-user-test-device-pci from QEMU 10.2); starts QEMU so that it
+// dies with its parent (Pdeathsig); connects the QMP monitor through
+// github.com/digitalocean/go-qemu/qmp; and offers what tests and vrdmactl
+// need: query-pci flattened over bridges, hot-plug of a vhost-user device
+// on a free pcie-root-port (chardev-add, then a raw device_add) and
+// hot-unplug (device_del, DEVICE_DELETED, chardev-remove).
+//
+// Upstream QEMU 10.0 hides the generic device (not user-creatable) and has
+// no virtio name for ID 42; scripts/qemu-build.sh (`make qemu`) builds
+// Debian's QEMU 10.0.2 with patches/0001-vhost-user-device-user-creatable.patch
+// and leaves bin/qemu-system-x86_64; FindBinary finds it.
+//
+// Non-goals: this package does not speak vhost-user (the back-end is
+// vrdmad, the front-end here is QEMU), does not build guest images, does
+// not manage KVM (guests run under TCG unless ExtraArgs asks for
+// "-accel kvm"), and does not support machines other than q35 (microvm
+// hangs under TCG).
+//
+// Naming: Args creates the ids "mem" (RAM backend), "qmp", "serial0", and
+// for every device D: chardev D-chr and, on the command line, its own
+// pcie-root-port D-port (so boot-time devices can be hot-unplugged, which
+// pcie.0 does not allow); free root ports are vrdma-rp0, vrdma-rp1, ...
+// AttachVhostUser uses the same D-chr chardev name, so DetachVhostUser works
+// for both kinds of device.
+//
+// Invariants:
+//   - Every Config is validated before use; errors are *ConfigError
+//     (errors.Is ErrInvalidConfig) naming the field. Values that QEMU would
+//     abort on (vq_size > 1024, num_vqs > 1024) never reach it.
+//   - A VM's QMP connection is owned by the VM. One goroutine pumps QMP
+//     events to subscribers with bounded buffers, so command replies are
+//     never stuck behind unread events.
+//   - QEMU never outlives the process that started it, and Start kills it
+//     on any start-up failure.
+//
+// Lock order: VM.mu (event subscribers) is a leaf; it is never held while
+// a QMP command runs. go-qemu's SocketMonitor serialises commands itself.
+package qemu

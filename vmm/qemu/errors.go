@@ -1,0 +1,70 @@
+package qemu
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Typed errors below match them with errors.Is.
+var (
+	// ErrInvalidConfig means a Config or VhostUserDevice cannot be turned
+	// into a QEMU command line. Returned as *ConfigError.
+	ErrInvalidConfig = errors.New("invalid qemu config")
+
+	// ErrNoBinary means no QEMU binary was found (see FindBinary).
+	ErrNoBinary = errors.New("qemu binary not found")
+
+	// ErrNoGenericDevice means the QEMU binary offers no user-creatable
+	// generic vhost-user PCI device: it is not the patched build.
+	ErrNoGenericDevice = errors.New("qemu has no user-creatable generic vhost-user device")
+
+	// ErrNoSharedMemory means guest RAM is not backed by shared memory
+	// (share=on), which a vhost-user back-end needs to map it.
+	ErrNoSharedMemory = errors.New("guest memory is not shared")
+
+	// ErrNoFreeRootPort means every pcie-root-port already holds a device.
+	ErrNoFreeRootPort = errors.New("no free pcie-root-port")
+
+	// ErrExited means the QEMU process has exited.
+	ErrExited = errors.New("qemu exited")
+
+	// ErrQMP means QEMU answered a QMP command with an error, or the reply
+	// could not be read. Returned as *QMPError.
+	ErrQMP = errors.New("qmp command failed")
+)
+
+// ConfigError describes one invalid field of a Config.
+type ConfigError struct {
+	// Field names the offending field, e.g. "MemoryMiB" or
+	// "Devices[1].VQSize".
+	Field string
+	// Reason says what is wrong with it.
+	Reason string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("invalid qemu config: %s: %s", e.Field, e.Reason)
+}
+
+// Is reports whether target is ErrInvalidConfig.
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalidConfig }
+
+// QMPError is a failed QMP command.
+type QMPError struct {
+	// Command is the QMP command name ("device_add").
+	Command string
+	// Err is QEMU's error (its "desc") or the transport error.
+	Err error
+}
+
+func (e *QMPError) Error() string { return fmt.Sprintf("qmp %s: %v", e.Command, e.Err) }
+
+// Unwrap returns the underlying error.
+func (e *QMPError) Unwrap() error { return e.Err }
+
+// Is reports whether target is ErrQMP.
+func (e *QMPError) Is(target error) bool { return target == ErrQMP }
+
+func configErr(field, format string, args ...any) error {
+	return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}

@@ -1,0 +1,439 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/digitalocean/go-qemu/qmp"
+)
+
+const (
+	// reconnectMs is the chardev reconnect interval for hot-plugged
+	// devices, so a restarted back-end is picked up again.
+	reconnectMs = 1000
+	// attachTimeout bounds AttachVhostUser/DetachVhostUser when ctx has no
+	// earlier deadline.
+	attachTimeout = 30 * time.Second
+	// Limits on query-pci replies (QEMU is trusted, but a reply is still
+	// input): bridge nesting depth and total device count.
+	maxPCIDepth   = 32
+	maxPCIDevices = 256 * 32 * 8
+)
+
+// PCI IDs of QEMU's generic pcie-root-port.
+const (
+	pciVendorRedHat     = 0x1b36
+	pciDeviceRootPort   = 0x000c
+	disconnectedPrefix  = "disconnected:"
+	eventDeviceDeleted  = "DEVICE_DELETED"
+	qmpCmdDeviceAdd     = "device_add"
+	qmpCmdChardevAdd    = "chardev-add"
+	qmpCmdChardevRemove = "chardev-remove"
+)
+
+// runQMP runs one QMP command on mon and returns its "return" value. The
+// go-qemu monitor cannot be cancelled, so the call continues in the
+// background after ctx ends (it finishes when QEMU answers or the
+// connection closes).
+func runQMP(ctx context.Context, mon qmp.Monitor, execute string, args any) (json.RawMessage, error) {
+	cmd, err := json.Marshal(qmp.Command{Execute: execute, Args: args})
+	if err != nil {
+		return nil, &QMPError{Command: execute, Err: err}
+	}
+	return runRawQMP(ctx, mon, execute, cmd)
+}
+
+func runRawQMP(ctx context.Context, mon qmp.Monitor, execute string, cmd []byte) (json.RawMessage, error) {
+	type result struct {
+		out []byte
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		out, err := mon.Run(cmd)
+		res <- result{out, err}
+	}()
+	var r result
+	select {
+	case r = <-res:
+	case <-ctx.Done():
+		return nil, &QMPError{Command: execute, Err: ctx.Err()}
+	}
+	if r.err != nil {
+		return nil, &QMPError{Command: execute, Err: r.err}
+	}
+	var resp struct {
+		Return json.RawMessage `json:"return"`
+	}
+	if err := json.Unmarshal(r.out, &resp); err != nil {
+		return nil, &QMPError{Command: execute, Err: fmt.Errorf("decode reply: %w", err)}
+	}
+	return resp.Return, nil
+}
+
+func (vm *VM) run(ctx context.Context, execute string, args any) (json.RawMessage, error) {
+	select {
+	case <-vm.done:
+		return nil, &QMPError{Command: execute, Err: ErrExited}
+	default:
+	}
+	return runQMP(ctx, vm.QMP(), execute, args)
+}
+
+// PCIDevice is one PCI function as query-pci reports it.
+type PCIDevice struct {
+	Bus, Slot, Function int
+	VendorID, DeviceID  uint16
+	// ClassInfo is QEMU's class description ("Host bridge"), or the class
+	// code as "0x0604" when QEMU has no description.
+	ClassInfo string
+	// ID is the qdev id ("" for devices created without one).
+	ID string
+}
+
+// queryPCIDevice is query-pci's PciDeviceInfo, trimmed to what we use.
+type queryPCIDevice struct {
+	Bus       int `json:"bus"`
+	Slot      int `json:"slot"`
+	Function  int `json:"function"`
+	ClassInfo struct {
+		Class int     `json:"class"`
+		Desc  *string `json:"desc"`
+	} `json:"class_info"`
+	ID struct {
+		Vendor int `json:"vendor"`
+		Device int `json:"device"`
+	} `json:"id"`
+	QdevID    string `json:"qdev_id"`
+	PCIBridge *struct {
+		Devices []queryPCIDevice `json:"devices"`
+	} `json:"pci_bridge"`
+}
+
+type queryPCIBus struct {
+	Bus     int              `json:"bus"`
+	Devices []queryPCIDevice `json:"devices"`
+}
+
+// QueryPCI returns every PCI function of the VM, devices behind bridges
+// included (depth first, in QEMU's order).
+func (vm *VM) QueryPCI(ctx context.Context) ([]PCIDevice, error) {
+	raw, err := vm.run(ctx, "query-pci", nil)
+	if err != nil {
+		return nil, err
+	}
+	return parseQueryPCI(raw)
+}
+
+// parseQueryPCI flattens a query-pci "return" value.
+func parseQueryPCI(raw []byte) ([]PCIDevice, error) {
+	var out []PCIDevice
+	err := walkQueryPCI(raw, func(d *queryPCIDevice) error {
+		pd, err := d.flat()
+		if err != nil {
+			return err
+		}
+		out = append(out, pd)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// walkQueryPCI calls fn for every device of a query-pci reply, depth
+// first, with bounded depth and count.
+func walkQueryPCI(raw []byte, fn func(*queryPCIDevice) error) error {
+	var buses []queryPCIBus
+	if err := json.Unmarshal(raw, &buses); err != nil {
+		return fmt.Errorf("decode query-pci: %w", err)
+	}
+	count := 0
+	var walk func(devs []queryPCIDevice, depth int) error
+	walk = func(devs []queryPCIDevice, depth int) error {
+		if depth > maxPCIDepth {
+			return fmt.Errorf("query-pci: bridges nested deeper than %d", maxPCIDepth)
+		}
+		for i := range devs {
+			count++
+			if count > maxPCIDevices {
+				return fmt.Errorf("query-pci: more than %d devices", maxPCIDevices)
+			}
+			if err := fn(&devs[i]); err != nil {
+				return err
+			}
+			if b := devs[i].PCIBridge; b != nil {
+				if err := walk(b.Devices, depth+1); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	for _, b := range buses {
+		if err := walk(b.Devices, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *queryPCIDevice) flat() (PCIDevice, error) {
+	if d.Bus < 0 || d.Bus > 255 || d.Slot < 0 || d.Slot > 31 || d.Function < 0 || d.Function > 7 {
+		return PCIDevice{}, fmt.Errorf("query-pci: bad address %d:%d.%d", d.Bus, d.Slot, d.Function)
+	}
+	if d.ID.Vendor < 0 || d.ID.Vendor > 0xffff || d.ID.Device < 0 || d.ID.Device > 0xffff {
+		return PCIDevice{}, fmt.Errorf("query-pci: bad id %#x:%#x at %02x:%02x.%d", d.ID.Vendor, d.ID.Device, d.Bus, d.Slot, d.Function)
+	}
+	class := fmt.Sprintf("%#06x", d.ClassInfo.Class)
+	if d.ClassInfo.Desc != nil && *d.ClassInfo.Desc != "" {
+		class = *d.ClassInfo.Desc
+	}
+	return PCIDevice{
+		Bus:       d.Bus,
+		Slot:      d.Slot,
+		Function:  d.Function,
+		VendorID:  uint16(d.ID.Vendor),
+		DeviceID:  uint16(d.ID.Device),
+		ClassInfo: class,
+		ID:        d.QdevID,
+	}, nil
+}
+
+// FreeRootPort returns the qdev id of the first pcie-root-port (1b36:000c)
+// that has an id and no device behind it, asking mon with query-pci. The
+// error matches ErrNoFreeRootPort when every port is taken.
+func FreeRootPort(ctx context.Context, mon qmp.Monitor) (string, error) {
+	raw, err := runQMP(ctx, mon, "query-pci", nil)
+	if err != nil {
+		return "", err
+	}
+	return freeRootPort(raw)
+}
+
+func freeRootPort(raw []byte) (string, error) {
+	ports, free := 0, ""
+	err := walkQueryPCI(raw, func(d *queryPCIDevice) error {
+		if d.ID.Vendor != pciVendorRedHat || d.ID.Device != pciDeviceRootPort || d.PCIBridge == nil {
+			return nil
+		}
+		ports++
+		if free == "" && d.QdevID != "" && len(d.PCIBridge.Devices) == 0 {
+			free = d.QdevID
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	if free == "" {
+		return "", fmt.Errorf("%w: all %d pcie-root-ports hold a device (start the VM with more RootPorts)", ErrNoFreeRootPort, ports)
+	}
+	return free, nil
+}
+
+// checkSharedMemory fails with ErrNoSharedMemory unless every memory
+// backend is share=on: a vhost-user back-end maps guest RAM through the
+// fds QEMU sends, which only works for shared mappings.
+func checkSharedMemory(ctx context.Context, mon qmp.Monitor) error {
+	raw, err := runQMP(ctx, mon, "query-memdev", nil)
+	if err != nil {
+		return err
+	}
+	var devs []struct {
+		ID    string `json:"id"`
+		Share bool   `json:"share"`
+	}
+	if err := json.Unmarshal(raw, &devs); err != nil {
+		return &QMPError{Command: "query-memdev", Err: fmt.Errorf("decode reply: %w", err)}
+	}
+	if len(devs) == 0 {
+		return fmt.Errorf("%w: no memory backend (use -object memory-backend-memfd,...,share=on and -machine memory-backend=)", ErrNoSharedMemory)
+	}
+	for _, d := range devs {
+		if !d.Share {
+			return fmt.Errorf("%w: memory backend %q has share=off", ErrNoSharedMemory, d.ID)
+		}
+	}
+	return nil
+}
+
+// chardevAddArgs builds chardev-add arguments for a unix socket client that
+// reconnects (reconnect-ms since QEMU 9.2, reconnect in seconds before).
+func chardevAddArgs(id, path string, v qmp.Version) map[string]any {
+	data := map[string]any{
+		"addr":   map[string]any{"type": "unix", "data": map[string]any{"path": path}},
+		"server": false,
+	}
+	if q := v.QEMU; q.Major > 9 || (q.Major == 9 && q.Minor >= 2) {
+		data["reconnect-ms"] = reconnectMs
+	} else if q.Major > 0 {
+		data["reconnect"] = (reconnectMs + 999) / 1000
+	}
+	return map[string]any{"id": id, "backend": map[string]any{"type": "socket", "data": data}}
+}
+
+// deviceAddCommand is the raw device_add for dev. go-qemu's generated
+// raw.DeviceAdd cannot carry driver properties such as chardev or
+// virtio-id, so the JSON is built here.
+func deviceAddCommand(deviceName string, dev VhostUserDevice, bus string) ([]byte, error) {
+	args := map[string]any{
+		"driver":      deviceName,
+		"id":          dev.ID,
+		"chardev":     dev.ID + chrSuffix,
+		"virtio-id":   dev.VirtioID,
+		"num_vqs":     dev.NumVQs,
+		"vq_size":     dev.VQSize,
+		"config_size": dev.ConfigSize,
+	}
+	if bus != "" {
+		args["bus"] = bus
+	}
+	return json.Marshal(qmp.Command{Execute: qmpCmdDeviceAdd, Args: args})
+}
+
+// AttachVhostUser hot-plugs dev: it checks that guest RAM is shared, adds
+// a reconnecting unix socket chardev (ID+"-chr"), waits until the back-end
+// accepted the connection, and adds the device on bus (a free
+// pcie-root-port; "" picks one with FreeRootPort). On failure nothing
+// stays behind. ctx bounds the whole call (at most 30 s).
+func (vm *VM) AttachVhostUser(ctx context.Context, dev VhostUserDevice, bus string) error {
+	ctx, cancel := context.WithTimeout(ctx, attachTimeout)
+	defer cancel()
+	dev = dev.withDefaults()
+	if err := dev.validate("dev"); err != nil {
+		return err
+	}
+	if bus != "" {
+		if err := validateID("bus", bus); err != nil {
+			return err
+		}
+	}
+	name := vm.deviceName(ctx)
+	if vm.devNameErr != nil {
+		return vm.devNameErr
+	}
+	mon := vm.QMP()
+	if err := checkSharedMemory(ctx, mon); err != nil {
+		return fmt.Errorf("attach %s: %w", dev.ID, err)
+	}
+	if bus == "" {
+		var err error
+		if bus, err = FreeRootPort(ctx, mon); err != nil {
+			return fmt.Errorf("attach %s: %w", dev.ID, err)
+		}
+	}
+	chr := dev.ID + chrSuffix
+	if _, err := vm.run(ctx, qmpCmdChardevAdd, chardevAddArgs(chr, dev.Socket, vm.version)); err != nil {
+		return fmt.Errorf("attach %s: %w", dev.ID, err)
+	}
+	rollback := func() {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer rcancel()
+		if _, err := vm.run(rctx, qmpCmdChardevRemove, map[string]any{"id": chr}); err != nil {
+			vm.log.WithError(err).WithField("chardev", chr).Warn("rollback: chardev-remove")
+		}
+	}
+	if err := vm.waitChardevConnected(ctx, chr); err != nil {
+		rollback()
+		return fmt.Errorf("attach %s: back-end at %s: %w", dev.ID, dev.Socket, err)
+	}
+	cmd, err := deviceAddCommand(name, dev, bus)
+	if err != nil {
+		rollback()
+		return fmt.Errorf("attach %s: %w", dev.ID, err)
+	}
+	if _, err := runRawQMP(ctx, mon, qmpCmdDeviceAdd, cmd); err != nil {
+		rollback()
+		return fmt.Errorf("attach %s on %s: %w", dev.ID, bus, err)
+	}
+	vm.log.WithFields(map[string]any{"device": dev.ID, "bus": bus, "socket": dev.Socket}).Info("vhost-user device attached")
+	return nil
+}
+
+// waitChardevConnected polls query-chardev until chr is connected. A
+// socket chardev's filename starts with "disconnected:" until then.
+func (vm *VM) waitChardevConnected(ctx context.Context, chr string) error {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		raw, err := vm.run(ctx, "query-chardev", nil)
+		if err != nil {
+			return err
+		}
+		var infos []struct {
+			Label    string `json:"label"`
+			Filename string `json:"filename"`
+		}
+		if err := json.Unmarshal(raw, &infos); err != nil {
+			return &QMPError{Command: "query-chardev", Err: fmt.Errorf("decode reply: %w", err)}
+		}
+		found := false
+		for _, in := range infos {
+			if in.Label != chr {
+				continue
+			}
+			found = true
+			if !strings.HasPrefix(in.Filename, disconnectedPrefix) {
+				return nil
+			}
+		}
+		if !found {
+			return fmt.Errorf("chardev %s vanished", chr)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not accepting connections: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// DetachVhostUser hot-unplugs device id: device_del, wait for QEMU's
+// DEVICE_DELETED event for it (the guest must release the device: Linux
+// pciehp does; firmware alone may not), then chardev-remove id+"-chr".
+// ctx bounds the whole call (at most 30 s).
+func (vm *VM) DetachVhostUser(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, attachTimeout)
+	defer cancel()
+	if err := validateID("id", id); err != nil {
+		return err
+	}
+	events, unsubscribe := vm.subscribe()
+	defer unsubscribe()
+	if _, err := vm.run(ctx, "device_del", map[string]any{"id": id}); err != nil {
+		return fmt.Errorf("detach %s: %w", id, err)
+	}
+	if err := waitDeviceDeleted(ctx, events, id); err != nil {
+		return fmt.Errorf("detach %s: %w", id, err)
+	}
+	if _, err := vm.run(ctx, qmpCmdChardevRemove, map[string]any{"id": id + chrSuffix}); err != nil {
+		return fmt.Errorf("detach %s: %w", id, err)
+	}
+	vm.log.WithField("device", id).Info("vhost-user device detached")
+	return nil
+}
+
+// waitDeviceDeleted waits for DEVICE_DELETED with data.device == id.
+func waitDeviceDeleted(ctx context.Context, events <-chan qmp.Event, id string) error {
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				return fmt.Errorf("waiting for %s: %w", eventDeviceDeleted, ErrExited)
+			}
+			if ev.Event != eventDeviceDeleted {
+				continue
+			}
+			if dev, _ := ev.Data["device"].(string); dev == id {
+				return nil
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("no %s event (did the guest release the device?): %w", eventDeviceDeleted, ctx.Err())
+		}
+	}
+}
