@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
@@ -172,31 +173,57 @@ func (s *Server) Serve(ctx context.Context) error {
 			}
 			return fmt.Errorf("backend: accept: %w", err)
 		}
+		s.wg.Add(1)
+		go s.admit(c)
+	}
+}
+
+// handoverWait is how long a new front-end waits for the previous one's
+// session to finish its teardown (a reconnecting QEMU arrives while the
+// back-end is still releasing the old connection's resources). A second
+// front-end on a device that stays connected is refused after it.
+const handoverWait = 2 * time.Second
+
+// admit serves c once no other session is active, or refuses it.
+func (s *Server) admit(c *net.UnixConn) {
+	defer s.wg.Done()
+	deadline := time.NewTimer(handoverWait)
+	defer deadline.Stop()
+	for {
 		s.mu.Lock()
-		if s.active != nil || s.closed {
+		if s.closed {
 			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		prev := s.active
+		if prev == nil {
+			break // with s.mu held
+		}
+		s.mu.Unlock()
+		select {
+		case <-prev.done:
+			continue
+		case <-deadline.C:
 			s.stats.refused.Add(1)
 			s.log.Warn("refused a second front-end: the device is connected")
 			c.Close()
-			continue
+			return
 		}
-		sess := newSession(c, s.cfg.Device, s.log.WithField("session", s.stats.sessions.Add(1)), &s.stats)
-		s.active = sess
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go func() {
-			defer s.wg.Done()
-			s.log.Info("front-end connected")
-			if err := sess.serve(); err != nil {
-				s.log.WithError(err).Warn("front-end session ended with an error")
-			} else {
-				s.log.Info("front-end disconnected")
-			}
-			s.mu.Lock()
-			s.active = nil
-			s.mu.Unlock()
-		}()
 	}
+	sess := newSession(c, s.cfg.Device, s.log.WithField("session", s.stats.sessions.Add(1)), &s.stats)
+	s.active = sess
+	s.mu.Unlock()
+	s.log.Info("front-end connected")
+	if err := sess.serve(); err != nil {
+		s.log.WithError(err).Warn("front-end session ended with an error")
+	} else {
+		s.log.Info("front-end disconnected")
+	}
+	s.mu.Lock()
+	s.active = nil
+	s.mu.Unlock()
+	close(sess.done)
 }
 
 // Disconnect closes the current front-end's connection, if any; its

@@ -38,7 +38,6 @@ type session struct {
 	stats *Stats
 
 	features    uint64 // acked virtio features
-	acked       uint64 // = features; kept apart for clarity in ring setup
 	protocol    uint64 // acked protocol features
 	protocolSet bool
 	owner       bool
@@ -49,6 +48,7 @@ type session struct {
 	backendMu   sync.Mutex // protects backendConn
 	backendConn *vu.Conn
 	closing     atomic.Bool
+	done        chan struct{} // closed when the session has released everything
 }
 
 func newSession(c *net.UnixConn, dev Device, log *logrus.Entry, stats *Stats) *session {
@@ -58,6 +58,7 @@ func newSession(c *net.UnixConn, dev Device, log *logrus.Entry, stats *Stats) *s
 		log:   log,
 		mem:   memmap.NewMemory(),
 		stats: stats,
+		done:  make(chan struct{}),
 	}
 	n := dev.NumQueues()
 	s.rings = make([]*vring, n)
@@ -194,7 +195,7 @@ func (s *session) dispatch(m *vu.Message) ([]byte, error) {
 		if f&^s.offered() != 0 {
 			return nil, fmt.Errorf("features %#x not offered (offered %#x)", f&^s.offered(), s.offered())
 		}
-		s.features, s.acked = f, f
+		s.features = f
 		if f&vu.FeatureProtocolFeatures == 0 {
 			// "If VHOST_USER_F_PROTOCOL_FEATURES has not been negotiated,
 			// the ring starts directly in the enabled state."
@@ -612,7 +613,7 @@ func (s *session) resetDevice() {
 		r.reset()
 	}
 	s.dev.Reset()
-	s.features, s.acked, s.status = 0, 0, 0
+	s.features, s.status = 0, 0
 }
 
 // teardown releases everything the front-end owned: workers, fds, device

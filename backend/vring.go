@@ -58,8 +58,8 @@ func (r *vring) start() {
 	cfg := virtio.DeviceQueueConfig{
 		Index:     r.q.index,
 		Size:      r.num,
-		EventIdx:  r.s.acked&virtio.FeatureEventIdx != 0,
-		Indirect:  r.s.acked&virtio.FeatureIndirectDesc != 0,
+		EventIdx:  r.s.features&virtio.FeatureEventIdx != 0,
+		Indirect:  r.s.features&virtio.FeatureIndirectDesc != 0,
 		LastAvail: r.base,
 	}
 	t := r.s.mem.Acquire()

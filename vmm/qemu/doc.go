@@ -40,6 +40,6 @@
 //   - QEMU never outlives the process that started it, and Start kills it
 //     on any start-up failure.
 //
-// Lock order: VM.mu (event subscribers) is a leaf; it is never held while
-// a QMP command runs. go-qemu's SocketMonitor serialises commands itself.
+// Lock order: VM.mu (event subscribers) and VM.devMu (cached device name)
+// are leaves, never held together and never held while a QMP command runs. go-qemu's SocketMonitor serialises commands itself.
 package qemu

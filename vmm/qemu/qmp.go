@@ -313,16 +313,15 @@ func (vm *VM) AttachVhostUser(ctx context.Context, dev VhostUserDevice, bus stri
 			return err
 		}
 	}
-	name := vm.deviceName(ctx)
-	if vm.devNameErr != nil {
-		return vm.devNameErr
+	name, err := vm.deviceName(ctx)
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", dev.ID, err)
 	}
 	mon := vm.QMP()
 	if err := checkSharedMemory(ctx, mon); err != nil {
 		return fmt.Errorf("attach %s: %w", dev.ID, err)
 	}
 	if bus == "" {
-		var err error
 		if bus, err = FreeRootPort(ctx, mon); err != nil {
 			return fmt.Errorf("attach %s: %w", dev.ID, err)
 		}

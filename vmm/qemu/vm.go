@@ -60,9 +60,8 @@ type VM struct {
 
 	cleanupOnce sync.Once
 
-	devNameOnce sync.Once
-	devName     string // protected by devNameOnce
-	devNameErr  error  // protected by devNameOnce
+	devMu   sync.Mutex
+	devName string // protected by devMu; "" until found
 
 	mu       sync.Mutex             // protects subs, nextSub, evClosed
 	subs     map[int]chan qmp.Event // event subscribers
@@ -111,11 +110,13 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*VM, error) {
 		vm.cleanup()
 		return nil, err
 	}
-	name := ""
+	var (
+		name string
+		err  error
+	)
 	if len(cfg.Devices) > 0 {
-		name = vm.deviceName(ctx)
-		if vm.devNameErr != nil {
-			return fail(vm.devNameErr)
+		if name, err = vm.deviceName(ctx); err != nil {
+			return fail(err)
 		}
 	}
 	args, err := vm.cfg.Args(name)
@@ -407,12 +408,20 @@ func (vm *VM) cleanup() {
 	})
 }
 
-// deviceName returns (and caches) the generic device name of cfg.Binary.
-func (vm *VM) deviceName(ctx context.Context) string {
-	vm.devNameOnce.Do(func() {
-		vm.devName, vm.devNameErr = DeviceName(ctx, vm.cfg.Binary)
-	})
-	return vm.devName
+// deviceName returns the generic device name of cfg.Binary, cached after
+// the first success.
+func (vm *VM) deviceName(ctx context.Context) (string, error) {
+	vm.devMu.Lock()
+	defer vm.devMu.Unlock()
+	if vm.devName != "" {
+		return vm.devName, nil
+	}
+	name, err := DeviceName(ctx, vm.cfg.Binary)
+	if err != nil {
+		return "", err
+	}
+	vm.devName = name
+	return name, nil
 }
 
 func discardLogger() *logrus.Entry {
