@@ -592,6 +592,11 @@ func (s *session) setStatus(p []byte) error {
 	if u > 0xff {
 		return fmt.Errorf("status %#x does not fit the 8-bit device status", u)
 	}
+	// QEMU's generic device sends 0 when the guest resets the device (and
+	// when the VM stops): the device's objects go, rings and memory stay.
+	if u == 0 && s.status != 0 {
+		s.dev.Reset()
+	}
 	s.status = uint8(u)
 	return nil
 }

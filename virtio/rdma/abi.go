@@ -210,3 +210,324 @@ func Unmarshal(b []byte, v any) error {
 	_, err := binary.Decode(b, binary.LittleEndian, v)
 	return err
 }
+
+// PortReq is QUERY_PORT's request (struct vrdma_port_req).
+type PortReq struct {
+	PortNum  uint32 `spec:"port_num"`
+	Reserved uint32 `spec:"reserved"`
+}
+
+// PortAttr is QUERY_PORT's response (struct vrdma_port_attr).
+type PortAttr struct {
+	State        uint32 `spec:"state"`
+	MaxMTU       uint32 `spec:"max_mtu"`
+	ActiveMTU    uint32 `spec:"active_mtu"`
+	GIDTblLen    uint32 `spec:"gid_tbl_len"`
+	PortCapFlags uint32 `spec:"port_cap_flags"`
+	MaxMsgSz     uint32 `spec:"max_msg_sz"`
+	LinkLayer    uint32 `spec:"link_layer"`
+	LID          uint32 `spec:"lid"`
+	ActiveSpeed  uint32 `spec:"active_speed"`
+	ActiveWidth  uint32 `spec:"active_width"`
+}
+
+// GIDReq is QUERY_GID's request (struct vrdma_gid_req).
+type GIDReq struct {
+	PortNum uint32 `spec:"port_num"`
+	Index   uint32 `spec:"index"`
+}
+
+// GID is QUERY_GID's response (struct vrdma_gid).
+type GID struct {
+	Raw [16]byte `spec:"raw"`
+}
+
+// Handle carries one handle (struct vrdma_handle).
+type Handle struct {
+	Handle   uint32 `spec:"handle"`
+	Reserved uint32 `spec:"reserved"`
+}
+
+// RegMR is REG_MR's request (struct vrdma_reg_mr); an inline page list may
+// follow it.
+type RegMR struct {
+	PDN       uint32 `spec:"pdn"`
+	Access    uint32 `spec:"access"`
+	IOVA      uint64 `spec:"iova"`
+	Length    uint64 `spec:"length"`
+	PageShift uint32 `spec:"page_shift"`
+	NPages    uint32 `spec:"npages"`
+	PageList  uint64 `spec:"page_list"`
+	Reserved  uint64 `spec:"reserved"`
+}
+
+// MRKeys is REG_MR's response (struct vrdma_mr_keys).
+type MRKeys struct {
+	LKey uint32 `spec:"lkey"`
+	RKey uint32 `spec:"rkey"`
+}
+
+// CreateCQ is CREATE_CQ's request (struct vrdma_create_cq).
+type CreateCQ struct {
+	CQE      uint32 `spec:"cqe"`
+	NPages   uint32 `spec:"npages"`
+	Record   uint64 `spec:"record"`
+	PageList uint64 `spec:"page_list"`
+	Reserved uint64 `spec:"reserved"`
+}
+
+// CQRecord is a CQ's doorbell record (struct vrdma_cq_record).
+type CQRecord struct {
+	PI uint32 `spec:"pi"`
+	CI uint32 `spec:"ci"`
+}
+
+// CreateQP is CREATE_QP's request (struct vrdma_create_qp).
+type CreateQP struct {
+	PDN           uint32 `spec:"pdn"`
+	SendCQN       uint32 `spec:"send_cqn"`
+	RecvCQN       uint32 `spec:"recv_cqn"`
+	QPType        uint32 `spec:"qp_type"`
+	MaxSendWR     uint32 `spec:"max_send_wr"`
+	MaxRecvWR     uint32 `spec:"max_recv_wr"`
+	MaxSendSGE    uint32 `spec:"max_send_sge"`
+	MaxRecvSGE    uint32 `spec:"max_recv_sge"`
+	MaxInlineData uint32 `spec:"max_inline_data"`
+	SQWQEShift    uint32 `spec:"sq_wqe_shift"`
+	RQWQEShift    uint32 `spec:"rq_wqe_shift"`
+	DoorbellQueue uint32 `spec:"doorbell_queue"`
+	Record        uint64 `spec:"record"`
+	SQNPages      uint32 `spec:"sq_npages"`
+	RQNPages      uint32 `spec:"rq_npages"`
+	PageList      uint64 `spec:"page_list"`
+	SQSigAll      uint32 `spec:"sq_sig_all"`
+	Reserved      uint32 `spec:"reserved"`
+}
+
+// QPRecord is a QP's doorbell record (struct vrdma_qp_record).
+type QPRecord struct {
+	SQPI uint32 `spec:"sq_pi"`
+	RQPI uint32 `spec:"rq_pi"`
+	SQCI uint32 `spec:"sq_ci"`
+	RQCI uint32 `spec:"rq_ci"`
+}
+
+// Offsets in a QP record and a CQ record, for atomic access.
+const (
+	QPRecordSQPI = 0
+	QPRecordRQPI = 4
+	QPRecordSQCI = 8
+	QPRecordRQCI = 12
+	QPRecordSize = 16
+
+	CQRecordPI   = 0
+	CQRecordCI   = 4
+	CQRecordSize = 8
+)
+
+// QPAttr is MODIFY_QP's request and QUERY_QP's response (struct vrdma_qp_attr).
+type QPAttr struct {
+	QPN             uint32   `spec:"qpn"`
+	AttrMask        uint32   `spec:"attr_mask"`
+	QPState         uint32   `spec:"qp_state"`
+	QPAccessFlags   uint32   `spec:"qp_access_flags"`
+	PKeyIndex       uint32   `spec:"pkey_index"`
+	PortNum         uint32   `spec:"port_num"`
+	PathMTU         uint32   `spec:"path_mtu"`
+	DestQPNum       uint32   `spec:"dest_qp_num"`
+	RQPSN           uint32   `spec:"rq_psn"`
+	SQPSN           uint32   `spec:"sq_psn"`
+	MaxRdAtomic     uint32   `spec:"max_rd_atomic"`
+	MaxDestRdAtomic uint32   `spec:"max_dest_rd_atomic"`
+	MinRNRTimer     uint32   `spec:"min_rnr_timer"`
+	Timeout         uint32   `spec:"timeout"`
+	RetryCnt        uint32   `spec:"retry_cnt"`
+	RNRRetry        uint32   `spec:"rnr_retry"`
+	DGID            [16]byte `spec:"dgid"`
+	SGIDIndex       uint32   `spec:"sgid_index"`
+	HopLimit        uint32   `spec:"hop_limit"`
+	Reserved        uint64   `spec:"reserved"`
+}
+
+// CreateAH is CREATE_AH's request (struct vrdma_create_ah).
+type CreateAH struct {
+	PDN       uint32   `spec:"pdn"`
+	PortNum   uint32   `spec:"port_num"`
+	DGID      [16]byte `spec:"dgid"`
+	SGIDIndex uint32   `spec:"sgid_index"`
+	Reserved  uint32   `spec:"reserved"`
+}
+
+// NotifyCQ is REQ_NOTIFY_CQ's request (struct vrdma_notify_cq).
+type NotifyCQ struct {
+	CQN           uint32 `spec:"cqn"`
+	SolicitedOnly uint32 `spec:"solicited_only"`
+}
+
+// SGE is a scatter/gather entry (struct vrdma_sge).
+type SGE struct {
+	Addr   uint64 `spec:"addr"`
+	Length uint32 `spec:"length"`
+	LKey   uint32 `spec:"lkey"`
+}
+
+// SendWQE is a send WQE's header (struct vrdma_send_wqe).
+type SendWQE struct {
+	WRID       uint64   `spec:"wr_id"`
+	Opcode     uint8    `spec:"opcode"`
+	Flags      uint8    `spec:"flags"`
+	NumSGE     uint16   `spec:"num_sge"`
+	ImmData    uint32   `spec:"imm_data"`
+	RemoteAddr uint64   `spec:"remote_addr"`
+	RKey       uint32   `spec:"rkey"`
+	InlineLen  uint32   `spec:"inline_len"`
+	CompareAdd uint64   `spec:"compare_add"`
+	Swap       uint64   `spec:"swap"`
+	Reserved   [16]byte `spec:"reserved"`
+}
+
+// RecvWQE is a receive WQE's header (struct vrdma_recv_wqe).
+type RecvWQE struct {
+	WRID     uint64  `spec:"wr_id"`
+	NumSGE   uint16  `spec:"num_sge"`
+	Reserved [6]byte `spec:"reserved"`
+}
+
+// CQE is a completion queue entry (struct vrdma_cqe).
+type CQE struct {
+	WRID      uint64 `spec:"wr_id"`
+	Status    uint8  `spec:"status"`
+	Opcode    uint8  `spec:"opcode"`
+	WCFlags   uint16 `spec:"wc_flags"`
+	QPNum     uint32 `spec:"qp_num"`
+	ByteLen   uint32 `spec:"byte_len"`
+	ImmData   uint32 `spec:"imm_data"`
+	SrcQP     uint32 `spec:"src_qp"`
+	VendorErr uint32 `spec:"vendor_err"`
+}
+
+// Event is an event queue message (struct vrdma_event).
+type Event struct {
+	Type     uint32 `spec:"type"`
+	Handle   uint32 `spec:"handle"`
+	Reserved uint64 `spec:"reserved"`
+}
+
+// Sizes of the data-path structures.
+const (
+	SGESize        = 16
+	SendWQEHdrSize = 64
+	RecvWQEHdrSize = 16
+	CQESize        = 32
+	EventSize      = 16
+	PageShift      = 12
+	PageSize       = 1 << PageShift
+	MaxMsgSize     = 1 << 31
+	MinSQWQEShift  = 6
+	MinRQWQEShift  = 5
+	MaxWQEShift    = 12
+)
+
+// Access flags (ibv_access_flags).
+const (
+	AccessLocalWrite   = 1
+	AccessRemoteWrite  = 2
+	AccessRemoteRead   = 4
+	AccessRemoteAtomic = 8
+	AccessAll          = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+)
+
+// QP types (ibv_qp_type).
+const QPTypeRC = 2
+
+// QP states (ibv_qp_state).
+const (
+	QPSReset = 0
+	QPSInit  = 1
+	QPSRTR   = 2
+	QPSRTS   = 3
+	QPSSQD   = 4
+	QPSSQE   = 5
+	QPSErr   = 6
+)
+
+// QP attribute mask bits (ibv_qp_attr_mask).
+const (
+	QPAttrState           = 0x1
+	QPAttrAccessFlags     = 0x8
+	QPAttrPKeyIndex       = 0x10
+	QPAttrPort            = 0x20
+	QPAttrAV              = 0x80
+	QPAttrPathMTU         = 0x100
+	QPAttrTimeout         = 0x200
+	QPAttrRetryCnt        = 0x400
+	QPAttrRNRRetry        = 0x800
+	QPAttrRQPSN           = 0x1000
+	QPAttrMaxQPRdAtomic   = 0x2000
+	QPAttrMinRNRTimer     = 0x8000
+	QPAttrSQPSN           = 0x10000
+	QPAttrMaxDestRdAtomic = 0x20000
+	QPAttrDestQPN         = 0x100000
+)
+
+// Send opcodes (struct vrdma_send_wqe.opcode).
+const (
+	WROpSend             = 0
+	WROpSendWithImm      = 1
+	WROpRDMAWrite        = 2
+	WROpRDMAWriteWithImm = 3
+	WROpRDMARead         = 4
+	WROpAtomicCmpSwp     = 5
+	WROpAtomicFetchAdd   = 6
+)
+
+// Send WQE flags.
+const (
+	WRFlagSignaled  = 1
+	WRFlagInline    = 2
+	WRFlagFence     = 4
+	WRFlagSolicited = 8
+)
+
+// Completion statuses (ibv_wc_status).
+const (
+	WCSuccess        = 0
+	WCLocLenErr      = 1
+	WCLocQPOpErr     = 2
+	WCLocProtErr     = 4
+	WCWRFlushErr     = 5
+	WCBadRespErr     = 7
+	WCLocAccessErr   = 8
+	WCRemInvReqErr   = 9
+	WCRemAccessErr   = 10
+	WCRemOpErr       = 11
+	WCRetryExcErr    = 12
+	WCRNRRetryExcErr = 13
+	WCGeneralErr     = 21
+)
+
+// Completion opcodes (ibv_wc_opcode) and flags.
+const (
+	WCOpSend            = 0
+	WCOpRDMAWrite       = 1
+	WCOpRDMARead        = 2
+	WCOpCompSwap        = 3
+	WCOpFetchAdd        = 4
+	WCOpRecv            = 128
+	WCOpRecvRDMAWithImm = 129
+
+	WCFlagWithImm = 2
+)
+
+// Event types.
+const (
+	EventCQCompletion = 1
+	EventCQError      = 2
+	EventQPFatal      = 3
+	EventPortActive   = 4
+	EventPortError    = 5
+	EventDeviceFatal  = 6
+)
+
+// Link layer (ibv_port_attr.link_layer).
+const LinkLayerEthernet = 2

@@ -66,12 +66,37 @@ func goFields(v any) []specField {
 
 func TestWireStructsMatchSpec(t *testing.T) {
 	tables, sizes := specTables(t)
-	for name, v := range map[string]any{
+	structs := map[string]any{
 		"vrdma_config":      &Config{},
 		"vrdma_cmd_hdr":     &CmdHeader{},
 		"vrdma_resp_hdr":    &RespHeader{},
 		"vrdma_device_attr": &DeviceAttr{},
-	} {
+		"vrdma_port_req":    &PortReq{},
+		"vrdma_port_attr":   &PortAttr{},
+		"vrdma_gid_req":     &GIDReq{},
+		"vrdma_gid":         &GID{},
+		"vrdma_handle":      &Handle{},
+		"vrdma_reg_mr":      &RegMR{},
+		"vrdma_mr_keys":     &MRKeys{},
+		"vrdma_create_cq":   &CreateCQ{},
+		"vrdma_cq_record":   &CQRecord{},
+		"vrdma_create_qp":   &CreateQP{},
+		"vrdma_qp_record":   &QPRecord{},
+		"vrdma_qp_attr":     &QPAttr{},
+		"vrdma_create_ah":   &CreateAH{},
+		"vrdma_notify_cq":   &NotifyCQ{},
+		"vrdma_sge":         &SGE{},
+		"vrdma_send_wqe":    &SendWQE{},
+		"vrdma_recv_wqe":    &RecvWQE{},
+		"vrdma_cqe":         &CQE{},
+		"vrdma_event":       &Event{},
+	}
+	for name := range tables {
+		if _, ok := structs[name]; !ok {
+			t.Errorf("docs/spec.md defines struct %s, which has no Go wire structure", name)
+		}
+	}
+	for name, v := range structs {
 		t.Run(name, func(t *testing.T) {
 			want, ok := tables[name]
 			if !ok {
@@ -85,6 +110,12 @@ func TestWireStructsMatchSpec(t *testing.T) {
 				t.Errorf("layout differs from spec:\n got  %v\n want %v", got, want)
 			}
 		})
+	}
+	if binary.Size(&SGE{}) != SGESize || binary.Size(&SendWQE{}) != SendWQEHdrSize ||
+		binary.Size(&RecvWQE{}) != RecvWQEHdrSize || binary.Size(&CQE{}) != CQESize ||
+		binary.Size(&Event{}) != EventSize || binary.Size(&QPRecord{}) != QPRecordSize ||
+		binary.Size(&CQRecord{}) != CQRecordSize {
+		t.Error("data-path size constants disagree with the structures")
 	}
 	if binary.Size(&Config{}) != ConfigSize || binary.Size(&DeviceAttr{}) != DeviceAttrSize ||
 		binary.Size(&CmdHeader{}) != CmdHeaderSize || binary.Size(&RespHeader{}) != RespHeaderSize {
