@@ -64,3 +64,19 @@ func load16(addr *uint16) uint16
 
 //go:noescape
 func store16(addr *uint16, v uint16)
+
+// CompareAndSwapUint64 atomically compares the uint64 at b[off:off+8] with
+// old and, if equal, stores new (a locked 64-bit operation, atomic with
+// respect to guest CPUs). It reports whether the swap happened. The caller
+// checks alignment (8 bytes, for the operation to be a single cache line).
+func CompareAndSwapUint64(b []byte, off int, old, new uint64) bool {
+	_ = b[off+7]
+	return atomic.CompareAndSwapUint64((*uint64)(unsafe.Pointer(&b[off])), old, new)
+}
+
+// AddUint64 atomically adds delta to the uint64 at b[off:off+8] and returns
+// the new value. The caller checks alignment as for CompareAndSwapUint64.
+func AddUint64(b []byte, off int, delta uint64) (new uint64) {
+	_ = b[off+7]
+	return atomic.AddUint64((*uint64)(unsafe.Pointer(&b[off])), delta)
+}

@@ -14,10 +14,15 @@
 // file behind a region. The atomic accessors (LoadUint16 … StoreUint64,
 // Fence) are for ring fields shared with the other side.
 //
-// Non-goals: PVDMA pinning and the map cache (later; a Region keeps its fd
-// and file offset for them), the dirty-page log, and anything of the
-// vhost-user wire (package virtio/vhostuser decodes messages; this package
-// only sees RegionSpecs and fds).
+// Pinner (pin.go) is PVDMA: it pins exactly the guest pages a device
+// registers, refcounted, with a bounded map cache of released pins and
+// per-device and global quotas; its comment block describes it.
+// Table.Reuse keeps a region's mapping (and its pins) when a front-end
+// sends the same memory table again.
+//
+// Non-goals: the dirty-page log, and anything of the vhost-user wire
+// (package virtio/vhostuser decodes messages; this package only sees
+// RegionSpecs and fds).
 //
 // # Invariants
 //

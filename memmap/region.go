@@ -161,3 +161,28 @@ func (r *Region) Release() {
 	_ = unix.Close(r.fd)
 	liveMappings.Add(-1)
 }
+
+// SameFile reports whether fd refers to the same file as the region's fd
+// (same device and inode).
+func (r *Region) SameFile(fd int) bool {
+	var a, b unix.Stat_t
+	if unix.Fstat(r.fd, &a) != nil || unix.Fstat(fd, &b) != nil {
+		return false
+	}
+	return a.Dev == b.Dev && a.Ino == b.Ino
+}
+
+// Reuse looks in t for a region with exactly spec that maps the same file
+// as fd. If there is one it closes fd and returns the region with a new
+// reference: a front-end that sends the same memory table again (QEMU does
+// at every device start) keeps the same mappings, and with them the pins
+// PVDMA holds on them. Otherwise it returns nil and leaves fd alone.
+func (t *Table) Reuse(fd int, spec RegionSpec) *Region {
+	for _, r := range t.regions {
+		if r.spec == spec && r.SameFile(fd) && r.tryRef() {
+			unix.Close(fd)
+			return r
+		}
+	}
+	return nil
+}
