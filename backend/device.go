@@ -32,6 +32,9 @@ type Device interface {
 	// Attach is called when a front-end connects, with the host services
 	// the device may use until Detach: its guest memory and queues.
 	Attach(h Host)
+	// MemoryChanged follows every change of the guest memory table
+	// (SET_MEM_TABLE, ADD_MEM_REG, REM_MEM_REG), on the session goroutine.
+	MemoryChanged()
 	// HandleQueue processes what the driver made available on q. It is
 	// called by q's worker after a kick, with q locked and a memory table
 	// held; it must return promptly once q.Stopping() is true. A returned
@@ -94,6 +97,16 @@ func (q *Queue) Push(head uint16, written uint32) error {
 	q.dirty = true
 	return nil
 }
+
+// SetPolling publishes whether the device is polling the queue's work
+// (used-ring flag NO_NOTIFY), for queues that carry no buffers.
+// Precondition: called inside HandleQueue or Run.
+func (q *Queue) SetPolling(on bool) { q.vq.SetUsedFlagNoNotify(on) }
+
+// Wake makes the queue's worker run HandleQueue soon, as a kick from the
+// driver would (a timer's expiry, work made available by another device).
+// Safe from any goroutine; a no-op while the ring is stopped.
+func (q *Queue) Wake() { q.vr.wake() }
 
 // Stopping reports whether the ring is being stopped or the front-end is
 // going away; long-running handlers poll it.

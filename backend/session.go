@@ -292,19 +292,27 @@ func (s *session) setBackendChannel(m *vu.Message) error {
 }
 
 // mapRegions maps the regions of a memory-table message, taking its fds.
-// On error every region mapped so far is released.
-func mapRegions(m *vu.Message, regions []vu.MemoryRegion) ([]*memmap.Region, error) {
+// A region identical to one of the current table (same addresses, same
+// file) is reused rather than mapped again, so the pins on it survive the
+// front-end sending the table again. On error every region obtained so far
+// is released.
+func (s *session) mapRegions(m *vu.Message, regions []vu.MemoryRegion) ([]*memmap.Region, error) {
+	cur := s.mem.Acquire()
+	defer cur.Release()
 	out := make([]*memmap.Region, 0, len(regions))
 	for i, mr := range regions {
 		fd, err := m.TakeFd(i)
 		if err == nil {
-			var r *memmap.Region
-			r, err = memmap.MapRegion(fd, memmap.RegionSpec{
+			spec := memmap.RegionSpec{
 				GuestAddr:  memmap.GPA(mr.GuestAddr),
 				Size:       mr.Size,
 				UserAddr:   memmap.UVA(mr.UserAddr),
 				MmapOffset: mr.MmapOffset,
-			})
+			}
+			r := cur.Reuse(fd, spec)
+			if r == nil {
+				r, err = memmap.MapRegion(fd, spec)
+			}
 			if err == nil {
 				out = append(out, r)
 				continue
@@ -323,7 +331,7 @@ func (s *session) setMemTable(m *vu.Message) error {
 	if err != nil {
 		return err
 	}
-	regions, err := mapRegions(m, mt.Regions)
+	regions, err := s.mapRegions(m, mt.Regions)
 	if err != nil {
 		return err
 	}
@@ -336,6 +344,7 @@ func (s *session) setMemTable(m *vu.Message) error {
 	}
 	s.mem.Swap(t)
 	s.stats.memTables.Add(1)
+	s.dev.MemoryChanged()
 	return nil
 }
 
@@ -347,7 +356,7 @@ func (s *session) addMemReg(m *vu.Message) error {
 	if err != nil {
 		return err
 	}
-	regions, err := mapRegions(m, []vu.MemoryRegion{rm.Region})
+	regions, err := s.mapRegions(m, []vu.MemoryRegion{rm.Region})
 	if err != nil {
 		return err
 	}
@@ -359,6 +368,7 @@ func (s *session) addMemReg(m *vu.Message) error {
 		return err
 	}
 	s.mem.Swap(t)
+	s.dev.MemoryChanged()
 	return nil
 }
 
@@ -381,6 +391,7 @@ func (s *session) remMemReg(m *vu.Message) error {
 		return err
 	}
 	s.mem.Swap(t)
+	s.dev.MemoryChanged()
 	return nil
 }
 

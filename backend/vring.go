@@ -31,10 +31,11 @@ type vring struct {
 	avail    memmap.UVA
 	used     memmap.UVA
 	addrSet  bool
-	base     uint16           // next avail index, from SET_VRING_BASE / GET_VRING_BASE
-	kick     *eventfd.EventFD // replaced only while stopped
-	call     *eventfd.EventFD // protected by q.mu (written by the session, read by workers)
-	errfd    *eventfd.EventFD // protected by q.mu
+	base     uint16                          // next avail index, from SET_VRING_BASE / GET_VRING_BASE
+	kick     *eventfd.EventFD                // replaced only while stopped
+	wakeFd   atomic.Pointer[eventfd.EventFD] // = kick while started, for Wake from any goroutine
+	call     *eventfd.EventFD                // protected by q.mu (written by the session, read by workers)
+	errfd    *eventfd.EventFD                // protected by q.mu
 	started  bool
 	enabled  atomic.Bool
 	brokenAt atomic.Pointer[error] // the error that broke the ring, until it is set up again
@@ -72,6 +73,7 @@ func (r *vring) start() {
 	t.Release()
 	r.q.mu.Lock()
 	r.q.vq = vq
+	r.wakeFd.Store(r.kick)
 	r.q.mu.Unlock()
 	if err != nil {
 		r.breakRing(fmt.Errorf("start ring: %w", err))
@@ -81,6 +83,13 @@ func (r *vring) start() {
 	go r.worker(r.done)
 	// Buffers may already be waiting (a restart after GET_VRING_BASE).
 	r.kick.Signal()
+}
+
+// wake signals the kick eventfd, as the driver would.
+func (r *vring) wake() {
+	if k := r.wakeFd.Load(); k != nil {
+		k.Signal() // after a concurrent stop this fails harmlessly (closed file)
+	}
 }
 
 // stop stops the worker and returns the next avail index. Precondition:
@@ -99,6 +108,7 @@ func (r *vring) stop() uint16 {
 		r.base = r.q.vq.LastAvail()
 		r.q.vq = nil
 	}
+	r.wakeFd.Store(nil)
 	r.q.mu.Unlock()
 	return r.base
 }

@@ -32,12 +32,15 @@ readonly JOBS="${JOBS:-2}"
 # The configure line. It is part of the cache key: change it and the cache
 # misses. The firmware path lets the binary find SeaBIOS (package seabios) and
 # the option ROMs (package qemu-system-data) without -L; --prefix=/usr makes
-# /usr/share/qemu the data directory (keymaps, option ROMs). The system python
+# /usr/share/qemu the data directory (keymaps, option ROMs), and
+# --disable-relocatable keeps those paths absolute (a relocatable QEMU looks
+# for ../share/... next to wherever the binary is copied). The system python
 # is named because meson and pycotap are installed for it, not for whatever
 # python3 comes first in PATH (pyenv, venvs).
 readonly CONFIGURE_ARGS=(
 	--python=/usr/bin/python3
 	--prefix=/usr
+	--disable-relocatable
 	--firmwarepath=/usr/share/seabios:/usr/share/qemu
 	--target-list=x86_64-softmmu
 	--without-default-features
@@ -66,7 +69,7 @@ run() {
 	"$@"
 }
 
-# apt_common are the options every apt-get call gets: wait for the dpkg lock
+# APT_COMMON are the options every apt-get call gets: wait for the dpkg lock
 # (other engineers may run apt at the same time) and never ask.
 readonly APT_COMMON=(-o DPkg::Lock::Timeout=600 -y -q)
 
@@ -75,6 +78,7 @@ readonly APT_COMMON=(-o DPkg::Lock::Timeout=600 -y -q)
 # machine's apt state is not changed.
 readonly APT_DIR="$CACHE_ROOT/apt"
 APT_PRIVATE=()
+SUITE_BPO=""
 
 missing_pkgs() {
 	local p status
@@ -357,9 +361,11 @@ build() {
 	local start=$SECONDS
 	run ninja -C "$src/build" -j "$JOBS" qemu-system-x86_64
 	log "build took $((SECONDS - start)) s"
-	smoke_test "$src/build/qemu-system-x86_64"
 	mkdir -p "$(dirname "$out")"
 	run install -m 0755 "$src/build/qemu-system-x86_64" "$out.tmp"
+	# Test the copy, not the binary in the build tree: there QEMU finds its
+	# files through build/qemu-bundle, which the copy does not have.
+	smoke_test "$out.tmp"
 	mv -f "$out.tmp" "$out"
 	if [[ "${KEEP_BUILD:-}" != 1 ]]; then
 		run rm -rf "$work"
@@ -401,6 +407,8 @@ main() {
 		run install -m 0755 "$out" "$dest.tmp"
 		mv -f "$dest.tmp" "$dest"
 	fi
+	# make compares bin/qemu-system-x86_64 with this script and the patches.
+	touch "$dest"
 	log "ready: $dest ($("$dest" --version | head -n 1))"
 }
 

@@ -82,7 +82,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 func startDaemon(t *testing.T, n int) (*daemon.Daemon, []string) {
 	t.Helper()
 	dir := t.TempDir()
-	d := daemon.New(testLogger(t))
+	d := daemon.New(testLogger(t), daemon.Config{})
 	var socks []string
 	for i := range n {
 		s := filepath.Join(dir, "dev"+string(rune('0'+i))+".sock")

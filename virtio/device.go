@@ -361,6 +361,19 @@ func (q *DeviceQueue) DisableNotify() {
 	memmap.StoreUint16(q.rings.Used, ringFlagsOff, q.usedFlags)
 }
 
+// SetUsedFlagNoNotify sets or clears VIRTQ_USED_F_NO_NOTIFY in the used
+// ring's flags whether or not EVENT_IDX was negotiated. Device types whose
+// queues carry no buffers (vrdma's doorbell queues) use the flag as their
+// own "engine is polling" signal; see docs/spec.md.
+func (q *DeviceQueue) SetUsedFlagNoNotify(on bool) {
+	if on {
+		q.usedFlags |= UsedFNoNotify
+	} else {
+		q.usedFlags &^= UsedFNoNotify
+	}
+	memmap.StoreUint16(q.rings.Used, ringFlagsOff, q.usedFlags)
+}
+
 // Chain is one descriptor chain popped by DeviceQueue.Pop. It is reused across
 // Pop calls so that Pop allocates nothing in steady state. Readable and
 // Writable are views of guest memory, valid while the caller holds the Memory

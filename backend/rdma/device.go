@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/backend"
+	"github.com/vrdma/vrdma/backend/rdma/engine"
+	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 )
@@ -35,7 +38,7 @@ type Limits struct {
 func DefaultLimits() Limits {
 	return Limits{
 		MaxQP: 1024, MaxQPWR: 4096, MaxSGE: 16, MaxCQ: 1024, MaxCQE: 65536,
-		MaxMR: 4096, MaxPD: 256, MaxAH: 1024, MaxMRSize: 1 << 40,
+		MaxMR: 4096, MaxPD: 256, MaxAH: 1024, MaxMRSize: 1 << 32,
 		MaxInlineData: 256, MaxQPRdAtom: 16,
 	}
 }
@@ -54,6 +57,14 @@ type Config struct {
 	MaxQueueSize int
 	// Limits; the zero value means DefaultLimits.
 	Limits Limits
+	// Fabric connects the devices of one daemon; nil means a private one.
+	Fabric *engine.Fabric
+	// Pin configures PVDMA pinning (on demand by default, pin-all, map
+	// cache, quota). Its Accounting is shared by a daemon's devices.
+	Pin memmap.PinConfig
+	// Spin is how long a doorbell engine keeps polling after its last
+	// work before it sleeps; zero means 50µs.
+	Spin time.Duration
 }
 
 // maxRequest bounds a control request's size (header included). The largest
@@ -76,8 +87,17 @@ type Device struct {
 	req   []byte
 	resp  []byte
 
-	mu   sync.Mutex
-	host backend.Host // protected by mu
+	eng *engine.Device // immutable
+
+	mu     sync.Mutex
+	host   backend.Host   // protected by mu
+	res    *resources     // protected by mu; nil while detached
+	pinner *memmap.Pinner // protected by mu; nil while detached
+	memory *memmap.Memory // protected by mu; nil while detached
+
+	hostp      atomic.Pointer[backend.Host] // = host, for postEvent, which must not take mu
+	eventChain virtio.Chain                 // protected by the event queue's lock
+	eventsLost atomic.Uint64
 
 	commands atomic.Uint64
 	errors   atomic.Uint64
@@ -141,8 +161,23 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 		MaxQPRdAtom:       l.MaxQPRdAtom,
 	}
 	copy(d.raw[:], abi.Marshal(&d.conf))
+	if cfg.Fabric == nil {
+		cfg.Fabric = engine.NewFabric()
+		d.cfg.Fabric = cfg.Fabric
+	}
+	if d.cfg.Spin == 0 {
+		d.cfg.Spin = 50 * time.Microsecond
+	}
+	d.eng = engine.NewDevice(cfg.Fabric, d.conf.PortGID, d.log)
+	if err := cfg.Fabric.Register(d.eng); err != nil {
+		return nil, fmt.Errorf("rdma: %w", err)
+	}
 	return d, nil
 }
+
+// Close unregisters the device from its fabric. The server must have been
+// closed (the device detached).
+func (d *Device) Close() { d.cfg.Fabric.Unregister(d.eng) }
 
 // NodeGUID derives an EUI-64 node GUID from a UUID: its first eight bytes
 // with the locally-administered bit set and the group bit clear.
@@ -171,15 +206,32 @@ func (d *Device) UUID() uuid.UUID { return d.cfg.UUID }
 // ConfigSpace returns the config space as the driver sees it.
 func (d *Device) ConfigSpace() abi.Config { return d.conf }
 
-// Stats are the device's counters.
+// Stats are the device's counters and resource counts.
 type Stats struct {
-	Commands uint64 `json:"commands"`
-	Errors   uint64 `json:"errors"`
+	Commands   uint64
+	Errors     uint64
+	PDs        int
+	MRs        int
+	CQs        int
+	QPs        int
+	AHs        int
+	Pin        memmap.PinStats
+	Engine     engine.Stats
+	EventsLost uint64
 }
 
 // Stats returns the device's counters.
 func (d *Device) Stats() Stats {
-	return Stats{Commands: d.commands.Load(), Errors: d.errors.Load()}
+	s := Stats{Commands: d.commands.Load(), Errors: d.errors.Load(), Engine: d.eng.Stats(), EventsLost: d.eventsLost.Load()}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.res; r != nil {
+		s.PDs, s.MRs, s.CQs, s.QPs, s.AHs = len(r.pds), len(r.mrs), len(r.cqs), len(r.qps), len(r.ahs)
+	}
+	if d.pinner != nil {
+		s.Pin = d.pinner.Stats()
+	}
+	return s
 }
 
 // backend.Device implementation.
@@ -205,19 +257,57 @@ func (d *Device) WriteConfig(off int, data []byte) error { return nil }
 
 func (d *Device) Attach(h backend.Host) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.host = h
-	d.mu.Unlock()
+	d.hostp.Store(&h)
+	d.memory = h.Memory()
+	d.res = newResources()
+	d.pinner = memmap.NewPinner(d.cfg.Pin)
+	d.eng.Attach(d.memory, d.postEvent, func(dbq int) {
+		if q := h.Queue(abi.FirstDoorbellQueue + dbq); q != nil {
+			q.Wake()
+		}
+	})
 }
 
 func (d *Device) Detach() {
 	d.mu.Lock()
-	d.host = nil
-	d.mu.Unlock()
+	defer d.mu.Unlock()
+	d.destroyAll()
+	d.eng.Detach()
+	if d.pinner != nil {
+		d.pinner.Close()
+	}
+	d.host, d.res, d.pinner, d.memory = nil, nil, nil, nil
+	d.hostp.Store(nil)
 }
 
-// Reset releases everything the driver created. Version 1's control path
-// creates nothing yet.
-func (d *Device) Reset() {}
+// Reset destroys every object the driver created and releases every pin.
+func (d *Device) Reset() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.destroyAll()
+	if d.res != nil {
+		d.res = newResources()
+	}
+}
+
+// MemoryChanged tells the pinner about the new table (pin=all pins it).
+func (d *Device) MemoryChanged() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.pinner == nil {
+		return
+	}
+	t := d.memory.Acquire()
+	if err := d.pinner.SetTable(t); err != nil {
+		d.log.WithError(err).Warn("pinning guest memory (--pin=all)")
+	}
+	t.Release()
+}
+
+// mem is the attached guest memory. Precondition: d.mu held, attached.
+func (d *Device) mem() *memmap.Memory { return d.memory }
 
 // Connected reports whether a front-end is attached.
 func (d *Device) Connected() bool {
@@ -230,10 +320,65 @@ func (d *Device) HandleQueue(q *backend.Queue) error {
 	switch q.Index() {
 	case abi.ControlQueue:
 		return d.handleControl(q)
-	default:
-		// The event queue's buffers stay posted until there is an event to
-		// write; doorbells are the engine's.
+	case abi.EventQueue:
+		// The event queue's buffers stay posted until there is an event.
 		return nil
+	default:
+		return d.handleDoorbell(q)
+	}
+}
+
+// handleDoorbell runs the engine for one doorbell queue: it polls while
+// there is work and for a short spin after, then publishes that it sleeps
+// (used flags) and looks once more before returning to wait for a kick.
+func (d *Device) handleDoorbell(q *backend.Queue) error {
+	dbq := q.Index() - abi.FirstDoorbellQueue
+	t := q.Memory()
+	last := time.Now()
+	for !q.Stopping() {
+		q.SetPolling(true)
+		worked, _ := d.eng.Poll(dbq, t)
+		if worked {
+			last = time.Now()
+			continue
+		}
+		if time.Since(last) < d.cfg.Spin {
+			continue
+		}
+		q.SetPolling(false)
+		memmap.Fence()
+		if worked, _ = d.eng.Poll(dbq, t); !worked {
+			return nil
+		}
+		last = time.Now()
+	}
+	q.SetPolling(false)
+	return nil
+}
+
+// postEvent writes one event into a buffer the driver posted on the event
+// queue; with none posted the event is lost and counted.
+func (d *Device) postEvent(ev abi.Event) {
+	// No d.mu here: events are posted from inside commands that hold it.
+	hp := d.hostp.Load()
+	if hp == nil {
+		d.eventsLost.Add(1)
+		return
+	}
+	err := (*hp).Queue(abi.EventQueue).Run(func(q *backend.Queue) error {
+		ok, err := q.Pop(&d.eventChain)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			d.eventsLost.Add(1)
+			return nil
+		}
+		n := d.eventChain.Scatter(abi.Marshal(&ev))
+		return q.Push(d.eventChain.Head, uint32(n))
+	})
+	if err != nil {
+		d.eventsLost.Add(1)
 	}
 }
 
@@ -250,7 +395,7 @@ func (d *Device) handleControl(q *backend.Queue) error {
 		if err != nil || !ok {
 			return err
 		}
-		n := d.execute(&d.chain)
+		n := d.execute(&d.chain, q.Memory())
 		if err := q.Push(d.chain.Head, n); err != nil {
 			return err
 		}
@@ -261,7 +406,7 @@ func (d *Device) handleControl(q *backend.Queue) error {
 // execute runs one command and writes its response; it returns the bytes
 // written. The request is copied out of guest memory once and only the copy
 // is looked at.
-func (d *Device) execute(c *virtio.Chain) uint32 {
+func (d *Device) execute(c *virtio.Chain, t *memmap.Table) uint32 {
 	d.commands.Add(1)
 	if c.WritableLen < abi.RespHeaderSize {
 		d.errors.Add(1)
@@ -280,7 +425,7 @@ func (d *Device) execute(c *virtio.Chain) uint32 {
 		if h.Flags != 0 || h.Reserved != 0 {
 			st = abi.StatusInvalid
 		} else {
-			payload, st = d.command(op, req[abi.CmdHeaderSize:])
+			payload, st = d.command(op, req[abi.CmdHeaderSize:], t)
 		}
 		if st != abi.StatusOK {
 			d.log.WithFields(logrus.Fields{"cmd": op.String(), "status": st.String()}).Debug("control command failed")
@@ -298,18 +443,6 @@ func (d *Device) execute(c *virtio.Chain) uint32 {
 	binary.LittleEndian.PutUint32(resp[4:], 0)
 	copy(resp[abi.RespHeaderSize:], payload)
 	return uint32(c.Scatter(resp))
-}
-
-// command dispatches one command on a validated header.
-func (d *Device) command(op abi.Opcode, req []byte) ([]byte, abi.Status) {
-	switch op {
-	case abi.CmdQueryDevice:
-		if len(req) != 0 {
-			return nil, abi.StatusInvalid
-		}
-		return abi.Marshal(d.deviceAttr()), abi.StatusOK
-	}
-	return nil, abi.StatusUnsupported
 }
 
 func (d *Device) deviceAttr() *abi.DeviceAttr {

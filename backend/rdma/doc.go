@@ -8,5 +8,16 @@
 //
 // Concurrency: the control queue is handled by its worker with the queue
 // locked, so the per-device scratch buffers need no lock of their own.
-// Device.mu protects the attached host.
+// Device.mu protects the object tables, the pinner and the attachment;
+// commands hold it while they run. Each doorbell queue's worker runs the
+// engine for the QPs bound to it (backend/rdma/engine has its own locks).
+// Events are posted into the event queue with Queue.Run from any of these
+// goroutines, without Device.mu.
+//
+// Lock order: control-queue lock → Device.mu → engine locks → event-queue
+// lock (a leaf); doorbell-queue lock → engine locks → event-queue lock.
+//
+// PVDMA: REG_MR, CREATE_CQ and CREATE_QP pin exactly the pages they name
+// (memmap.Pinner: refcounted, released pages kept in a bounded map cache);
+// destroying the object unpins them; a reset or disconnect unpins all.
 package rdma

@@ -24,6 +24,8 @@ import (
 	"github.com/vrdma/vrdma/backend"
 	"github.com/vrdma/vrdma/backend/rdma"
 	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/units"
+	"golang.org/x/sys/unix"
 )
 
 type stringList []string
@@ -46,6 +48,10 @@ func run(args []string) error {
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	format := fs.String("log-format", "text", "log format: text or json")
 	doorbells := fs.Int("doorbell-queues", 1, "doorbell queues per device (one per guest vCPU)")
+	pin := fs.String("pin", "on-demand", "guest memory pinning: on-demand (PVDMA: pin what the guest registers) or all (pin all guest memory at start, the VFIO/SR-IOV baseline)")
+	mapCache := fs.String("map-cache", "256M", "bytes of released pins kept per device (map cache) so re-registration is cheap")
+	maxPinned := fs.String("max-pinned", "0", "per-device quota of pinned bytes (0: none)")
+	globalPinned := fs.String("global-max-pinned", "0", "bound on the pinned bytes of all devices together (0: none)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: vrdmad --socket PATH [--socket PATH ...] [flags]\n\n"+
 			"vrdmad serves para-virtual RDMA devices (virtio device ID 42) to QEMU over vhost-user.\n"+
@@ -81,7 +87,27 @@ func run(args []string) error {
 		return errors.New("nothing to serve: give at least one --socket (or --control)")
 	}
 
-	d := daemon.New(logrus.NewEntry(log))
+	var dcfg daemon.Config
+	switch *pin {
+	case "on-demand":
+	case "all":
+		dcfg.Pin.All = true
+	default:
+		return fmt.Errorf("--pin %q: want on-demand or all", *pin)
+	}
+	for _, f := range []struct {
+		name string
+		v    string
+		dst  *uint64
+	}{{"map-cache", *mapCache, &dcfg.Pin.CacheBytes}, {"max-pinned", *maxPinned, &dcfg.Pin.MaxPinned}, {"global-max-pinned", *globalPinned, &dcfg.GlobalMaxPinned}} {
+		n, err := units.ParseBytes(f.v)
+		if err != nil {
+			return fmt.Errorf("--%s: %w", f.name, err)
+		}
+		*f.dst = n
+	}
+	checkMemlock(logrus.NewEntry(log), dcfg)
+	d := daemon.New(logrus.NewEntry(log), dcfg)
 	for i, s := range sockets {
 		id, path, ok := strings.Cut(s, "=")
 		if !ok {
@@ -111,3 +137,25 @@ func run(args []string) error {
 }
 
 var _ backend.Device = (*rdma.Device)(nil)
+
+// checkMemlock warns when RLIMIT_MEMLOCK is below what the configured pins
+// may need: pinning then fails with a QUOTA status at REG_MR time, which
+// is hard to trace back to a systemd unit's LimitMEMLOCK.
+func checkMemlock(log *logrus.Entry, cfg daemon.Config) {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim); err != nil || lim.Cur == unix.RLIM_INFINITY {
+		return
+	}
+	need := cfg.GlobalMaxPinned
+	if need == 0 {
+		need = cfg.Pin.MaxPinned
+	}
+	switch {
+	case cfg.Pin.All && os.Geteuid() != 0:
+		log.Warnf("--pin=all with RLIMIT_MEMLOCK of %d bytes: guests larger than that cannot start; raise LimitMEMLOCK (systemd) or ulimit -l", lim.Cur)
+	case need == 0 && os.Geteuid() != 0:
+		log.Warnf("RLIMIT_MEMLOCK is %d bytes and pins are unbounded: registrations beyond it will fail; raise LimitMEMLOCK or set --max-pinned", lim.Cur)
+	case need > lim.Cur && os.Geteuid() != 0:
+		log.Warnf("RLIMIT_MEMLOCK (%d bytes) is below the configured pin bound (%d bytes)", lim.Cur, need)
+	}
+}

@@ -21,21 +21,41 @@ type DeviceInfo struct {
 	Commands    uint64 `json:"commands"`
 	Sessions    uint64 `json:"sessions"`
 	RingErrors  uint64 `json:"ring_errors"`
+	AHs         int    `json:"ahs"`
+	CachedBytes uint64 `json:"map_cache_bytes"`
+	CacheHits   uint64 `json:"map_cache_hits"`
+	CacheMisses uint64 `json:"map_cache_misses"`
+	EventsLost  uint64 `json:"events_lost"`
 }
 
 // Info describes a device now.
 func (dv *Device) Info() DeviceInfo {
 	st := dv.Server.Stats()
 	ds := dv.Dev.Stats()
+	var wcErrors uint64
+	for _, n := range ds.Engine.CompletionErrors {
+		wcErrors += n
+	}
 	return DeviceInfo{
-		ID:         dv.ID,
-		Socket:     dv.Server.Socket(),
-		UUID:       dv.Dev.UUID().String(),
-		Connected:  dv.Server.Connected(),
-		Errors:     ds.Errors + st.ProtocolErrors + st.RingErrors,
-		Commands:   ds.Commands,
-		Sessions:   st.Sessions,
-		RingErrors: st.RingErrors,
+		ID:          dv.ID,
+		Socket:      dv.Server.Socket(),
+		UUID:        dv.Dev.UUID().String(),
+		Connected:   dv.Server.Connected(),
+		PinnedBytes: ds.Pin.PinnedBytes,
+		PDs:         ds.PDs,
+		MRs:         ds.MRs,
+		CQs:         ds.CQs,
+		QPs:         ds.QPs,
+		AHs:         ds.AHs,
+		BytesMoved:  ds.Engine.BytesMoved,
+		Errors:      ds.Errors + st.ProtocolErrors + st.RingErrors + wcErrors,
+		Commands:    ds.Commands,
+		Sessions:    st.Sessions,
+		RingErrors:  st.RingErrors,
+		CachedBytes: ds.Pin.CachedBytes,
+		CacheHits:   ds.Pin.CacheHits,
+		CacheMisses: ds.Pin.CacheMisses,
+		EventsLost:  ds.EventsLost,
 	}
 }
 
@@ -59,7 +79,7 @@ func (d *Daemon) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, dv.Info())
 	})
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "devices": len(d.Devices())})
+		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "devices": len(d.Devices()), "pinned_bytes": d.PinnedBytes()})
 	})
 	return mux
 }

@@ -21,6 +21,8 @@ import (
 
 	"github.com/vrdma/vrdma/backend"
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/backend/rdma/engine"
+	"github.com/vrdma/vrdma/memmap"
 )
 
 // Errors of the device set.
@@ -45,9 +47,22 @@ type Device struct {
 	done chan struct{} // closed when Serve returned
 }
 
+// Config is what every device of a daemon shares.
+type Config struct {
+	// Pin is the PVDMA configuration each device starts from (pin-all,
+	// map cache, per-device quota); its Accounting is set by New.
+	Pin memmap.PinConfig
+	// GlobalMaxPinned bounds the pinned bytes of all devices together;
+	// zero means no bound.
+	GlobalMaxPinned uint64
+}
+
 // Daemon owns devices and the control API.
 type Daemon struct {
-	log *logrus.Entry // immutable
+	log    *logrus.Entry      // immutable
+	cfg    Config             // immutable
+	fabric *engine.Fabric     // immutable
+	acct   *memmap.Accounting // immutable
 
 	mu      sync.Mutex
 	devices map[string]*Device // protected by mu
@@ -58,9 +73,14 @@ type Daemon struct {
 }
 
 // New creates a daemon with no devices.
-func New(log *logrus.Entry) *Daemon {
-	return &Daemon{log: log, devices: map[string]*Device{}}
+func New(log *logrus.Entry, cfg Config) *Daemon {
+	acct := memmap.NewAccounting(cfg.GlobalMaxPinned)
+	cfg.Pin.Accounting = acct
+	return &Daemon{log: log, cfg: cfg, fabric: engine.NewFabric(), acct: acct, devices: map[string]*Device{}}
 }
+
+// PinnedBytes is the memory pinned by all devices.
+func (d *Daemon) PinnedBytes() uint64 { return d.acct.Pinned() }
 
 // AddDevice creates a device and starts serving its socket.
 func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
@@ -81,6 +101,11 @@ func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
 		}
 	}
 	spec.Device.ID = spec.ID
+	spec.Device.Fabric = d.fabric
+	if spec.Device.Pin == (memmap.PinConfig{}) {
+		spec.Device.Pin = d.cfg.Pin
+	}
+	spec.Device.Pin.Accounting = d.acct
 	log := d.log.WithField("device", spec.ID)
 	dev, err := rdma.New(spec.Device, rdma.WithLogger(log))
 	if err != nil {
@@ -88,6 +113,7 @@ func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
 	}
 	srv, err := backend.Listen(backend.Config{Socket: spec.Socket, Device: dev}, backend.WithLogger(log))
 	if err != nil {
+		dev.Close()
 		return nil, err
 	}
 	dv := &Device{ID: spec.ID, Dev: dev, Server: srv, done: make(chan struct{})}
@@ -118,6 +144,7 @@ func (d *Daemon) RemoveDevice(id string) error {
 	}
 	err := dv.Server.Close()
 	<-dv.done
+	dv.Dev.Close()
 	d.log.WithField("device", id).Info("device removed")
 	return err
 }

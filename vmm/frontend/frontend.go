@@ -38,11 +38,11 @@ type Config struct {
 
 // Frontend is one connected front-end.
 type Frontend struct {
-	cfg  Config
-	conn *vu.Conn
-	fd   int // the memfd, kept to send again (SET_MEM_TABLE) and for tests
-	mem  *memmap.Region
-	brk  uint64 // allocation pointer into guest memory
+	cfg   Config
+	conn  *vu.Conn
+	fd    int // the memfd, kept to send again (SET_MEM_TABLE) and for tests
+	mem   *memmap.Region
+	alloc *allocator // guest memory allocator (alloc.go)
 
 	// Negotiated.
 	DeviceFeatures   uint64
@@ -137,7 +137,8 @@ func Connect(ctx context.Context, cfg Config) (*Frontend, error) {
 		conn: vu.NewConn(c.(*net.UnixConn)),
 		fd:   fd,
 		mem:  region,
-		brk:  4096, // leave GPA 0 unused: a zero address is a bug's favourite
+		// Leave GPA 0 unused: a zero address is a bug's favourite.
+		alloc: newAllocator(4096, cfg.MemorySize),
 	}, nil
 }
 
@@ -153,20 +154,6 @@ func (f *Frontend) Memory() []byte { return f.mem.Bytes() }
 // MemoryRegion is the one region of guest memory as sent to the back-end.
 func (f *Frontend) MemoryRegion() vu.MemoryRegion {
 	return vu.MemoryRegion{GuestAddr: 0, Size: f.cfg.MemorySize, UserAddr: UserBase, MmapOffset: 0}
-}
-
-// Alloc reserves n bytes of guest memory aligned to align (a power of two)
-// and returns their guest-physical address and host view.
-func (f *Frontend) Alloc(n, align uint64) (memmap.GPA, []byte, error) {
-	if align == 0 || align&(align-1) != 0 {
-		return 0, nil, fmt.Errorf("frontend: alignment %d is not a power of two", align)
-	}
-	start := (f.brk + align - 1) &^ (align - 1)
-	if start < f.brk || n > f.cfg.MemorySize || start > f.cfg.MemorySize-n {
-		return 0, nil, fmt.Errorf("frontend: guest memory exhausted (%d bytes wanted)", n)
-	}
-	f.brk = start + n
-	return memmap.GPA(start), f.mem.Bytes()[start : start+n : start+n], nil
 }
 
 // Call sends a request and, when it expects one, returns the reply.

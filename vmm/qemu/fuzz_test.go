@@ -4,8 +4,8 @@ import (
 	"testing"
 )
 
-// FuzzParseQueryPCI feeds arbitrary query-pci replies to the decoders:
-// they must not panic, and an error means a zero result.
+// FuzzParseQueryPCI feeds arbitrary query-pci replies to the decoder: it
+// must not panic, and an error means a nil result.
 func FuzzParseQueryPCI(f *testing.F) {
 	f.Add([]byte(`[{"bus":0,"devices":[{"bus":0,"slot":0,"function":0,"class_info":{"class":1536,"desc":"Host bridge"},"id":{"device":10688,"vendor":32902},"qdev_id":""}]}]`))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -17,10 +17,6 @@ func FuzzParseQueryPCI(f *testing.F) {
 			if d.Bus < 0 || d.Bus > 255 || d.Slot < 0 || d.Slot > 31 || d.Function < 0 || d.Function > 7 {
 				t.Fatalf("parseQueryPCI: got address %d:%d.%d out of range", d.Bus, d.Slot, d.Function)
 			}
-		}
-		port, err := freeRootPort(data)
-		if err != nil && port != "" {
-			t.Fatalf("freeRootPort: got %q with error %v, want \"\"", port, err)
 		}
 	})
 }

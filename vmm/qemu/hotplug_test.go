@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -91,29 +90,44 @@ func newFakeVM(t *testing.T, mon qmp.Monitor, major, minor int) (*VM, chan qmp.E
 	return vm, events
 }
 
-func loadQueryPCI(t *testing.T, name string) any {
-	t.Helper()
-	b, err := os.ReadFile("testdata/" + name)
-	if err != nil {
-		t.Fatal(err)
+// qomPeripheral answers qom-list as QEMU 10.0 does for /machine/peripheral
+// and for the secondary bus of each root port in ports (true: a device is
+// plugged into it).
+func qomPeripheral(ports map[string]bool, path string) (any, error) {
+	typ := map[string]string{"name": "type", "type": "string"}
+	if path == "/machine/peripheral" {
+		out := []any{typ, map[string]string{"name": "rng0", "type": "child<virtio-rng-pci>"}}
+		for p := range ports {
+			out = append(out, map[string]string{"name": p, "type": "child<pcie-root-port>"})
+		}
+		return out, nil
 	}
-	var v any
-	if err := json.Unmarshal(b, &v); err != nil {
-		t.Fatal(err)
+	for p, busy := range ports {
+		if path != "/machine/peripheral/"+p+"/"+p {
+			continue
+		}
+		out := []any{typ,
+			map[string]string{"name": "realized", "type": "bool"},
+			map[string]string{"name": "hotplug-handler", "type": "link<hotplug-handler>"}}
+		if busy {
+			out = append(out, map[string]string{"name": "child[0]", "type": "link<vhost-user-device-pci>"})
+		}
+		return out, nil
 	}
-	return v
+	return nil, fmt.Errorf("Device '%s' not found", path)
 }
 
-// hotplugHandler is a QEMU that has shared memory, the given query-pci
-// reply, and a back-end that accepts after connectAfter polls.
-func hotplugHandler(pci any, share bool, connectAfter int, deviceAddErr error) func(string, map[string]any) (any, error) {
+// hotplugHandler is a QEMU that has shared memory, the given root ports,
+// and a back-end that accepts after connectAfter polls.
+func hotplugHandler(ports map[string]bool, share bool, connectAfter int, deviceAddErr error) func(string, map[string]any) (any, error) {
 	polls := 0
 	return func(execute string, args map[string]any) (any, error) {
 		switch execute {
 		case "query-memdev":
 			return []any{map[string]any{"id": "mem", "size": 268435456, "share": share}}, nil
-		case "query-pci":
-			return pci, nil
+		case "qom-list":
+			path, _ := args["path"].(string)
+			return qomPeripheral(ports, path)
 		case "chardev-add", "chardev-remove", "device_del":
 			return map[string]any{}, nil
 		case "query-chardev":
@@ -137,13 +151,13 @@ func hotplugHandler(pci any, share bool, connectAfter int, deviceAddErr error) f
 }
 
 func TestAttachVhostUser(t *testing.T) {
-	pciFree := loadQueryPCI(t, "query-pci-q35-ports.json")
-	pciFull := loadQueryPCI(t, "query-pci-q35-full.json")
+	portsFree := map[string]bool{"rdma0-port": true, "vrdma-rp0": true, "vrdma-rp1": false}
+	portsFull := map[string]bool{"rdma0-port": true, "vrdma-rp0": true}
 	dev := VhostUserDevice{ID: "rdma1", Socket: "/s", NumVQs: 3, VQSize: 128, ConfigSize: 64}
 	tests := []struct {
 		name         string
 		major, minor int
-		pci          any
+		ports        map[string]bool
 		share        bool
 		connectAfter int
 		deviceAddErr error
@@ -155,39 +169,40 @@ func TestAttachVhostUser(t *testing.T) {
 		wantRecon    string
 	}{
 		{
-			name: "free port picked", major: 10, pci: pciFree, share: true, connectAfter: 2,
-			wantCmds:  []string{"query-memdev", "query-pci", "chardev-add", "query-chardev", "query-chardev", "query-chardev", "device_add"},
-			wantBus:   "vrdma-rp0",
+			name: "free port picked", major: 10, ports: portsFree, share: true, connectAfter: 2,
+			wantCmds: []string{"query-memdev", "qom-list", "qom-list", "qom-list", "qom-list",
+				"chardev-add", "query-chardev", "query-chardev", "query-chardev", "device_add"},
+			wantBus:   "vrdma-rp1",
 			wantRecon: "reconnect-ms",
 		},
 		{
-			name: "explicit bus, qemu 9.1", major: 9, minor: 1, pci: pciFree, share: true, bus: "vrdma-rp1",
+			name: "explicit bus, qemu 9.1", major: 9, minor: 1, ports: portsFree, share: true, bus: "rdma0-port",
 			wantCmds:  []string{"query-memdev", "chardev-add", "query-chardev", "device_add"},
-			wantBus:   "vrdma-rp1",
+			wantBus:   "rdma0-port",
 			wantRecon: "reconnect",
 		},
 		{
-			name: "no shared memory", major: 10, pci: pciFree, share: false,
+			name: "no shared memory", major: 10, ports: portsFree, share: false,
 			wantErr: ErrNoSharedMemory, wantCmds: []string{"query-memdev"},
 		},
 		{
-			name: "no free root port", major: 10, pci: pciFull, share: true,
-			wantErr: ErrNoFreeRootPort, wantCmds: []string{"query-memdev", "query-pci"},
+			name: "no free root port", major: 10, ports: portsFull, share: true,
+			wantErr: ErrNoFreeRootPort, wantCmds: []string{"query-memdev", "qom-list", "qom-list", "qom-list"},
 		},
 		{
-			name: "device_add fails rolls back", major: 10, pci: pciFree, share: true,
-			deviceAddErr: errors.New("Bus 'vrdma-rp0' does not support hotplugging"),
-			wantErr:      ErrQMP,
-			wantCmds:     []string{"query-memdev", "query-pci", "chardev-add", "query-chardev", "device_add", "chardev-remove"},
+			name: "device_add fails rolls back", major: 10, ports: portsFree, share: true,
+			deviceAddErr: errors.New("Bus 'vrdma-rp1' does not support hotplugging"), bus: "vrdma-rp1",
+			wantErr:  ErrQMP,
+			wantCmds: []string{"query-memdev", "chardev-add", "query-chardev", "device_add", "chardev-remove"},
 		},
 		{
-			name: "back-end not listening rolls back", major: 10, pci: pciFree, share: true, connectAfter: 1 << 30,
+			name: "back-end not listening rolls back", major: 10, ports: portsFree, share: true, connectAfter: 1 << 30,
 			timeout: 100 * time.Millisecond, wantErr: context.DeadlineExceeded,
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			mon := &fakeMonitor{handle: hotplugHandler(tt.pci, tt.share, tt.connectAfter, tt.deviceAddErr)}
+			mon := &fakeMonitor{handle: hotplugHandler(tt.ports, tt.share, tt.connectAfter, tt.deviceAddErr)}
 			vm, _ := newFakeVM(t, mon, tt.major, tt.minor)
 			ctx := context.Background()
 			if tt.timeout > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,10 +24,10 @@ const (
 	maxPCIDevices = 256 * 32 * 8
 )
 
-// PCI IDs of QEMU's generic pcie-root-port.
 const (
-	pciVendorRedHat     = 0x1b36
-	pciDeviceRootPort   = 0x000c
+	peripheralPath      = "/machine/peripheral"
+	rootPortType        = "pcie-root-port"
+	maxRootPorts        = 256
 	disconnectedPrefix  = "disconnected:"
 	eventDeviceDeleted  = "DEVICE_DELETED"
 	qmpCmdDeviceAdd     = "device_add"
@@ -119,7 +120,10 @@ type queryPCIBus struct {
 }
 
 // QueryPCI returns every PCI function of the VM, devices behind bridges
-// included (depth first, in QEMU's order).
+// included (depth first, in QEMU's order). QEMU reports what is behind a
+// bridge only once the guest firmware has given the bridge a secondary bus
+// number (SeaBIOS does so within a second of start-up); until then a
+// bridge looks empty.
 func (vm *VM) QueryPCI(ctx context.Context) ([]PCIDevice, error) {
 	raw, err := vm.run(ctx, "query-pci", nil)
 	if err != nil {
@@ -189,7 +193,7 @@ func (d *queryPCIDevice) flat() (PCIDevice, error) {
 	if d.ID.Vendor < 0 || d.ID.Vendor > 0xffff || d.ID.Device < 0 || d.ID.Device > 0xffff {
 		return PCIDevice{}, fmt.Errorf("query-pci: bad id %#x:%#x at %02x:%02x.%d", d.ID.Vendor, d.ID.Device, d.Bus, d.Slot, d.Function)
 	}
-	class := fmt.Sprintf("%#06x", d.ClassInfo.Class)
+	class := fmt.Sprintf("0x%04x", d.ClassInfo.Class)
 	if d.ClassInfo.Desc != nil && *d.ClassInfo.Desc != "" {
 		class = *d.ClassInfo.Desc
 	}
@@ -204,36 +208,63 @@ func (d *queryPCIDevice) flat() (PCIDevice, error) {
 	}, nil
 }
 
-// FreeRootPort returns the qdev id of the first pcie-root-port (1b36:000c)
-// that has an id and no device behind it, asking mon with query-pci. The
-// error matches ErrNoFreeRootPort when every port is taken.
+// FreeRootPort returns the id of the first (by name) pcie-root-port with
+// an id and no device on its bus, asking mon through QOM: query-pci cannot
+// tell, because it shows what is behind a bridge only once firmware has
+// numbered the buses. The error matches ErrNoFreeRootPort when every port
+// is taken.
 func FreeRootPort(ctx context.Context, mon qmp.Monitor) (string, error) {
-	raw, err := runQMP(ctx, mon, "query-pci", nil)
+	props, err := qomList(ctx, mon, peripheralPath)
 	if err != nil {
 		return "", err
 	}
-	return freeRootPort(raw)
+	var ports []string
+	for _, p := range props {
+		if p.Type == "child<"+rootPortType+">" {
+			ports = append(ports, p.Name)
+		}
+	}
+	if len(ports) > maxRootPorts {
+		return "", &QMPError{Command: "qom-list", Err: fmt.Errorf("%d root ports, more than %d", len(ports), maxRootPorts)}
+	}
+	slices.Sort(ports)
+	for _, port := range ports {
+		// A bridge's secondary bus is its child named like the bridge;
+		// each device on a bus is a link property "child[N]" of the bus.
+		busProps, err := qomList(ctx, mon, peripheralPath+"/"+port+"/"+port)
+		if err != nil {
+			return "", err
+		}
+		busy := false
+		for _, p := range busProps {
+			if strings.HasPrefix(p.Name, "child[") {
+				busy = true
+				break
+			}
+		}
+		if !busy {
+			return port, nil
+		}
+	}
+	return "", fmt.Errorf("%w: all %d pcie-root-ports with an id hold a device (start the VM with more RootPorts)", ErrNoFreeRootPort, len(ports))
 }
 
-func freeRootPort(raw []byte) (string, error) {
-	ports, free := 0, ""
-	err := walkQueryPCI(raw, func(d *queryPCIDevice) error {
-		if d.ID.Vendor != pciVendorRedHat || d.ID.Device != pciDeviceRootPort || d.PCIBridge == nil {
-			return nil
-		}
-		ports++
-		if free == "" && d.QdevID != "" && len(d.PCIBridge.Devices) == 0 {
-			free = d.QdevID
-		}
-		return nil
-	})
+// qomProperty is one entry of a qom-list reply.
+type qomProperty struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+}
+
+func qomList(ctx context.Context, mon qmp.Monitor, path string) ([]qomProperty, error) {
+	raw, err := runQMP(ctx, mon, "qom-list", map[string]any{"path": path})
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	if free == "" {
-		return "", fmt.Errorf("%w: all %d pcie-root-ports hold a device (start the VM with more RootPorts)", ErrNoFreeRootPort, ports)
+	var props []qomProperty
+	if err := json.Unmarshal(raw, &props); err != nil {
+		return nil, &QMPError{Command: "qom-list", Err: fmt.Errorf("decode reply: %w", err)}
 	}
-	return free, nil
+	return props, nil
 }
 
 // checkSharedMemory fails with ErrNoSharedMemory unless every memory
@@ -362,6 +393,9 @@ func (vm *VM) waitChardevConnected(ctx context.Context, chr string) error {
 	for {
 		raw, err := vm.run(ctx, "query-chardev", nil)
 		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("not accepting connections: %w", ctx.Err())
+			}
 			return err
 		}
 		var infos []struct {

@@ -194,6 +194,14 @@ func (vm *VM) connectQMP(ctx context.Context) (*qmp.SocketMonitor, error) {
 			}
 			if err != nil {
 				_ = mon.Disconnect()
+				// QEMU closes the socket when it exits on a bad command
+				// line; report the exit, with QEMU's words, not the
+				// broken handshake.
+				select {
+				case <-vm.done:
+					return nil, vm.exitedErr("during qmp handshake")
+				case <-time.After(2 * time.Second):
+				}
 				return nil, fmt.Errorf("qmp handshake: %w%s", err, vm.stderrSuffix())
 			}
 			return mon, nil

@@ -1,0 +1,131 @@
+package engine
+
+import (
+	"encoding/binary"
+
+	"github.com/vrdma/vrdma/memmap"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+)
+
+// putCQE encodes e into a CQ slot (at least CQESize bytes).
+func putCQE(b []byte, e *abi.CQE) {
+	_ = b[abi.CQESize-1]
+	binary.LittleEndian.PutUint64(b[0:], e.WRID)
+	b[8] = e.Status
+	b[9] = e.Opcode
+	binary.LittleEndian.PutUint16(b[10:], e.WCFlags)
+	binary.LittleEndian.PutUint32(b[12:], e.QPNum)
+	binary.LittleEndian.PutUint32(b[16:], e.ByteLen)
+	binary.LittleEndian.PutUint32(b[20:], e.ImmData)
+	binary.LittleEndian.PutUint32(b[24:], e.SrcQP)
+	binary.LittleEndian.PutUint32(b[28:], e.VendorErr)
+}
+
+// Outcomes of CQ.push.
+const (
+	pushOK      = iota // written
+	pushDropped        // CQ destroyed, already in overrun, or its memory is gone
+	pushOverrun        // the CQ just overflowed: the caller raises CQ_ERROR
+)
+
+// push writes e into the CQ's next slot and advances the record's pi.
+// t is the table of c.Dev. It reports whether the armed CQ fired (the
+// caller posts CQ_COMPLETION) and the outcome. Never panics on bad guest
+// state (other than memory faults, which the caller's Guard contains);
+// c.mu is released by defer.
+//
+// Spec: "When pi − ci equals cqe the CQ is full: a completion that finds it
+// full is lost, the CQ is in overrun".
+func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited bool) (fire bool, outcome int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead || c.overrun || t == nil {
+		return false, pushDropped
+	}
+	rec, err := t.Slice(c.Record, abi.CQRecordSize)
+	if err != nil {
+		return false, pushDropped
+	}
+	ci := memmap.LoadUint32(rec, abi.CQRecordCI)
+	if c.pi-ci >= c.Ring.Depth {
+		// Full (or a ci the driver moved past pi, which is as broken).
+		c.overrun = true
+		c.armed = false
+		return false, pushOverrun
+	}
+	slot, err := c.Ring.Slot(t, c.pi)
+	if err != nil || len(slot) < abi.CQESize {
+		return false, pushDropped
+	}
+	putCQE(slot, e)
+	c.pi++
+	memmap.StoreUint32(rec, abi.CQRecordPI, c.pi)
+	if c.armed && (!c.solicitedOnly || solicited || e.Status != abi.WCSuccess) {
+		c.armed = false
+		fire = true
+	}
+	return fire, pushOK
+}
+
+// Arm applies REQ_NOTIFY_CQ: the next completion written to the CQ (only a
+// solicited or error one if solicitedOnly) posts one CQ_COMPLETION event,
+// after which the CQ is disarmed. If the CQ holds unconsumed entries (pi ≠
+// ci) the event is posted at once and the CQ stays disarmed.
+func (c *CQ) Arm(solicitedOnly bool) {
+	var t *memmap.Table
+	if c.Dev != nil {
+		t = c.Dev.acquire()
+	}
+	if t != nil {
+		defer t.Release()
+	}
+	fire := false
+	func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.dead {
+			return
+		}
+		c.armed, c.solicitedOnly = true, solicitedOnly
+		if t == nil {
+			return
+		}
+		rec, err := t.Slice(c.Record, abi.CQRecordSize)
+		if err != nil {
+			return
+		}
+		if memmap.LoadUint32(rec, abi.CQRecordCI) != c.pi {
+			c.armed = false
+			fire = true
+		}
+	}()
+	if fire && c.Dev != nil {
+		c.Dev.postEvent(abi.EventCQCompletion, c.Num)
+	}
+}
+
+// complete writes e to c (a CQ of device cd, whose table is t) and handles
+// what follows: the CQ_COMPLETION event of an armed CQ, or on overrun the
+// CQ_ERROR event and every QP using c moving to ERR. It counts error
+// completions. Called with no CQ lock held.
+func (cd *Device) complete(c *CQ, t *memmap.Table, e *abi.CQE, solicited bool) {
+	if e.Status != abi.WCSuccess && int(e.Status) < maxWCStatus {
+		cd.wcErrors[e.Status].Add(1)
+	}
+	if c == nil {
+		return
+	}
+	fire, outcome := c.push(t, e, solicited)
+	if fire {
+		cd.postEvent(abi.EventCQCompletion, c.Num)
+	}
+	if outcome != pushOverrun {
+		return
+	}
+	cd.postEvent(abi.EventCQError, c.Num)
+	for _, q := range cd.allQPs() {
+		if q.SendCQ == c || q.RecvCQ == c {
+			q.toErr(false)
+		}
+	}
+}

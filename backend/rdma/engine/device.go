@@ -1,0 +1,376 @@
+package engine
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vrdma/vrdma/memmap"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+)
+
+// EventSink posts one event on the device's event queue. It may drop the
+// event if the driver has no buffer posted. The engine calls it from any
+// goroutine, possibly with engine locks held (see the lock order in doc.go):
+// it must not call back into the engine.
+type EventSink func(ev abi.Event)
+
+// Stats are a device's data-path counters.
+type Stats struct {
+	BytesMoved       uint64           // payload bytes copied by executed WQEs (as requester)
+	Ops              [7]uint64        // executed send WQEs by send opcode
+	CompletionErrors map[uint8]uint64 // error CQEs (written or lost) by wc status
+	EventsDropped    uint64           // events raised while no EventSink was attached
+}
+
+// maxWCStatus bounds the wc statuses counted in Stats.
+const maxWCStatus = 32
+
+// Device is one RDMA device's engine state: its objects, its guest memory
+// while a front-end is connected, and its counters.
+type Device struct {
+	fabric *Fabric       // immutable
+	gid    [16]byte      // immutable
+	log    *logrus.Entry // immutable
+
+	mu     sync.RWMutex
+	mem    *memmap.Memory // protected by mu; nil while detached
+	events EventSink      // protected by mu
+	wake   func(dbq int)  // protected by mu
+	mrs    map[uint32]*MR // protected by mu
+	cqs    map[uint32]*CQ // protected by mu
+	qps    map[uint32]*QP // protected by mu
+	byDBQ  map[int][]*QP  // protected by mu; each slice is immutable (copy on write)
+
+	bytesMoved    atomic.Uint64
+	ops           [7]atomic.Uint64
+	wcErrors      [maxWCStatus]atomic.Uint64
+	eventsDropped atomic.Uint64
+}
+
+// NewDevice returns a device with GID gid on fabric f. It does not register
+// it: call f.Register. A nil log discards messages.
+func NewDevice(f *Fabric, gid [16]byte, log *logrus.Entry) *Device {
+	if log == nil {
+		l := logrus.New()
+		l.SetLevel(logrus.PanicLevel)
+		log = logrus.NewEntry(l)
+	}
+	return &Device{
+		fabric: f,
+		gid:    gid,
+		log:    log,
+		mrs:    make(map[uint32]*MR),
+		cqs:    make(map[uint32]*CQ),
+		qps:    make(map[uint32]*QP),
+		byDBQ:  make(map[int][]*QP),
+	}
+}
+
+// GID returns the device's GID.
+func (d *Device) GID() [16]byte { return d.gid }
+
+// Attach gives the device its guest memory and hooks while a front-end is
+// connected: events posts to the event queue; wake(dbq) makes the engine of
+// doorbell queue dbq run Poll soon. Any of them may be nil.
+func (d *Device) Attach(mem *memmap.Memory, events EventSink, wake func(dbq int)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.mem, d.events, d.wake = mem, events, wake
+}
+
+// Detach forgets the memory and hooks given to Attach (call it after Reset).
+// Peers then find the device unreachable.
+func (d *Device) Detach() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.mem, d.events, d.wake = nil, nil, nil
+}
+
+// acquire returns the device's current table with a reference, or nil if
+// the device is detached.
+func (d *Device) acquire() *memmap.Table {
+	d.mu.RLock()
+	m := d.mem
+	d.mu.RUnlock()
+	if m == nil {
+		return nil
+	}
+	return m.Acquire()
+}
+
+// postEvent raises an event on the device's event queue.
+func (d *Device) postEvent(typ, handle uint32) {
+	d.mu.RLock()
+	ev := d.events
+	d.mu.RUnlock()
+	if ev == nil {
+		d.eventsDropped.Add(1)
+		return
+	}
+	ev(abi.Event{Type: typ, Handle: handle})
+}
+
+// wakeQueue asks the engine of doorbell queue dbq to poll soon.
+func (d *Device) wakeQueue(dbq int) {
+	d.mu.RLock()
+	w := d.wake
+	d.mu.RUnlock()
+	if w != nil {
+		w(dbq)
+	}
+}
+
+// AddMR makes m reachable by its key.
+func (d *Device) AddMR(m *MR) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.mrs[m.Key] = m
+}
+
+// RemoveMR removes and returns the MR with key, or nil. An operation that
+// resolved the key before RemoveMR may still be copying (see doc.go).
+func (d *Device) RemoveMR(key uint32) *MR {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := d.mrs[key]
+	delete(d.mrs, key)
+	return m
+}
+
+// LookupMR returns the MR with key, or nil.
+func (d *Device) LookupMR(key uint32) *MR {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.mrs[key]
+}
+
+// AddCQ makes c reachable by its number. c.Dev must be d.
+func (d *Device) AddCQ(c *CQ) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.cqs[c.Num] = c
+}
+
+// RemoveCQ removes and returns the CQ with num, or nil. Later completions
+// for it are dropped.
+func (d *Device) RemoveCQ(num uint32) *CQ {
+	d.mu.Lock()
+	c := d.cqs[num]
+	delete(d.cqs, num)
+	d.mu.Unlock()
+	if c != nil {
+		c.mu.Lock()
+		c.dead = true
+		c.armed = false
+		c.mu.Unlock()
+	}
+	return c
+}
+
+// LookupCQ returns the CQ with num, or nil.
+func (d *Device) LookupCQ(num uint32) *CQ {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.cqs[num]
+}
+
+// AddQP makes q reachable by its number and by the engine of
+// q.DoorbellQueue. q starts in RESET; its CQs' Users are incremented.
+// q.Dev must be d.
+func (d *Device) AddQP(q *QP) {
+	q.mu.Lock()
+	q.attr = abi.QPAttr{QPN: q.Num, QPState: abi.QPSReset}
+	q.peer = nil
+	q.dead = false
+	q.mu.Unlock()
+	if q.SendCQ != nil {
+		q.SendCQ.Users.Add(1)
+	}
+	if q.RecvCQ != nil {
+		q.RecvCQ.Users.Add(1)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.qps[q.Num] = q
+	old := d.byDBQ[q.DoorbellQueue]
+	list := make([]*QP, len(old), len(old)+1)
+	copy(list, old)
+	d.byDBQ[q.DoorbellQueue] = append(list, q)
+}
+
+// RemoveQP destroys the QP with num and returns it, or nil. Peers stop
+// reaching it at once; RemoveQP then waits for the engine's current pass
+// over it and for in-flight remote operations on it to end (both are
+// bounded), so nothing touches its rings or CQs after it returns. Its CQs'
+// Users are decremented. The caller must not hold a lock that EventSink or
+// wake take.
+func (d *Device) RemoveQP(num uint32) *QP {
+	d.mu.Lock()
+	q := d.qps[num]
+	if q == nil {
+		d.mu.Unlock()
+		return nil
+	}
+	delete(d.qps, num)
+	old := d.byDBQ[q.DoorbellQueue]
+	list := make([]*QP, 0, len(old))
+	for _, o := range old {
+		if o != q {
+			list = append(list, o)
+		}
+	}
+	if len(list) == 0 {
+		delete(d.byDBQ, q.DoorbellQueue)
+	} else {
+		d.byDBQ[q.DoorbellQueue] = list
+	}
+	d.mu.Unlock()
+
+	q.sqMu.Lock()
+	defer q.sqMu.Unlock()
+	q.rqMu.Lock()
+	defer q.rqMu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.dead {
+		return q
+	}
+	q.dead = true
+	q.peer = nil
+	if q.rnrTimer != nil {
+		q.rnrTimer.Stop()
+	}
+	if q.SendCQ != nil {
+		q.SendCQ.Users.Add(-1)
+	}
+	if q.RecvCQ != nil {
+		q.RecvCQ.Users.Add(-1)
+	}
+	return q
+}
+
+// LookupQP returns the QP with num, or nil.
+func (d *Device) LookupQP(num uint32) *QP {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.qps[num]
+}
+
+// NumQPs returns the number of QPs.
+func (d *Device) NumQPs() int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return len(d.qps)
+}
+
+// NumCQs returns the number of CQs.
+func (d *Device) NumCQs() int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return len(d.cqs)
+}
+
+// NumMRs returns the number of MRs.
+func (d *Device) NumMRs() int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return len(d.mrs)
+}
+
+// queueQPs returns the QPs of doorbell queue dbq (an immutable slice).
+func (d *Device) queueQPs(dbq int) []*QP {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.byDBQ[dbq]
+}
+
+// allQPs returns a snapshot of every QP.
+func (d *Device) allQPs() []*QP {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	qs := make([]*QP, 0, len(d.qps))
+	for _, q := range d.qps {
+		qs = append(qs, q)
+	}
+	return qs
+}
+
+// Reset destroys every QP (peers' QPs connected to them move to ERR, and
+// their outstanding send WQEs complete with RETRY_EXC_ERR), then every CQ
+// and MR. The control path then releases the pins.
+func (d *Device) Reset() {
+	ours := d.allQPs()
+	byNum := make(map[uint32]bool, len(ours))
+	for _, q := range ours {
+		byNum[q.Num] = true
+	}
+	var devs []*Device
+	if d.fabric != nil {
+		devs = d.fabric.devices()
+	}
+	for _, pd := range devs {
+		if pd == d {
+			continue
+		}
+		pt := pd.acquire()
+		for _, pq := range pd.allQPs() {
+			// The send WQEs posted now are the outstanding ones.
+			end, haveEnd := uint32(0), false
+			if pt != nil {
+				if rec, err := pt.Slice(pq.Record, abi.QPRecordSize); err == nil {
+					end, haveEnd = memmap.LoadUint32(rec, abi.QPRecordSQPI), true
+				}
+			}
+			pq.mu.Lock()
+			hit := !pq.dead && pq.peer == d && byNum[pq.attr.DestQPNum] &&
+				(pq.attr.QPState == abi.QPSRTR || pq.attr.QPState == abi.QPSRTS)
+			if hit {
+				pq.attr.QPState = abi.QPSErr
+				pq.lostPeer, pq.lostEnd, pq.lostHaveEnd = true, end, haveEnd
+			}
+			pq.mu.Unlock()
+			if hit {
+				pd.postEvent(abi.EventQPFatal, pq.Num)
+				pd.wakeQueue(pq.DoorbellQueue)
+			}
+		}
+		if pt != nil {
+			pt.Release()
+		}
+	}
+	for _, q := range ours {
+		d.RemoveQP(q.Num)
+	}
+	d.mu.Lock()
+	cqs := make([]*CQ, 0, len(d.cqs))
+	for _, c := range d.cqs {
+		cqs = append(cqs, c)
+	}
+	d.mu.Unlock()
+	for _, c := range cqs {
+		d.RemoveCQ(c.Num)
+	}
+	d.mu.Lock()
+	clear(d.mrs)
+	d.mu.Unlock()
+}
+
+// Stats returns the device's counters.
+func (d *Device) Stats() Stats {
+	s := Stats{
+		BytesMoved:       d.bytesMoved.Load(),
+		CompletionErrors: make(map[uint8]uint64),
+		EventsDropped:    d.eventsDropped.Load(),
+	}
+	for i := range s.Ops {
+		s.Ops[i] = d.ops[i].Load()
+	}
+	for i := range d.wcErrors {
+		if n := d.wcErrors[i].Load(); n != 0 {
+			s.CompletionErrors[uint8(i)] = n
+		}
+	}
+	return s
+}

@@ -1,0 +1,72 @@
+// Package engine is the software RNIC embedded in vrdmad: it executes RC
+// work requests directly between the guest memories of two devices.
+//
+// The control path (package backend/rdma) builds the objects (MR, CQ, QP)
+// from control commands and registers them with a Device; devices register
+// on a daemon-wide Fabric by GID, so a QP reaches its peer by (GID, QP
+// number). The engine reads send WQEs from the guest's rings, checks keys,
+// PDs, access rights and bounds as docs/spec.md § Semantics requires,
+// copies between the two guests' memories with copy() over host views
+// (no intermediate buffer, no allocation per WQE), writes CQEs and raises
+// events (CQ_COMPLETION, CQ_ERROR, QP_FATAL) through an EventSink.
+//
+// Non-goals: the control commands and their validation (backend/rdma),
+// doorbell-queue notification suppression and the worker loop (the caller
+// of Poll), UD QPs, real network transports, PSNs and retransmission (the
+// fabric is lossless: timeout and retry_cnt are informational).
+//
+// # Execution model
+//
+// The engine of one doorbell queue of a device is one goroutine calling
+// Device.Poll for its queue, holding the device's current memmap.Table
+// under memmap.Guard. Poll owns the requester side of the queue's QPs: for
+// each QP in RTS it reads the head send WQE once into per-QP scratch,
+// validates the copy, runs it, completes it, and advances sq_ci, at most
+// pollBudget WQEs per QP per call; for each QP in ERR it flushes both
+// queues. The requester also runs the responder side on the peer QP
+// (another device's, possibly in another engine goroutine): it consumes the
+// peer's receive WQEs under the peer QP's rqMu, holding a reference on the
+// peer device's table for the operation, and writes the peer's CQEs. An
+// empty receive queue (RNR) leaves the WQE at the head, decoded and held in
+// the scratch (never read from the ring again), and retries after the
+// responder's min_rnr_timer: Poll skips the QP until then and returns the
+// deadline; a timer calls wake too.
+//
+// State changes from other goroutines (Modify, a peer's remote error, CQ
+// overrun, a peer device's Reset) set the state under QP.mu and call
+// wake(dbq); the owning engine then flushes. Only the owning engine
+// advances sq_ci; rq_ci is advanced by whoever consumes a receive WQE, under
+// rqMu.
+//
+// # Invariants
+//
+//   - Guest structures are copied once and validated as copies; ring and
+//     record indices shared with the guest are read and written with the
+//     memmap atomic accessors; every loop is bounded by a ring depth, a
+//     SGE count, pollBudget or the number of memory regions.
+//   - A producer index more than the depth ahead of a consumer index moves
+//     the QP to ERR with QP_FATAL and is never used as a loop bound.
+//   - CQEs are written into slot pi mod depth before pi advances; a full CQ
+//     drops the CQE, enters overrun (CQ_ERROR) and moves its QPs to ERR.
+//   - After RemoveQP returns, no engine touches the QP's rings, record or
+//     CQs: it takes sqMu (the requester's pass) and rqMu (responders).
+//     RemoveMR does not wait: an operation that resolved the key before
+//     may finish its copy into the (still mapped) pages.
+//
+// # Lock order
+//
+// Acquire top to bottom; hold at most one lock of each level:
+//
+//	QP.sqMu     (a QP's requester side: its engine pass, Modify→RESET, RemoveQP)
+//	QP.rqMu     (a QP's responder side; may be another QP than the sqMu holder's)
+//	QP.mu       (state and attributes)
+//	CQ.mu
+//	Device.mu, Fabric.mu (leaves: nothing is acquired while holding them)
+//
+// A requester holds its own sqMu and then the peer QP's rqMu; nobody waits
+// for an sqMu while holding an rqMu, so two engines sending to each other
+// cannot deadlock. Locks are released by defer in code touching guest
+// memory, so a fault contained by memmap.Guard leaks no lock. EventSink and
+// wake are called with engine locks held: they must not block for long
+// nor call back into the engine.
+package engine

@@ -1,0 +1,204 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vrdma/vrdma/memmap"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+)
+
+// Errors of address translation inside an MR or ring.
+var (
+	ErrOutOfRange = errors.New("range outside the object")
+	ErrNoMemory   = errors.New("device has no guest memory")
+)
+
+// extent is a run of guest-physically contiguous pages of an MR.
+type extent struct {
+	off uint64     // byte offset in the MR where the run starts
+	gpa memmap.GPA // guest-physical address of that byte
+	len uint64
+}
+
+// MR is a registered memory region. Immutable after NewMR.
+type MR struct {
+	Key    uint32 // lkey and rkey
+	PD     uint32
+	Access uint32
+	IOVA   uint64
+	Length uint64
+	Pages  []memmap.GPA // page list as registered (pinned by the control path)
+
+	extents []extent // the MR's bytes as contiguous guest-physical runs
+}
+
+// NewMR builds an MR over pages: the MR's first byte is at offset
+// iova mod PageSize of pages[0]. Preconditions (checked by the control
+// path): len(pages) == ceil((iova%PageSize + length)/PageSize), length > 0,
+// every page page-aligned.
+func NewMR(key, pd, access uint32, iova, length uint64, pages []memmap.GPA) *MR {
+	m := &MR{Key: key, PD: pd, Access: access, IOVA: iova, Length: length, Pages: pages}
+	first := iova % abi.PageSize
+	var off uint64
+	for i, p := range pages {
+		start := p
+		n := uint64(abi.PageSize)
+		if i == 0 {
+			start += memmap.GPA(first)
+			n -= first
+		}
+		if n > length-off {
+			n = length - off
+		}
+		if k := len(m.extents); k > 0 && m.extents[k-1].gpa+memmap.GPA(m.extents[k-1].len) == start {
+			m.extents[k-1].len += n
+		} else {
+			m.extents = append(m.extents, extent{off: off, gpa: start, len: n})
+		}
+		off += n
+		if off >= length {
+			break
+		}
+	}
+	return m
+}
+
+// Contains reports whether [addr, addr+n) lies within the MR's IOVA range.
+func (m *MR) Contains(addr, n uint64) bool {
+	if addr < m.IOVA {
+		return false
+	}
+	off := addr - m.IOVA
+	return off <= m.Length && n <= m.Length-off
+}
+
+// Range calls fn with host views of [addr, addr+n) of the MR, in order, one
+// per guest-physically contiguous run (split further where guest memory
+// regions split). It checks the whole range first; fn's error stops the walk
+// and is returned. Allocation-free.
+func (m *MR) Range(t *memmap.Table, addr, n uint64, fn func([]byte) error) error {
+	if !m.Contains(addr, n) {
+		return ErrOutOfRange
+	}
+	if n == 0 {
+		return nil
+	}
+	off := addr - m.IOVA
+	i := sort.Search(len(m.extents), func(i int) bool { return m.extents[i].off+m.extents[i].len > off })
+	for ; n > 0 && i < len(m.extents); i++ {
+		e := &m.extents[i]
+		in := off - e.off
+		k := e.len - in
+		if k > n {
+			k = n
+		}
+		if err := t.ForEach(e.gpa+memmap.GPA(in), k, fn); err != nil {
+			return err
+		}
+		off += k
+		n -= k
+	}
+	return nil
+}
+
+// Ring is a queue of fixed-size slots laid over guest pages (a QP's send
+// or receive queue, a CQ). Slots never straddle pages: the stride is a
+// power of two no larger than a page. Immutable.
+type Ring struct {
+	Pages  []memmap.GPA
+	Depth  uint32 // slots, a power of two
+	Stride uint32 // bytes per slot, a power of two ≤ PageSize
+}
+
+// Slot returns the host view of slot i mod Depth.
+func (r *Ring) Slot(t *memmap.Table, i uint32) ([]byte, error) {
+	i &= r.Depth - 1
+	byteOff := uint64(i) * uint64(r.Stride)
+	page := byteOff / abi.PageSize
+	if page >= uint64(len(r.Pages)) {
+		return nil, ErrOutOfRange
+	}
+	return t.Slice(r.Pages[page]+memmap.GPA(byteOff%abi.PageSize), uint64(r.Stride))
+}
+
+// CQ is a completion queue in guest memory.
+type CQ struct {
+	Num    uint32
+	Dev    *Device // owner: its guest memory holds the ring and record
+	Ring   Ring    // Stride == CQESize
+	Record memmap.GPA
+
+	Users atomic.Int32 // QPs using the CQ (control path: DESTROY_CQ is BUSY while > 0)
+
+	mu            sync.Mutex
+	pi            uint32 // next CQE index (protected by mu)
+	armed         bool   // REQ_NOTIFY_CQ pending (protected by mu)
+	solicitedOnly bool   // protected by mu
+	overrun       bool   // protected by mu
+	dead          bool   // destroyed (protected by mu)
+}
+
+// QP is an RC queue pair. The exported fields are immutable after AddQP.
+type QP struct {
+	Num           uint32
+	PD            uint32
+	Dev           *Device
+	SendCQ        *CQ
+	RecvCQ        *CQ
+	SQ, RQ        Ring
+	Record        memmap.GPA
+	MaxSendSGE    uint32
+	MaxRecvSGE    uint32
+	MaxInline     uint32
+	SigAll        bool
+	DoorbellQueue int
+
+	// sqMu serialises the requester side: the engine of DoorbellQueue holds
+	// it while it works on the QP, Modify holds it to discard WQEs at
+	// RESET, RemoveQP to wait for the engine's pass to end.
+	sqMu sync.Mutex
+
+	mu          sync.Mutex
+	attr        abi.QPAttr // current attributes; attr.QPState is the state (protected by mu)
+	peer        *Device    // resolved at INIT→RTR (protected by mu)
+	dead        bool       // destroyed (protected by mu)
+	lostPeer    bool       // the peer device was reset: outstanding sends end with RETRY_EXC_ERR (protected by mu)
+	lostEnd     uint32     // sq_pi when the peer was lost, if lostHaveEnd (protected by mu)
+	lostHaveEnd bool       // protected by mu
+
+	// Requester side (protected by sqMu).
+	sqCI     uint32      // next send WQE to execute
+	rnrWait  int64       // monotonic ns (see monoNow) before which the head WQE must not be retried
+	rnrTries uint32      // RNR retries of the head WQE so far
+	rnrTimer *time.Timer // wakes the engine when rnrWait passes; created at the first RNR
+	retryExc bool        // send WQEs before retryEnd complete with RETRY_EXC_ERR (peer lost)
+	retryEnd uint32      // see retryExc
+	sc       *scratch    // per-QP scratch, allocated on first use
+
+	// Responder side: the receive queue is consumed by peers' engines, and
+	// every remote operation targeting this QP runs under rqMu, so that
+	// RemoveQP, after taking it, knows no responder work is in flight.
+	rqMu sync.Mutex
+	rqCI uint32 // next receive WQE (protected by rqMu)
+}
+
+// State returns the QP's state.
+func (q *QP) State() uint32 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.attr.QPState
+}
+
+// Attr returns a copy of the QP's attributes.
+func (q *QP) Attr() abi.QPAttr {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.attr
+}
+
+func (q *QP) String() string { return fmt.Sprintf("qp %d", q.Num) }

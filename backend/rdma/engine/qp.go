@@ -1,0 +1,242 @@
+package engine
+
+import (
+	"github.com/vrdma/vrdma/memmap"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+)
+
+// knownMask is every attribute mask bit of docs/spec.md § MODIFY_QP.
+const knownMask = abi.QPAttrState | abi.QPAttrAccessFlags | abi.QPAttrPKeyIndex | abi.QPAttrPort |
+	abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry |
+	abi.QPAttrRQPSN | abi.QPAttrMaxQPRdAtomic | abi.QPAttrMinRNRTimer | abi.QPAttrSQPSN |
+	abi.QPAttrMaxDestRdAtomic | abi.QPAttrDestQPN
+
+// transition is one row of the RC transition table.
+type transition struct {
+	from, to           uint32
+	required, optional uint32
+}
+
+// transitions is the table of docs/spec.md § MODIFY_QP, except "any →
+// RESET" and "any → ERR", which Modify handles first.
+var transitions = [...]transition{
+	{abi.QPSReset, abi.QPSInit, abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags, 0},
+	{abi.QPSInit, abi.QPSInit, abi.QPAttrState, abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags},
+	{abi.QPSInit, abi.QPSRTR, abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN |
+		abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer, abi.QPAttrPKeyIndex | abi.QPAttrAccessFlags},
+	{abi.QPSRTR, abi.QPSRTS, abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt |
+		abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic, abi.QPAttrAccessFlags | abi.QPAttrMinRNRTimer},
+	{abi.QPSRTS, abi.QPSRTS, abi.QPAttrState, abi.QPAttrAccessFlags | abi.QPAttrMinRNRTimer},
+}
+
+// checkValues validates the fields a's mask names.
+func checkValues(a *abi.QPAttr) bool {
+	m := a.AttrMask
+	has := func(bit uint32) bool { return m&bit != 0 }
+	switch {
+	case a.Reserved != 0,
+		has(abi.QPAttrPKeyIndex) && a.PKeyIndex != 0,
+		has(abi.QPAttrPort) && a.PortNum != 1,
+		has(abi.QPAttrAccessFlags) && a.QPAccessFlags&^abi.AccessAll != 0,
+		has(abi.QPAttrAV) && (a.SGIDIndex != 0 || a.HopLimit > 255),
+		has(abi.QPAttrPathMTU) && (a.PathMTU < abi.MTU256 || a.PathMTU > abi.MTU4096),
+		has(abi.QPAttrTimeout) && a.Timeout > 31,
+		has(abi.QPAttrRetryCnt) && a.RetryCnt > 7,
+		has(abi.QPAttrRNRRetry) && a.RNRRetry > 7,
+		has(abi.QPAttrRQPSN) && a.RQPSN >= 1<<24,
+		has(abi.QPAttrSQPSN) && a.SQPSN >= 1<<24,
+		has(abi.QPAttrMinRNRTimer) && a.MinRNRTimer > 31:
+		return false
+	}
+	return true
+}
+
+// Modify applies MODIFY_QP: the RC state machine with the required and
+// optional attribute masks of docs/spec.md § MODIFY_QP. It returns
+// StatusOK, StatusInvalid (unknown or missing mask bits, bad values),
+// StatusState (a transition not in the table), StatusNotFound (the QP was
+// destroyed, or dgid is unknown to the fabric at INIT→RTR). Moving to
+// RESET discards every posted WQE (the record's consumer indices become
+// the producer indices); moving to ERR flushes (the engine does it, woken
+// here).
+func (q *QP) Modify(a abi.QPAttr) abi.Status {
+	m := a.AttrMask
+	if m&^uint32(knownMask) != 0 || m&abi.QPAttrState == 0 {
+		return abi.StatusInvalid
+	}
+	to := a.QPState
+	switch to {
+	case abi.QPSReset, abi.QPSInit, abi.QPSRTR, abi.QPSRTS, abi.QPSErr:
+	default:
+		return abi.StatusInvalid
+	}
+	if !checkValues(&a) {
+		return abi.StatusInvalid
+	}
+	if to == abi.QPSReset {
+		return q.reset(m)
+	}
+
+	// Resolve the peer before taking q.mu (the fabric lock is a leaf).
+	var peer *Device
+	if m&abi.QPAttrAV != 0 && q.Dev != nil && q.Dev.fabric != nil {
+		peer = q.Dev.fabric.Lookup(a.DGID)
+	}
+
+	st, toErr := func() (abi.Status, bool) {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.dead {
+			return abi.StatusNotFound, false
+		}
+		from := q.attr.QPState
+		if to == abi.QPSErr {
+			if m != abi.QPAttrState {
+				return abi.StatusInvalid, false
+			}
+			q.attr.QPState = abi.QPSErr
+			return abi.StatusOK, true
+		}
+		var tr *transition
+		for i := range transitions {
+			if transitions[i].from == from && transitions[i].to == to {
+				tr = &transitions[i]
+				break
+			}
+		}
+		if tr == nil {
+			return abi.StatusState, false
+		}
+		if m&tr.required != tr.required || m&^(tr.required|tr.optional) != 0 {
+			return abi.StatusInvalid, false
+		}
+		if m&abi.QPAttrAV != 0 && peer == nil {
+			return abi.StatusNotFound, false
+		}
+		q.apply(&a)
+		if m&abi.QPAttrAV != 0 {
+			q.peer = peer
+		}
+		q.attr.QPState = to
+		return abi.StatusOK, false
+	}()
+	if toErr && q.Dev != nil {
+		q.Dev.wakeQueue(q.DoorbellQueue)
+	}
+	return st
+}
+
+// apply copies the fields a's mask names. Precondition: q.mu held.
+func (q *QP) apply(a *abi.QPAttr) {
+	m := a.AttrMask
+	x := &q.attr
+	if m&abi.QPAttrAccessFlags != 0 {
+		x.QPAccessFlags = a.QPAccessFlags
+	}
+	if m&abi.QPAttrPKeyIndex != 0 {
+		x.PKeyIndex = a.PKeyIndex
+	}
+	if m&abi.QPAttrPort != 0 {
+		x.PortNum = a.PortNum
+	}
+	if m&abi.QPAttrAV != 0 {
+		x.DGID, x.SGIDIndex, x.HopLimit = a.DGID, a.SGIDIndex, a.HopLimit
+	}
+	if m&abi.QPAttrPathMTU != 0 {
+		x.PathMTU = a.PathMTU
+	}
+	if m&abi.QPAttrTimeout != 0 {
+		x.Timeout = a.Timeout
+	}
+	if m&abi.QPAttrRetryCnt != 0 {
+		x.RetryCnt = a.RetryCnt
+	}
+	if m&abi.QPAttrRNRRetry != 0 {
+		x.RNRRetry = a.RNRRetry
+	}
+	if m&abi.QPAttrRQPSN != 0 {
+		x.RQPSN = a.RQPSN
+	}
+	if m&abi.QPAttrSQPSN != 0 {
+		x.SQPSN = a.SQPSN
+	}
+	if m&abi.QPAttrMaxQPRdAtomic != 0 {
+		x.MaxRdAtomic = a.MaxRdAtomic
+	}
+	if m&abi.QPAttrMaxDestRdAtomic != 0 {
+		x.MaxDestRdAtomic = a.MaxDestRdAtomic
+	}
+	if m&abi.QPAttrMinRNRTimer != 0 {
+		x.MinRNRTimer = a.MinRNRTimer
+	}
+	if m&abi.QPAttrDestQPN != 0 {
+		x.DestQPNum = a.DestQPNum
+	}
+}
+
+// reset moves the QP to RESET from any state: attributes are cleared, the
+// peer forgotten, and every posted WQE discarded. It waits for the engine's
+// pass over the QP and for in-flight responder work (sqMu, rqMu).
+func (q *QP) reset(mask uint32) abi.Status {
+	if mask != abi.QPAttrState {
+		return abi.StatusInvalid
+	}
+	var t *memmap.Table
+	if q.Dev != nil {
+		t = q.Dev.acquire()
+	}
+	if t != nil {
+		defer t.Release()
+	}
+	q.sqMu.Lock()
+	defer q.sqMu.Unlock()
+	q.rqMu.Lock()
+	defer q.rqMu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.dead {
+		return abi.StatusNotFound
+	}
+	q.attr = abi.QPAttr{QPN: q.Num, QPState: abi.QPSReset}
+	q.peer = nil
+	q.lostPeer = false
+	q.rnrWait, q.rnrTries = 0, 0
+	if q.rnrTimer != nil {
+		q.rnrTimer.Stop()
+	}
+	q.retryExc = false
+	if q.sc != nil {
+		q.sc.held = false
+	}
+	if t == nil {
+		return abi.StatusOK
+	}
+	rec, err := t.Slice(q.Record, abi.QPRecordSize)
+	if err != nil {
+		return abi.StatusOK
+	}
+	q.sqCI = memmap.LoadUint32(rec, abi.QPRecordSQPI)
+	q.rqCI = memmap.LoadUint32(rec, abi.QPRecordRQPI)
+	memmap.StoreUint32(rec, abi.QPRecordSQCI, q.sqCI)
+	memmap.StoreUint32(rec, abi.QPRecordRQCI, q.rqCI)
+	return abi.StatusOK
+}
+
+// toErr moves the QP to ERR (unless destroyed or already there), posts a
+// QP_FATAL event if fatal, and wakes the QP's engine to flush. It takes
+// q.mu; the caller holds no QP.mu.
+func (q *QP) toErr(fatal bool) {
+	q.mu.Lock()
+	changed := !q.dead && q.attr.QPState != abi.QPSErr
+	if changed {
+		q.attr.QPState = abi.QPSErr
+	}
+	q.mu.Unlock()
+	if !changed || q.Dev == nil {
+		return
+	}
+	if fatal {
+		q.Dev.postEvent(abi.EventQPFatal, q.Num)
+	}
+	q.Dev.wakeQueue(q.DoorbellQueue)
+}

@@ -1,0 +1,124 @@
+package engine
+
+import (
+	"encoding/binary"
+
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+)
+
+// Scratch bounds: a WQE never exceeds a page, so neither do its SGEs.
+const (
+	maxSendSGEs = (abi.PageSize - abi.SendWQEHdrSize) / abi.SGESize
+	maxRecvSGEs = (abi.PageSize - abi.RecvWQEHdrSize) / abi.SGESize
+	knownFlags  = abi.WRFlagSignaled | abi.WRFlagInline | abi.WRFlagFence | abi.WRFlagSolicited
+)
+
+// sendWQE is the validated device-local copy of a send WQE's header.
+type sendWQE struct {
+	wrID       uint64
+	opcode     uint8
+	flags      uint8
+	numSGE     uint16
+	imm        uint32
+	remoteAddr uint64
+	rkey       uint32
+	inlineLen  uint32
+	compareAdd uint64
+	swap       uint64
+}
+
+// decodeSend decodes the header of the send WQE copied into b (the QP's
+// stride bytes) and its SGEs into sges. It reports whether the WQE is well
+// formed for a QP with the given limits: a known opcode and flags, num_sge
+// ≤ maxSGE (0 with INLINE, inline only for SEND and WRITE), inline_len ≤
+// maxInline, SGEs or inline data inside the stride, reserved bytes zero.
+// Even when it fails, wr_id and opcode are filled for the error CQE.
+func decodeSend(b []byte, maxSGE, maxInline uint32, sges []abi.SGE) (w sendWQE, ok bool) {
+	if len(b) < abi.SendWQEHdrSize {
+		return w, false
+	}
+	le := binary.LittleEndian
+	w.wrID = le.Uint64(b[0:])
+	w.opcode = b[8]
+	w.flags = b[9]
+	w.numSGE = le.Uint16(b[10:])
+	w.imm = le.Uint32(b[12:])
+	w.remoteAddr = le.Uint64(b[16:])
+	w.rkey = le.Uint32(b[24:])
+	w.inlineLen = le.Uint32(b[28:])
+	w.compareAdd = le.Uint64(b[32:])
+	w.swap = le.Uint64(b[40:])
+	if le.Uint64(b[48:]) != 0 || le.Uint64(b[56:]) != 0 {
+		return w, false
+	}
+	if w.opcode > abi.WROpAtomicFetchAdd || w.flags&^knownFlags != 0 || w.inlineLen > maxInline {
+		return w, false
+	}
+	room := uint64(len(b) - abi.SendWQEHdrSize)
+	if w.flags&abi.WRFlagInline != 0 {
+		switch w.opcode {
+		case abi.WROpSend, abi.WROpSendWithImm, abi.WROpRDMAWrite, abi.WROpRDMAWriteWithImm:
+		default:
+			return w, false
+		}
+		return w, w.numSGE == 0 && uint64(w.inlineLen) <= room
+	}
+	n := uint64(w.numSGE)
+	if n > uint64(maxSGE) || n > uint64(len(sges)) || n*abi.SGESize > room {
+		return w, false
+	}
+	decodeSGEs(b[abi.SendWQEHdrSize:], sges[:n])
+	return w, true
+}
+
+// decodeSGEs decodes len(sges) SGEs from b (which holds them all).
+func decodeSGEs(b []byte, sges []abi.SGE) {
+	le := binary.LittleEndian
+	for i := range sges {
+		e := b[i*abi.SGESize : (i+1)*abi.SGESize]
+		sges[i] = abi.SGE{Addr: le.Uint64(e[0:]), Length: le.Uint32(e[8:]), LKey: le.Uint32(e[12:])}
+	}
+}
+
+// decodeRecv decodes a receive WQE copied into b (the RQ's stride) and its
+// SGEs into sges; it reports whether it is well formed (reserved bytes
+// zero, num_sge ≤ maxSGE and inside the stride). wr_id is always filled.
+func decodeRecv(b []byte, maxSGE uint32, sges []abi.SGE) (wrID uint64, n int, ok bool) {
+	if len(b) < abi.RecvWQEHdrSize {
+		return 0, 0, false
+	}
+	le := binary.LittleEndian
+	wrID = le.Uint64(b[0:])
+	num := uint64(le.Uint16(b[8:]))
+	if le.Uint16(b[10:]) != 0 || le.Uint32(b[12:]) != 0 {
+		return wrID, 0, false
+	}
+	if num > uint64(maxSGE) || num > uint64(len(sges)) || num*abi.SGESize > uint64(len(b)-abi.RecvWQEHdrSize) {
+		return wrID, 0, false
+	}
+	decodeSGEs(b[abi.RecvWQEHdrSize:], sges[:num])
+	return wrID, int(num), true
+}
+
+// wcOpcode maps a send opcode to the CQE opcode (0 for an unknown one).
+func wcOpcode(op uint8) uint8 {
+	switch op {
+	case abi.WROpRDMAWrite, abi.WROpRDMAWriteWithImm:
+		return abi.WCOpRDMAWrite
+	case abi.WROpRDMARead:
+		return abi.WCOpRDMARead
+	case abi.WROpAtomicCmpSwp:
+		return abi.WCOpCompSwap
+	case abi.WROpAtomicFetchAdd:
+		return abi.WCOpFetchAdd
+	}
+	return abi.WCOpSend
+}
+
+// rnrDelayUS is the IB RNR NAK timer encoding in microseconds (code 0 is
+// the longest, 655.36 ms).
+var rnrDelayUS = [32]int64{
+	655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920,
+	2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880,
+	163840, 245760, 327680, 491520,
+}

@@ -1,0 +1,431 @@
+package rdma
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vrdma/vrdma/memmap"
+)
+
+// maxInlinePageList bounds a page list sent inside the control request;
+// longer lists go indirect, in a DMA buffer the request points at.
+const maxInlinePageList = 60 << 10
+
+// maxPendingEvents bounds the events GetCQEvent and GetAsyncEvent set
+// aside for each other.
+const maxPendingEvents = 256
+
+// Context is an opened device, like ibv_context. Its methods are safe for
+// concurrent use; the objects it creates document their own rules.
+type Context struct {
+	t    Transport  // immutable
+	conf Config     // immutable: config space read at Open
+	attr DeviceAttr // immutable: QUERY_DEVICE at Open
+
+	nextDB atomic.Uint32 // round-robin doorbell queue for new QPs
+
+	cmdMu sync.Mutex // serialises commands; protects closed
+	closed bool
+
+	objMu sync.Mutex       // protects cqs and qps
+	cqs   map[uint32]*CQ   // by CQ number, for events
+	qps   map[uint32]*QP   // by QP number
+
+	evMu     sync.Mutex // serialises event waiters; protects the lists
+	cqEvents []uint32   // CQ numbers of CQ_COMPLETION events not yet returned
+	async    []Event    // other events not yet returned
+	lost     uint64     // events dropped because the lists were full
+}
+
+// Open reads the device's config space (checking its ABI version) and runs
+// QUERY_DEVICE.
+func Open(t Transport) (*Context, error) {
+	raw, err := t.ReadConfig(0, ConfigSize)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	var conf Config
+	if err := Unmarshal(raw, &conf); err != nil {
+		return nil, fmt.Errorf("%w: config: %v", ErrProtocol, err)
+	}
+	if conf.ABIVersion != ABIVersion {
+		return nil, fmt.Errorf("%w: device ABI version %d, library speaks %d", ErrProtocol, conf.ABIVersion, ABIVersion)
+	}
+	if conf.NumDoorbellQueues == 0 || conf.NumDoorbellQueues > 1024 {
+		return nil, fmt.Errorf("%w: device reports %d doorbell queues", ErrProtocol, conf.NumDoorbellQueues)
+	}
+	c := &Context{t: t, conf: conf, cqs: map[uint32]*CQ{}, qps: map[uint32]*QP{}}
+	resp, err := c.command(CmdQueryDevice, nil, DeviceAttrSize)
+	if err != nil {
+		return nil, err
+	}
+	if err := Unmarshal(resp, &c.attr); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrProtocol, err)
+	}
+	return c, nil
+}
+
+// Config returns the config space as read at Open.
+func (c *Context) Config() Config { return c.conf }
+
+// Transport returns the transport the context runs on.
+func (c *Context) Transport() Transport { return c.t }
+
+// Close closes the transport. Objects are not destroyed one by one: the
+// device destroys everything of a driver that goes away (reset or
+// disconnect). Close is idempotent.
+func (c *Context) Close() error {
+	c.cmdMu.Lock()
+	defer c.cmdMu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	return c.t.Close()
+}
+
+// parseResponse checks a command's response: at least a header, a status,
+// and on success exactly the response structure. It returns the structure.
+func parseResponse(op Opcode, resp []byte, respBody int) ([]byte, error) {
+	if len(resp) < RespHeaderSize {
+		return nil, fmt.Errorf("%w: %s: response of %d bytes", ErrProtocol, op, len(resp))
+	}
+	if st := Status(binary.LittleEndian.Uint32(resp)); st != StatusOK {
+		return nil, &CommandError{Op: op, Status: st}
+	}
+	if len(resp) != RespHeaderSize+respBody {
+		return nil, fmt.Errorf("%w: %s: response of %d bytes, want %d", ErrProtocol, op, len(resp), RespHeaderSize+respBody)
+	}
+	return resp[RespHeaderSize:], nil
+}
+
+// command runs one control command with request body req and a response
+// body of respBody bytes, and returns the response body.
+func (c *Context) command(op Opcode, req []byte, respBody int) ([]byte, error) {
+	buf := make([]byte, CmdHeaderSize+len(req))
+	binary.LittleEndian.PutUint16(buf, uint16(op))
+	copy(buf[CmdHeaderSize:], req)
+	c.cmdMu.Lock()
+	defer c.cmdMu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	resp, err := c.t.Command(buf, RespHeaderSize+respBody)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return parseResponse(op, resp, respBody)
+}
+
+// handleCommand runs a command whose request is one handle and whose
+// response is nothing (the DESTROY_* family).
+func (c *Context) handleCommand(op Opcode, h uint32) error {
+	_, err := c.command(op, Marshal(&Handle{Handle: h}), 0)
+	return err
+}
+
+// QueryDevice returns the device's attributes (QUERY_DEVICE).
+func (c *Context) QueryDevice() (DeviceAttr, error) {
+	var a DeviceAttr
+	resp, err := c.command(CmdQueryDevice, nil, DeviceAttrSize)
+	if err != nil {
+		return a, err
+	}
+	if err := Unmarshal(resp, &a); err != nil {
+		return DeviceAttr{}, fmt.Errorf("%w: %v", ErrProtocol, err)
+	}
+	return a, nil
+}
+
+// QueryPort returns port 1's attributes (QUERY_PORT).
+func (c *Context) QueryPort() (PortAttr, error) {
+	var a PortAttr
+	resp, err := c.command(CmdQueryPort, Marshal(&PortReq{PortNum: 1}), 40)
+	if err != nil {
+		return a, err
+	}
+	if err := Unmarshal(resp, &a); err != nil {
+		return PortAttr{}, fmt.Errorf("%w: %v", ErrProtocol, err)
+	}
+	return a, nil
+}
+
+// QueryGID returns GID 0 of port 1 (QUERY_GID).
+func (c *Context) QueryGID() ([16]byte, error) {
+	var g GID
+	resp, err := c.command(CmdQueryGID, Marshal(&GIDReq{PortNum: 1, Index: 0}), 16)
+	if err != nil {
+		return g.Raw, err
+	}
+	if err := Unmarshal(resp, &g); err != nil {
+		return [16]byte{}, fmt.Errorf("%w: %v", ErrProtocol, err)
+	}
+	return g.Raw, nil
+}
+
+// pageList prepares a page list for a command: inline bytes, or a DMA
+// buffer holding it (the caller frees it after the command) and its
+// address.
+func (c *Context) pageList(pages []uint64) (inline []byte, indirect *DMABuf, addr uint64, err error) {
+	n := uint64(len(pages)) * 8
+	if n <= maxInlinePageList {
+		inline = make([]byte, n)
+		for i, p := range pages {
+			binary.LittleEndian.PutUint64(inline[8*i:], p)
+		}
+		return inline, nil, 0, nil
+	}
+	b, err := c.t.AllocDMA(n, PageSize)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("page list: %w", err)
+	}
+	if err := checkDMA(b, n); err != nil {
+		c.t.FreeDMA(b)
+		return nil, nil, 0, err
+	}
+	for i, p := range pages {
+		binary.LittleEndian.PutUint64(b.Buf[8*i:], p)
+	}
+	return nil, &b, uint64(b.Addr), nil
+}
+
+// allocDMA allocates a DMA buffer (zeroed by the transport) and checks its
+// size.
+func (c *Context) allocDMA(size, align uint64) (DMABuf, error) {
+	b, err := c.t.AllocDMA(size, align)
+	if err != nil {
+		return DMABuf{}, err
+	}
+	if err := checkDMA(b, size); err != nil {
+		c.t.FreeDMA(b)
+		return DMABuf{}, err
+	}
+	b.Buf = b.Buf[:size:size]
+	return b, nil
+}
+
+// PD is a protection domain.
+type PD struct {
+	ctx *Context // immutable
+	num uint32   // immutable
+}
+
+// AllocPD creates a protection domain (CREATE_PD).
+func (c *Context) AllocPD() (*PD, error) {
+	resp, err := c.command(CmdCreatePD, nil, 8)
+	if err != nil {
+		return nil, err
+	}
+	return &PD{ctx: c, num: binary.LittleEndian.Uint32(resp)}, nil
+}
+
+// Num returns the PD number.
+func (pd *PD) Num() uint32 { return pd.num }
+
+// Context returns the context the PD belongs to.
+func (pd *PD) Context() *Context { return pd.ctx }
+
+// Dealloc destroys the PD (DESTROY_PD); it fails with BUSY while MRs or
+// QPs use it.
+func (pd *PD) Dealloc() error { return pd.ctx.handleCommand(CmdDestroyPD, pd.num) }
+
+// Buffer is page-aligned DMA memory for memory regions: Bytes are this
+// process's view of the bytes at guest-physical address Addr.
+type Buffer struct {
+	Bytes []byte
+	Addr  memmap.GPA
+
+	ctx *Context
+	dma DMABuf
+}
+
+// AllocBuffer allocates n bytes (rounded up to whole pages) of zeroed DMA
+// memory.
+func (c *Context) AllocBuffer(n int) (*Buffer, error) {
+	if n <= 0 {
+		return nil, argErr("buffer size", "%d", n)
+	}
+	size := (uint64(n) + PageSize - 1) &^ (PageSize - 1)
+	b, err := c.allocDMA(size, PageSize)
+	if err != nil {
+		return nil, fmt.Errorf("alloc buffer: %w", err)
+	}
+	return &Buffer{Bytes: b.Buf[:n:n], Addr: b.Addr, ctx: c, dma: b}, nil
+}
+
+// Free gives the buffer back. Its MRs must have been deregistered.
+func (b *Buffer) Free() {
+	if b.ctx != nil {
+		b.ctx.t.FreeDMA(b.dma)
+		b.ctx, b.Bytes = nil, nil
+	}
+}
+
+// DMA returns the DMA buffer behind b.
+func (b *Buffer) DMA() DMABuf { return b.dma }
+
+// MR is a registered memory region.
+type MR struct {
+	LKey, RKey uint32
+	// Addr is the IOVA of the region's first byte: its guest-physical
+	// address, as a kernel driver would use the virtual address.
+	Addr   uint64
+	Length uint64
+
+	pd    *PD
+	bytes []byte
+}
+
+// Bytes returns the region's memory.
+func (mr *MR) Bytes() []byte { return mr.bytes }
+
+// RegMR registers b.Bytes[off:off+length] with the given access flags
+// (AccessLocalWrite, …) in pd (REG_MR). The page list goes inline when it
+// fits the request, else indirect.
+func (pd *PD) RegMR(b *Buffer, off, length int, access int) (*MR, error) {
+	if b == nil || b.ctx != pd.ctx {
+		return nil, argErr("buffer", "not allocated by this context")
+	}
+	if off < 0 || length <= 0 || off > len(b.Bytes) || length > len(b.Bytes)-off {
+		return nil, argErr("range", "[%d, +%d) outside a buffer of %d bytes", off, length, len(b.Bytes))
+	}
+	if access&^AccessAll != 0 {
+		return nil, argErr("access", "%#x", access)
+	}
+	iova, err := b.dma.GPA(uint64(off))
+	if err != nil {
+		return nil, err
+	}
+	pages, err := b.dma.PageAddrs(uint64(off), uint64(length))
+	if err != nil {
+		return nil, err
+	}
+	c := pd.ctx
+	inline, ind, plAddr, err := c.pageList(pages)
+	if err != nil {
+		return nil, err
+	}
+	if ind != nil {
+		defer c.t.FreeDMA(*ind)
+	}
+	req := Marshal(&RegMR{
+		PDN: pd.num, Access: uint32(access), IOVA: uint64(iova), Length: uint64(length),
+		PageShift: PageShift, NPages: uint32(len(pages)), PageList: plAddr,
+	})
+	resp, err := c.command(CmdRegMR, append(req, inline...), 8)
+	if err != nil {
+		return nil, err
+	}
+	var k MRKeys
+	if err := Unmarshal(resp, &k); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrProtocol, err)
+	}
+	return &MR{LKey: k.LKey, RKey: k.RKey, Addr: uint64(iova), Length: uint64(length), pd: pd,
+		bytes: b.Bytes[off : off+length : off+length]}, nil
+}
+
+// Dereg deregisters the region (DEREG_MR).
+func (mr *MR) Dereg() error { return mr.pd.ctx.handleCommand(CmdDeregMR, mr.LKey) }
+
+// SGE returns a scatter/gather entry for mr's bytes [off, off+n).
+func (mr *MR) SGE(off, n int) SGE {
+	return SGE{Addr: mr.Addr + uint64(off), Length: uint32(n), LKey: mr.LKey}
+}
+
+// GetCQEvent waits up to timeout for a CQ_COMPLETION event (one per
+// ReqNotify) and returns its CQ. Other events are set aside for
+// GetAsyncEvent. Waiters are served one at a time.
+func (c *Context) GetCQEvent(timeout time.Duration) (*CQ, error) {
+	c.evMu.Lock()
+	defer c.evMu.Unlock()
+	deadline := time.Now().Add(timeout)
+	for {
+		for len(c.cqEvents) > 0 {
+			n := c.cqEvents[0]
+			c.cqEvents = c.cqEvents[1:]
+			if cq := c.lookupCQ(n); cq != nil {
+				return cq, nil
+			}
+		}
+		ev, err := c.waitEvent(deadline)
+		if err != nil {
+			return nil, err
+		}
+		if ev.Type != EventCQCompletion {
+			c.setAside(ev)
+			continue
+		}
+		if cq := c.lookupCQ(ev.Handle); cq != nil {
+			return cq, nil
+		}
+		// An event for a CQ destroyed since: drop it.
+	}
+}
+
+// GetAsyncEvent waits up to timeout for an event other than CQ_COMPLETION
+// (CQ_ERROR, QP_FATAL, port and device events), like ibv_get_async_event.
+func (c *Context) GetAsyncEvent(timeout time.Duration) (Event, error) {
+	c.evMu.Lock()
+	defer c.evMu.Unlock()
+	deadline := time.Now().Add(timeout)
+	for {
+		if len(c.async) > 0 {
+			ev := c.async[0]
+			c.async = c.async[1:]
+			return ev, nil
+		}
+		ev, err := c.waitEvent(deadline)
+		if err != nil {
+			return Event{}, err
+		}
+		if ev.Type != EventCQCompletion {
+			return ev, nil
+		}
+		c.setAside(ev)
+	}
+}
+
+// LostEvents counts events dropped because nobody collected them.
+func (c *Context) LostEvents() uint64 {
+	c.evMu.Lock()
+	defer c.evMu.Unlock()
+	return c.lost
+}
+
+func (c *Context) waitEvent(deadline time.Time) (Event, error) {
+	d := time.Until(deadline)
+	if d <= 0 {
+		return Event{}, ErrTimeout
+	}
+	ev, err := c.t.WaitEvent(d)
+	if err != nil {
+		return Event{}, fmt.Errorf("wait event: %w", err)
+	}
+	return ev, nil
+}
+
+// setAside keeps ev for the other kind of waiter. Precondition: evMu held.
+func (c *Context) setAside(ev Event) {
+	if ev.Type == EventCQCompletion {
+		if len(c.cqEvents) >= maxPendingEvents {
+			c.lost++
+			return
+		}
+		c.cqEvents = append(c.cqEvents, ev.Handle)
+		return
+	}
+	if len(c.async) >= maxPendingEvents {
+		c.lost++
+		return
+	}
+	c.async = append(c.async, ev)
+}
+
+func (c *Context) lookupCQ(n uint32) *CQ {
+	c.objMu.Lock()
+	defer c.objMu.Unlock()
+	return c.cqs[n]
+}

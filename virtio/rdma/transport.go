@@ -1,0 +1,107 @@
+package rdma
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/vrdma/vrdma/memmap"
+)
+
+// Transport is how the library reaches a device: virtio-user on the host
+// (vmm/frontend) now, the guest's virtio-pci later. Implementations must be
+// safe for concurrent use: the library calls Notify and Polling from the
+// posting goroutines and Command from any goroutine.
+type Transport interface {
+	// ReadConfig reads n bytes of device config space at off.
+	ReadConfig(off, n int) ([]byte, error)
+	// Command runs one control command: req is the whole request (header
+	// included), respLen the size of the device-writable buffer (response
+	// header included). It returns what the device wrote.
+	Command(req []byte, respLen int) ([]byte, error)
+	// AllocDMA returns size bytes of device-visible (guest) memory aligned
+	// to align, zeroed.
+	AllocDMA(size, align uint64) (DMABuf, error)
+	// FreeDMA gives back a buffer from AllocDMA.
+	FreeDMA(b DMABuf)
+	// Notify sends a virtio notification to doorbell queue i (virtqueue
+	// 2+i).
+	Notify(doorbellQueue int) error
+	// Polling reports bit 0 (VIRTQ_USED_F_NO_NOTIFY) of the used ring flags
+	// of doorbell queue i: set while the device's engine polls.
+	Polling(doorbellQueue int) bool
+	// WaitEvent returns the next event-queue message, waiting up to
+	// timeout; the transport keeps the event queue stocked.
+	WaitEvent(timeout time.Duration) (Event, error)
+	// Close releases the transport's resources.
+	Close() error
+}
+
+// DMABuf is device-visible memory: Buf is this process's view of the bytes
+// at guest-physical address Addr. The host transport hands out
+// guest-physically contiguous buffers; a guest transport whose buffers are
+// contiguous only within (huge) pages replaces PageAddrs and GPA, the only
+// two places that turn an offset into a guest-physical address.
+type DMABuf struct {
+	Addr memmap.GPA
+	Buf  []byte
+}
+
+// GPA returns the guest-physical address of byte off of b.
+func (b DMABuf) GPA(off uint64) (memmap.GPA, error) {
+	if off > uint64(len(b.Buf)) {
+		return 0, argErr("offset", "%d beyond a buffer of %d bytes", off, len(b.Buf))
+	}
+	a, ok := b.Addr.Add(off)
+	if !ok {
+		return 0, argErr("offset", "address %#x + %d overflows", uint64(b.Addr), off)
+	}
+	return a, nil
+}
+
+// PageAddrs returns the guest-physical addresses of the 4 KiB pages that
+// hold b.Buf[off:off+n], in order (the first one page-aligned downwards):
+// the page list REG_MR, CREATE_CQ and CREATE_QP take.
+func (b DMABuf) PageAddrs(off, n uint64) ([]uint64, error) {
+	if n == 0 {
+		return nil, argErr("length", "zero")
+	}
+	end, ok := add64(off, n)
+	if !ok || end > uint64(len(b.Buf)) {
+		return nil, argErr("range", "[%d, +%d) outside a buffer of %d bytes", off, n, len(b.Buf))
+	}
+	start, err := b.GPA(off)
+	if err != nil {
+		return nil, err
+	}
+	first := uint64(start) &^ (PageSize - 1)
+	last, ok := add64(uint64(start), n-1)
+	if !ok {
+		return nil, argErr("range", "address %#x + %d overflows", uint64(start), n)
+	}
+	np := (last>>PageShift - first>>PageShift) + 1
+	pages := make([]uint64, np)
+	for i := range pages {
+		pages[i] = first + uint64(i)<<PageShift
+	}
+	return pages, nil
+}
+
+func add64(a, b uint64) (uint64, bool) {
+	s := a + b
+	return s, s >= a
+}
+
+// mul64 returns a*b and whether it fits.
+func mul64(a, b uint64) (uint64, bool) {
+	if a != 0 && b > ^uint64(0)/a {
+		return 0, false
+	}
+	return a * b, true
+}
+
+func checkDMA(b DMABuf, size uint64) error {
+	if uint64(len(b.Buf)) < size {
+		return fmt.Errorf("%w: transport gave %d bytes for %d", ErrProtocol, len(b.Buf), size)
+	}
+	return nil
+}
