@@ -174,23 +174,25 @@ func (r *vring) worker(done chan struct{}) {
 }
 
 // process handles the ring until the driver has nothing more for it,
-// re-enabling notifications before it sleeps.
+// re-enabling notifications before it sleeps. It goes round again when the
+// driver published buffers after the round began: they may have arrived
+// after the handler looked, while kicks were suppressed. A queue whose
+// buffers the device keeps posted (the event queue) is therefore not spun
+// on: its index does not move by itself.
 func (r *vring) process() {
-	for i := 0; ; i++ {
-		more := false
+	for {
+		again := false
 		err := r.run(func(q *Queue) error {
-			// Handle with kicks suppressed, then ask for them and look once
-			// more, so a buffer made available in between is not missed.
 			q.vq.DisableNotify()
+			start := q.vq.AvailIdx()
 			if err := r.s.dev.HandleQueue(q); err != nil {
 				return err
 			}
-			q.vq.EnableNotify()
-			var err error
-			more, err = q.vq.HasAvail()
-			return err
+			q.vq.EnableNotify() // a full barrier: the reading below is fresh
+			again = q.vq.AvailIdx() != start
+			return q.vq.Err()
 		})
-		if err != nil || !more || r.stopping.Load() {
+		if err != nil || !again || r.stopping.Load() {
 			return
 		}
 	}

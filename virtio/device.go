@@ -117,6 +117,16 @@ func (q *DeviceQueue) pending() (uint16, error) {
 	return n, nil
 }
 
+// AvailIdx returns the driver's available index as it is now (zero once
+// the queue is broken). Callers compare two readings to learn whether the
+// driver published anything in between.
+func (q *DeviceQueue) AvailIdx() uint16 {
+	if q.err != nil {
+		return 0
+	}
+	return memmap.LoadUint16(q.rings.Avail, ringIdxOff)
+}
+
 // HasAvail reports whether a chain is available.
 func (q *DeviceQueue) HasAvail() (bool, error) {
 	if q.err != nil {

@@ -228,6 +228,12 @@ func (q *DriverQueue) breakRing(reason, detail string) error {
 	return q.err
 }
 
+// HasUsed reports whether the device has returned a chain not yet taken
+// with Used.
+func (q *DriverQueue) HasUsed() bool {
+	return q.err == nil && memmap.LoadUint16(q.rings.Used, ringIdxOff) != q.lastUsed
+}
+
 // Used returns the next used element, if any, and frees its descriptors.
 // A device that publishes more elements than chains are in flight, an
 // out-of-range or not-in-flight head, or a length above the chain's writable

@@ -95,6 +95,25 @@ func (e *EventFD) Wait() (uint64, error) {
 	return binary.NativeEndian.Uint64(b[:]), nil
 }
 
+// ErrTimeout is returned by WaitTimeout when the time is up.
+var ErrTimeout = errors.New("eventfd: wait timed out")
+
+// WaitTimeout is Wait bounded by d: it returns ErrTimeout if the counter
+// stayed zero that long. It must not run concurrently with Interrupt.
+func (e *EventFD) WaitTimeout(d time.Duration) (uint64, error) {
+	e.f.SetReadDeadline(time.Now().Add(d))
+	defer e.f.SetReadDeadline(time.Time{})
+	var b [8]byte
+	_, err := e.f.Read(b[:])
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return 0, ErrTimeout
+		}
+		return 0, err
+	}
+	return binary.NativeEndian.Uint64(b[:]), nil
+}
+
 // TryWait resets the counter without blocking and reports whether it was
 // non-zero.
 func (e *EventFD) TryWait() (bool, error) {

@@ -518,13 +518,19 @@ func (q *Queue) WaitUsed(timeout time.Duration) (head uint16, written uint32, er
 		if ok {
 			return h, n, nil
 		}
-		if time.Now().After(deadline) {
+		left := time.Until(deadline)
+		if left <= 0 {
 			return 0, 0, ErrTimeout
 		}
-		// The call eventfd is signalled when the device wants us to look;
-		// poll briefly as well so that suppressed interrupts never hang us.
-		q.Call.TryWait()
-		time.Sleep(50 * time.Microsecond)
+		// Sleep until the device signals the call eventfd (it does when it
+		// returns a chain and the driver has interrupts enabled), but look
+		// at the ring again at least every millisecond: a suppressed or
+		// coalesced interrupt must never hang a caller.
+		q.EnableInterrupts()
+		if q.HasUsed() {
+			continue
+		}
+		q.Call.WaitTimeout(min(left, time.Millisecond))
 	}
 }
 
