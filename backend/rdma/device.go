@@ -365,7 +365,12 @@ func (d *Device) postEvent(ev abi.Event) {
 		d.eventsLost.Add(1)
 		return
 	}
-	err := (*hp).Queue(abi.EventQueue).Run(func(q *backend.Queue) error {
+	evq := (*hp).Queue(abi.EventQueue)
+	if evq == nil {
+		d.eventsLost.Add(1)
+		return
+	}
+	err := evq.Run(func(q *backend.Queue) error {
 		ok, err := q.Pop(&d.eventChain)
 		if err != nil {
 			return err

@@ -35,9 +35,16 @@ type result struct {
 // scratch and the event buffers.
 const (
 	memOverhead   = 32 << 20
-	defaultBudget = 1 << 30 // buffer bytes per side when --guest-mem is not given
-	stallTimeout  = 10 * time.Second
+	defaultBudget = 1 << 30          // buffer bytes per side when --guest-mem is not given
+	stallTimeout  = 10 * time.Second // plus stallPerByte per message byte
+	stallPerByte  = 20 * time.Nanosecond
 )
+
+// stall is how long an operation may go without progress before the run
+// fails.
+func (bn *bench) stall() time.Duration {
+	return stallTimeout + time.Duration(bn.o.size)*stallPerByte
+}
 
 // side is one device with its verbs objects.
 type side struct {
@@ -287,9 +294,9 @@ func (bn *bench) post() error {
 			return fmt.Errorf("post %s %d: %w", bn.o.op, i, err)
 		}
 		if deadline.IsZero() {
-			deadline = time.Now().Add(stallTimeout)
+			deadline = time.Now().Add(bn.stall())
 		} else if time.Now().After(deadline) {
-			return fmt.Errorf("post %s %d: send queue full for %v", bn.o.op, i, stallTimeout)
+			return fmt.Errorf("post %s %d: send queue full for %v", bn.o.op, i, bn.stall())
 		}
 		runtime.Gosched()
 	}
@@ -374,8 +381,8 @@ func (bn *bench) complete(ctx context.Context, until uint64) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			if time.Since(last) > stallTimeout {
-				return fmt.Errorf("no completion for %v (posted %d, completed %d)", stallTimeout, bn.posted, bn.done)
+			if time.Since(last) > bn.stall() {
+				return fmt.Errorf("no completion for %v (posted %d, completed %d)", bn.stall(), bn.posted, bn.done)
 			}
 		}
 	}

@@ -27,12 +27,12 @@ type Context struct {
 
 	nextDB atomic.Uint32 // round-robin doorbell queue for new QPs
 
-	cmdMu sync.Mutex // serialises commands; protects closed
+	cmdMu  sync.Mutex // serialises commands; protects closed
 	closed bool
 
-	objMu sync.Mutex       // protects cqs and qps
-	cqs   map[uint32]*CQ   // by CQ number, for events
-	qps   map[uint32]*QP   // by QP number
+	objMu sync.Mutex     // protects cqs and qps
+	cqs   map[uint32]*CQ // by CQ number, for events
+	qps   map[uint32]*QP // by QP number
 
 	evMu     sync.Mutex // serialises event waiters; protects the lists
 	cqEvents []uint32   // CQ numbers of CQ_COMPLETION events not yet returned

@@ -34,7 +34,7 @@ type Transport struct {
 	evq    *Queue
 	evBuf  []byte // slots of EventSize bytes, posted on evq
 	evGPA  memmap.GPA
-	slotOf []int  // by chain head: the slot it carries, -1 when none
+	slotOf []int // by chain head: the slot it carries, -1 when none
 }
 
 // NewTransport makes a transport over f, whose control, event and doorbell
