@@ -1,0 +1,209 @@
+package tests
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vrdma/vrdma/internal/daemon"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/vmm/qemu"
+)
+
+// repoRoot is the checkout, two levels above this package's directory.
+func repoRoot(t testing.TB) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Dir(wd)
+}
+
+// needBinary finds a binary of the project's bin/ (or QEMU). It skips when
+// it is missing outside CI; in CI (CI=true, where make test builds
+// everything first) a missing binary is a failure.
+func needBinary(t testing.TB, name string) string {
+	t.Helper()
+	var p string
+	var err error
+	if name == "qemu-system-x86_64" {
+		p, err = qemu.FindBinary(repoRoot(t))
+	} else {
+		p = filepath.Join(repoRoot(t), "bin", name)
+		_, err = os.Stat(p)
+	}
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI: %s is missing (make test builds it): %v", name, err)
+		}
+		t.Skipf("%s not built (run make build / make qemu): %v", name, err)
+	}
+	return p
+}
+
+// vrdmad runs the built daemon binary with the given sockets and a control
+// socket, and stops it (SIGTERM, then it must exit cleanly) at cleanup.
+type vrdmadProc struct {
+	cmd     *exec.Cmd
+	control string
+	log     *strings.Builder
+}
+
+func startVrdmad(t *testing.T, dir string, args ...string) *vrdmadProc {
+	t.Helper()
+	bin := needBinary(t, "vrdmad")
+	p := &vrdmadProc{control: filepath.Join(dir, "control.sock"), log: &strings.Builder{}}
+	p.cmd = exec.Command(bin, append([]string{"--control", p.control, "--log-level", "debug"}, args...)...)
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	logDone := make(chan struct{})
+	go func() {
+		defer close(logDone)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			p.log.WriteString(sc.Text() + "\n")
+		}
+	}()
+	t.Cleanup(func() {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { <-logDone; done <- p.cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("vrdmad exited with %v after SIGTERM", err)
+			}
+		case <-time.After(10 * time.Second):
+			p.cmd.Process.Kill()
+			t.Errorf("vrdmad did not exit within 10 s of SIGTERM")
+		}
+		if t.Failed() {
+			t.Logf("vrdmad log:\n%s", p.log.String())
+		}
+	})
+	// Ready when the control socket answers.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := p.devices(); err == nil {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("vrdmad did not come up: %s", p.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (p *vrdmadProc) client() *http.Client {
+	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", p.control)
+		},
+	}}
+}
+
+func (p *vrdmadProc) devices() ([]daemon.DeviceInfo, error) {
+	resp, err := p.client().Get("http://vrdmad/v1/devices")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /v1/devices: %s", resp.Status)
+	}
+	var out []daemon.DeviceInfo
+	err = json.NewDecoder(resp.Body).Decode(&out)
+	return out, err
+}
+
+// TestQEMUAttach starts the patched QEMU with vhost-user-device-pci against
+// the vrdmad binary and checks, through QMP, that the guest's PCI bus has
+// the vrdma device 1af4:106a with the daemon's config size and queue count,
+// and, through the control API, that the daemon has the front-end.
+func TestQEMUAttach(t *testing.T) {
+	qbin := needBinary(t, "qemu-system-x86_64")
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "vm1.sock")
+	d := startVrdmad(t, dir, "--socket", "vrdma0="+sock)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dev := qemu.VhostUserDevice{ID: "vrdma0", Socket: sock, VirtioID: abi.DeviceID,
+		NumVQs: abi.FirstDoorbellQueue + 1, VQSize: 256, ConfigSize: abi.ConfigSize}
+	vm, err := qemu.Start(ctx, qemu.Config{Binary: qbin, MemoryMiB: 256, Devices: []qemu.VhostUserDevice{dev}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vm.Kill()
+
+	pci, err := vm.QueryPCI(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found *qemu.PCIDevice
+	for i := range pci {
+		t.Logf("pci %02x:%02x.%d %04x:%04x %s %s", pci[i].Bus, pci[i].Slot, pci[i].Function, pci[i].VendorID, pci[i].DeviceID, pci[i].ClassInfo, pci[i].ID)
+		if pci[i].VendorID == 0x1af4 && pci[i].DeviceID == 0x1040+abi.DeviceID {
+			found = &pci[i]
+		}
+	}
+	if found == nil {
+		t.Fatalf("no 1af4:%04x device on the guest's PCI bus", 0x1040+abi.DeviceID)
+	}
+	if found.ID != dev.ID {
+		t.Errorf("device id %q, want %q", found.ID, dev.ID)
+	}
+	// The properties QEMU realised the device with: what the daemon serves.
+	for prop, want := range map[string]float64{"config_size": abi.ConfigSize, "num_vqs": float64(dev.NumVQs), "virtio-id": abi.DeviceID} {
+		raw, err := vm.QMP().Run([]byte(fmt.Sprintf(`{"execute":"qom-get","arguments":{"path":"/machine/peripheral/%s","property":%q}}`, dev.ID, prop)))
+		if err != nil {
+			t.Fatalf("qom-get %s: %v", prop, err)
+		}
+		var r struct {
+			Return float64 `json:"return"`
+		}
+		if err := json.Unmarshal(raw, &r); err != nil || r.Return != want {
+			t.Errorf("%s: QEMU has %s, want %v", prop, raw, want)
+		}
+	}
+	// The daemon has QEMU as its front-end and saw no protocol errors.
+	devs, err := d.devices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) != 1 || !devs[0].Connected || devs[0].ID != "vrdma0" || devs[0].Errors != 0 {
+		t.Fatalf("control API: %+v", devs)
+	}
+	if err := vm.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// QEMU gone: the daemon releases the session.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		devs, err := d.devices()
+		if err == nil && len(devs) == 1 && !devs[0].Connected {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("device still connected after QEMU quit: %+v %v", devs, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
