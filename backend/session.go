@@ -335,17 +335,13 @@ func (s *session) setMemTable(m *vu.Message) error {
 	if err != nil {
 		return err
 	}
-	t, err := memmap.NewTable(regions)
-	for _, r := range regions {
-		r.Release() // the table holds its own references
-	}
-	if err != nil {
-		return err
-	}
-	s.mem.Swap(t)
+	defer func() {
+		for _, r := range regions {
+			r.Release() // the table holds its own references
+		}
+	}()
 	s.stats.memTables.Add(1)
-	s.dev.MemoryChanged()
-	return nil
+	return s.editTable(func(*memmap.Table) (*memmap.Table, error) { return memmap.NewTable(regions) })
 }
 
 func (s *session) addMemReg(m *vu.Message) error {
@@ -360,10 +356,16 @@ func (s *session) addMemReg(m *vu.Message) error {
 	if err != nil {
 		return err
 	}
+	defer regions[0].Release()
+	return s.editTable(func(cur *memmap.Table) (*memmap.Table, error) { return cur.With(regions[0]) })
+}
+
+// editTable installs a table derived from the current one and tells the
+// device.
+func (s *session) editTable(edit func(cur *memmap.Table) (*memmap.Table, error)) error {
 	cur := s.mem.Acquire()
-	t, err := cur.With(regions[0])
+	t, err := edit(cur)
 	cur.Release()
-	regions[0].Release()
 	if err != nil {
 		return err
 	}
@@ -380,32 +382,36 @@ func (s *session) remMemReg(m *vu.Message) error {
 	if err != nil {
 		return err
 	}
-	cur := s.mem.Acquire()
-	t, err := cur.Without(memmap.RegionSpec{
-		GuestAddr: memmap.GPA(rm.Region.GuestAddr),
-		Size:      rm.Region.Size,
-		UserAddr:  memmap.UVA(rm.Region.UserAddr),
+	return s.editTable(func(cur *memmap.Table) (*memmap.Table, error) {
+		return cur.Without(memmap.RegionSpec{
+			GuestAddr: memmap.GPA(rm.Region.GuestAddr),
+			Size:      rm.Region.Size,
+			UserAddr:  memmap.UVA(rm.Region.UserAddr),
+		})
 	})
-	cur.Release()
-	if err != nil {
-		return err
-	}
-	s.mem.Swap(t)
-	s.dev.MemoryChanged()
-	return nil
 }
 
-func (s *session) setVringNum(p []byte) error {
+// vringState decodes a vring-state payload and finds its ring; with
+// stopped, the ring must not be running (configuration messages).
+func (s *session) vringState(req vu.Request, p []byte, stopped bool) (vu.VringState, *vring, error) {
 	st, err := vu.DecodeVringState(p)
 	if err != nil {
-		return err
+		return st, nil, err
 	}
 	r, err := s.ring(st.Index)
 	if err != nil {
-		return err
+		return st, nil, err
 	}
-	if r.started {
-		return fmt.Errorf("ring %d: SET_VRING_NUM while started", st.Index)
+	if stopped && r.started {
+		return st, nil, fmt.Errorf("ring %d: %s while started", st.Index, req)
+	}
+	return st, r, nil
+}
+
+func (s *session) setVringNum(p []byte) error {
+	st, r, err := s.vringState(vu.SetVringNum, p, true)
+	if err != nil {
+		return err
 	}
 	// "Queue Size value is always a power of 2. The maximum Queue Size
 	// value is 32768." Ours is also bounded by the device.
@@ -441,16 +447,9 @@ func (s *session) setVringAddr(p []byte) error {
 }
 
 func (s *session) setVringBase(p []byte) error {
-	st, err := vu.DecodeVringState(p)
+	st, r, err := s.vringState(vu.SetVringBase, p, true)
 	if err != nil {
 		return err
-	}
-	r, err := s.ring(st.Index)
-	if err != nil {
-		return err
-	}
-	if r.started {
-		return fmt.Errorf("ring %d: SET_VRING_BASE while started", st.Index)
 	}
 	// Split rings use the low 16 bits; anything above them is not an
 	// index this device can have produced.
@@ -462,11 +461,7 @@ func (s *session) setVringBase(p []byte) error {
 }
 
 func (s *session) getVringBase(p []byte) ([]byte, error) {
-	st, err := vu.DecodeVringState(p)
-	if err != nil {
-		return nil, err
-	}
-	r, err := s.ring(st.Index)
+	st, r, err := s.vringState(vu.GetVringBase, p, false)
 	if err != nil {
 		return nil, err
 	}
@@ -533,11 +528,7 @@ func (s *session) setVringFile(m *vu.Message) error {
 }
 
 func (s *session) setVringEnable(p []byte) error {
-	st, err := vu.DecodeVringState(p)
-	if err != nil {
-		return err
-	}
-	r, err := s.ring(st.Index)
+	st, r, err := s.vringState(vu.SetVringEnable, p, false)
 	if err != nil {
 		return err
 	}
