@@ -54,9 +54,11 @@ QEMU_PID=$!
 wait_for "$WORK/qmp.sock" "QEMU's QMP socket"
 
 say "the VM's PCI bus (QMP query-pci)"
-for _ in $(seq 1 100); do
-	"$BIN/vrdmactl" vm pci --qmp "$WORK/qmp.sock" >"$WORK/pci.txt" 2>&1 && break
-	sleep 0.1
+# The device behind its root port is listed once the firmware has numbered
+# the port's bus, a moment after QEMU starts.
+for _ in $(seq 1 150); do
+	"$BIN/vrdmactl" vm pci --qmp "$WORK/qmp.sock" >"$WORK/pci.txt" 2>&1 && grep -q '1af4:106a' "$WORK/pci.txt" && break
+	sleep 0.2
 done
 cat "$WORK/pci.txt"
 grep -q '1af4:106a' "$WORK/pci.txt" || { echo "run: the vrdma device is not on the VM's PCI bus" >&2; exit 1; }

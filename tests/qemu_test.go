@@ -133,6 +133,29 @@ func (p *vrdmadProc) devices() ([]daemon.DeviceInfo, error) {
 	return out, err
 }
 
+// waitPCI polls query-pci until vendor:device shows up: a device behind a
+// PCIe root port is listed only once the firmware has numbered the
+// port's secondary bus, a moment after QEMU starts.
+func waitPCI(ctx context.Context, t *testing.T, vm *qemu.VM, vendor, device uint16) (*qemu.PCIDevice, []qemu.PCIDevice) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pci, err := vm.QueryPCI(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range pci {
+			if pci[i].VendorID == vendor && pci[i].DeviceID == device {
+				return &pci[i], pci
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, pci
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // TestQEMUAttach starts the patched QEMU with vhost-user-device-pci against
 // the vrdmad binary and checks, through QMP, that the guest's PCI bus has
 // the vrdma device 1af4:106a with the daemon's config size and queue count,
@@ -153,16 +176,9 @@ func TestQEMUAttach(t *testing.T) {
 	}
 	defer vm.Kill()
 
-	pci, err := vm.QueryPCI(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var found *qemu.PCIDevice
-	for i := range pci {
-		t.Logf("pci %02x:%02x.%d %04x:%04x %s %s", pci[i].Bus, pci[i].Slot, pci[i].Function, pci[i].VendorID, pci[i].DeviceID, pci[i].ClassInfo, pci[i].ID)
-		if pci[i].VendorID == 0x1af4 && pci[i].DeviceID == 0x1040+abi.DeviceID {
-			found = &pci[i]
-		}
+	found, pci := waitPCI(ctx, t, vm, 0x1af4, 0x1040+abi.DeviceID)
+	for _, p := range pci {
+		t.Logf("pci %02x:%02x.%d %04x:%04x %s %s", p.Bus, p.Slot, p.Function, p.VendorID, p.DeviceID, p.ClassInfo, p.ID)
 	}
 	if found == nil {
 		t.Fatalf("no 1af4:%04x device on the guest's PCI bus", 0x1040+abi.DeviceID)
