@@ -186,6 +186,12 @@ func (c *Context) pageList(pages []uint64) (inline []byte, indirect *DMABuf, add
 		c.t.FreeDMA(b)
 		return nil, nil, 0, err
 	}
+	if !b.Contiguous() {
+		// "An indirect page list must lie in guest memory, in one memory
+		// region": the device reads it as one guest-physical range.
+		c.t.FreeDMA(b)
+		return nil, nil, 0, fmt.Errorf("page list: %w: transport gave %d non-contiguous bytes", ErrProtocol, n)
+	}
 	for i, p := range pages {
 		binary.LittleEndian.PutUint64(b.Buf[8*i:], p)
 	}

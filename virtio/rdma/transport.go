@@ -38,24 +38,64 @@ type Transport interface {
 
 // DMABuf is device-visible memory: Buf is this process's view of the bytes
 // at guest-physical address Addr. The host transport hands out
-// guest-physically contiguous buffers; a guest transport whose buffers are
-// contiguous only within (huge) pages replaces PageAddrs and GPA, the only
-// two places that turn an offset into a guest-physical address.
+// guest-physically contiguous buffers (Pages nil). A guest transport whose
+// buffers are contiguous only within pages fills Pages; PageAddrs and GPA,
+// the only two places that turn an offset into a guest-physical address,
+// follow it.
 type DMABuf struct {
 	Addr memmap.GPA
 	Buf  []byte
+	// Pages, when non-nil, are the guest-physical addresses of the 4 KiB
+	// pages that hold Buf, in order: Buf[0] is at Addr, in page Pages[0]
+	// (Addr&^(PageSize-1) == Pages[0]), and Buf[i] is at
+	// Pages[(Addr%PageSize+i)/PageSize] + (Addr+i)%PageSize. Nil: Buf is
+	// contiguous from Addr.
+	Pages []uint64
 }
 
-// GPA returns the guest-physical address of byte off of b.
+// Contiguous reports whether b's bytes are guest-physically contiguous.
+func (b DMABuf) Contiguous() bool {
+	if b.Pages == nil {
+		return true
+	}
+	for i := 1; i < len(b.Pages); i++ {
+		if b.Pages[i] != b.Pages[i-1]+PageSize {
+			return false
+		}
+	}
+	return true
+}
+
+// GPA returns the guest-physical address of byte off of b (off ==
+// len(b.Buf) gives the address just past the end).
 func (b DMABuf) GPA(off uint64) (memmap.GPA, error) {
 	if off > uint64(len(b.Buf)) {
 		return 0, argErr("offset", "%d beyond a buffer of %d bytes", off, len(b.Buf))
+	}
+	if b.Pages != nil {
+		return b.tableGPA(off)
 	}
 	a, ok := b.Addr.Add(off)
 	if !ok {
 		return 0, argErr("offset", "address %#x + %d overflows", uint64(b.Addr), off)
 	}
 	return a, nil
+}
+
+// tableGPA is GPA through the page table. Precondition: off <= len(b.Buf).
+func (b DMABuf) tableGPA(off uint64) (memmap.GPA, error) {
+	o := uint64(b.Addr)%PageSize + off
+	i := o >> PageShift
+	if i < uint64(len(b.Pages)) {
+		return memmap.GPA(b.Pages[i] + o%PageSize), nil
+	}
+	if off == uint64(len(b.Buf)) && o%PageSize == 0 && i == uint64(len(b.Pages)) && i > 0 {
+		a, ok := add64(b.Pages[i-1], PageSize)
+		if ok {
+			return memmap.GPA(a), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: page table of %d pages does not cover byte %d", ErrProtocol, len(b.Pages), off)
 }
 
 // PageAddrs returns the guest-physical addresses of the 4 KiB pages that
@@ -68,6 +108,16 @@ func (b DMABuf) PageAddrs(off, n uint64) ([]uint64, error) {
 	end, ok := add64(off, n)
 	if !ok || end > uint64(len(b.Buf)) {
 		return nil, argErr("range", "[%d, +%d) outside a buffer of %d bytes", off, n, len(b.Buf))
+	}
+	if b.Pages != nil {
+		o := uint64(b.Addr)%PageSize + off
+		first, last := o>>PageShift, (o+n-1)>>PageShift
+		if last >= uint64(len(b.Pages)) {
+			return nil, fmt.Errorf("%w: page table of %d pages does not cover [%d, +%d)", ErrProtocol, len(b.Pages), off, n)
+		}
+		pages := make([]uint64, last-first+1)
+		copy(pages, b.Pages[first:last+1])
+		return pages, nil
 	}
 	start, err := b.GPA(off)
 	if err != nil {

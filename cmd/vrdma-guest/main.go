@@ -1,0 +1,221 @@
+// Command vrdma-guest drives a vrdma device (virtio-pci 1af4:106a) from
+// guest user space, where Linux has no driver for it, and prints
+// machine-readable lines on stdout (log chatter goes to stderr):
+//
+//	vrdma-guest probe    [--device ADDR]
+//	vrdma-guest selftest [--device ADDR]
+//	vrdma-guest server   [--device ADDR] --op OP --size N --iters N [--lat-iters N] [--tx-depth N]
+//	vrdma-guest client   [--device ADDR] --op OP --size N --iters N [--lat-iters N] [--tx-depth N]
+//
+// Results are "VRDMA-RESULT {json}" lines. server and client print one
+// "VRDMA-EXCHANGE {json endpoint, role}" line, then read one
+// "VRDMA-PEER {json endpoint}" line from stdin (a harness relays it from the
+// other VM's console). Every failure prints "VRDMA-ERROR <message>" and
+// exits 1. Build it static: CGO_ENABLED=0 go build ./cmd/vrdma-guest.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vrdma/vrdma/internal/perftest"
+	"github.com/vrdma/vrdma/internal/units"
+	"github.com/vrdma/vrdma/virtio/pci"
+	"github.com/vrdma/vrdma/virtio/rdma"
+)
+
+// Line prefixes: a harness greps them.
+const (
+	prefixResult   = "VRDMA-RESULT "
+	prefixExchange = "VRDMA-EXCHANGE "
+	prefixPeer     = "VRDMA-PEER "
+	prefixError    = "VRDMA-ERROR "
+)
+
+func main() {
+	log := logrus.New()
+	log.SetOutput(os.Stderr)
+	env := &env{stdin: os.Stdin, stdout: os.Stdout, log: logrus.NewEntry(log), open: openPCI}
+	if err := env.run(os.Args[1:]); err != nil {
+		fmt.Fprintf(os.Stdout, "%s%s\n", prefixError, strings.ReplaceAll(err.Error(), "\n", " "))
+		os.Exit(1)
+	}
+}
+
+// env is what a run needs; tests replace open.
+type env struct {
+	stdin  io.Reader
+	stdout io.Writer
+	log    *logrus.Entry
+	// open opens the device at addr ("" = the first one found).
+	open func(addr string, log *logrus.Entry) (*rdma.Context, func(), error)
+}
+
+// openPCI finds and initialises the device and opens the verbs context.
+func openPCI(addr string, log *logrus.Entry) (*rdma.Context, func(), error) {
+	if addr == "" {
+		found, err := pci.Find(pci.VendorVirtio, pci.DeviceRDMA)
+		if err != nil {
+			return nil, nil, fmt.Errorf("no device found: %w", err)
+		}
+		if len(found) == 0 {
+			return nil, nil, errors.New("no device found: no PCI function 1af4:106a (is the device attached?)")
+		}
+		addr = found[0]
+	}
+	d, err := pci.Open(addr, pci.WithLogger(log))
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := rdma.Open(d)
+	if err != nil {
+		d.Close()
+		return nil, nil, fmt.Errorf("open verbs context: %w", err)
+	}
+	return c, func() { c.Close(); d.Close() }, nil
+}
+
+func (e *env) result(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(e.stdout, "%s%s\n", prefixResult, b)
+	return err
+}
+
+func (e *env) run(args []string) error {
+	if len(args) == 0 {
+		return errors.New("usage: vrdma-guest probe|selftest|server|client [flags]")
+	}
+	cmd, args := args[0], args[1:]
+	fs := flag.NewFlagSet("vrdma-guest "+cmd, flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	device := fs.String("device", "", "PCI address of the device (default: the first 1af4:106a)")
+	var cfg perftest.Config
+	var size string
+	if cmd == "server" || cmd == "client" {
+		fs.StringVar(&cfg.Op, "op", "write", "operation: write, read, send or atomic")
+		fs.StringVar(&size, "size", "4K", "message size (atomic: always 8)")
+		fs.IntVar(&cfg.Iters, "iters", 1000, "bandwidth iterations")
+		fs.IntVar(&cfg.LatIters, "lat-iters", 100, "latency iterations")
+		fs.IntVar(&cfg.TxDepth, "tx-depth", perftest.DefaultTxDepth, "work requests in flight")
+		fs.DurationVar(&cfg.Timeout, "timeout", perftest.DefaultTimeout, "longest wait without progress")
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch cmd {
+	case "probe", "selftest":
+	case "server", "client":
+		n, err := units.ParseBytes(size)
+		if err != nil {
+			return fmt.Errorf("--size: %w", err)
+		}
+		cfg.Size, cfg.Verify = n, true
+		if _, err := perftest.NewSideConfig(cfg); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("unknown subcommand %q: want probe, selftest, server or client", cmd)
+	}
+	c, closeDev, err := e.open(*device, e.log)
+	if err != nil {
+		return err
+	}
+	defer closeDev()
+	switch cmd {
+	case "probe":
+		return e.probe(c)
+	case "selftest":
+		return e.selftest(c)
+	default:
+		return e.perf(c, cmd, cfg)
+	}
+}
+
+func (e *env) probe(c *rdma.Context) error {
+	dev, err := c.QueryDevice()
+	if err != nil {
+		return fmt.Errorf("query device: %w", err)
+	}
+	port, err := c.QueryPort()
+	if err != nil {
+		return fmt.Errorf("query port: %w", err)
+	}
+	gid, err := c.QueryGID()
+	if err != nil {
+		return fmt.Errorf("query gid: %w", err)
+	}
+	return e.result(map[string]any{"role": "probe", "config": c.Config(), "device": dev, "port": port,
+		"gid": fmt.Sprintf("%x", gid[:])})
+}
+
+// perf runs one side of a two-VM measurement.
+func (e *env) perf(c *rdma.Context, role string, cfg perftest.Config) error {
+	s, err := perftest.NewSide(c, cfg, role == "server")
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	ep := s.Endpoint()
+	b, err := json.Marshal(struct {
+		Role string `json:"role"`
+		perftest.Endpoint
+	}{role, ep})
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintf(e.stdout, "%s%s\n", prefixExchange, b); err != nil {
+		return err
+	}
+	peer, err := readPeer(e.stdin)
+	if err != nil {
+		return err
+	}
+	var r perftest.Result
+	if role == "server" {
+		r, err = s.Serve(peer)
+	} else {
+		r, err = s.Run(peer)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", role, err)
+	}
+	r.Role = role
+	return e.result(r)
+}
+
+// readPeer reads lines until a VRDMA-PEER line (others, like echoed
+// console noise, are skipped) and decodes its endpoint.
+func readPeer(r io.Reader) (perftest.Endpoint, error) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 4096), 1<<16)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		i := strings.Index(line, prefixPeer)
+		if i < 0 {
+			continue
+		}
+		var ep perftest.Endpoint
+		if err := json.Unmarshal([]byte(line[i+len(prefixPeer):]), &ep); err != nil {
+			return ep, fmt.Errorf("peer line %q: %w", line, err)
+		}
+		return ep, nil
+	}
+	if err := sc.Err(); err != nil {
+		return perftest.Endpoint{}, fmt.Errorf("read peer: %w", err)
+	}
+	return perftest.Endpoint{}, errors.New("read peer: stdin ended without a VRDMA-PEER line")
+}

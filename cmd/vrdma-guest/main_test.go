@@ -1,0 +1,164 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/vmm/frontend"
+)
+
+// testEnv opens devices of an in-process daemon over virtio-user instead of
+// virtio-pci (same verbs library; the transport is tested in virtio/pci).
+func testEnv(t *testing.T, sock string, stdin io.Reader, out io.Writer) *env {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	return &env{stdin: stdin, stdout: out, log: logrus.NewEntry(l),
+		open: func(string, *logrus.Entry) (*rdma.Context, func(), error) {
+			c, f, err := frontend.OpenRDMA(context.Background(), sock, 128<<20)
+			if err != nil {
+				return nil, nil, err
+			}
+			return c, func() { c.Close(); f.Close() }, nil
+		}}
+}
+
+func daemonSockets(t *testing.T) []string {
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	d := daemon.New(logrus.NewEntry(l), daemon.Config{})
+	t.Cleanup(func() { d.Close() })
+	var socks []string
+	for _, id := range []string{"a", "b"} {
+		s := filepath.Join(t.TempDir(), id+".sock")
+		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: s}); err != nil {
+			t.Fatal(err)
+		}
+		socks = append(socks, s)
+	}
+	return socks
+}
+
+func TestSelftestAndProbe(t *testing.T) {
+	socks := daemonSockets(t)
+	var out bytes.Buffer
+	if err := testEnv(t, socks[0], nil, &out).run([]string{"selftest"}); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if last := lines[len(lines)-1]; last != `VRDMA-RESULT {"op":"all","role":"selftest","verified":true}` {
+		t.Errorf("last line %q", last)
+	}
+	if len(lines) < 12 {
+		t.Errorf("got %d lines, want one per step:\n%s", len(lines), out.String())
+	}
+	out.Reset()
+	if err := testEnv(t, socks[0], nil, &out).run([]string{"probe"}); err != nil || !strings.HasPrefix(out.String(), `VRDMA-RESULT {"config":`) {
+		t.Errorf("probe: %v, %q", err, out.String())
+	}
+}
+
+// TestServerClient relays the EXCHANGE lines of two runs as PEER lines.
+func TestServerClient(t *testing.T) {
+	socks := daemonSockets(t)
+	sIn, sInW := io.Pipe()
+	cIn, cInW := io.Pipe()
+	sOut, sOutW := io.Pipe()
+	cOut, cOutW := io.Pipe()
+	relay := func(from io.Reader, to *io.PipeWriter, res chan<- string) {
+		var all []string
+		sc := newLines(from)
+		for line := range sc {
+			all = append(all, line)
+			if rest, ok := strings.CutPrefix(line, prefixExchange); ok {
+				io.WriteString(to, "console noise\n"+prefixPeer+rest+"\n")
+			}
+		}
+		res <- strings.Join(all, "\n")
+	}
+	sRes, cRes := make(chan string, 1), make(chan string, 1)
+	go relay(sOut, cInW, sRes)
+	go relay(cOut, sInW, cRes)
+	args := []string{"--op", "send", "--size", "1000", "--iters", "200", "--lat-iters", "20", "--tx-depth", "8"}
+	errs := make(chan error, 2)
+	go func() {
+		errs <- testEnv(t, socks[0], sIn, sOutW).run(append([]string{"server"}, args...))
+		sOutW.Close()
+	}()
+	go func() {
+		errs <- testEnv(t, socks[1], cIn, cOutW).run(append([]string{"client"}, args...))
+		cOutW.Close()
+	}()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, out := range []string{<-sRes, <-cRes} {
+		i := strings.Index(out, prefixResult)
+		if i < 0 {
+			t.Fatalf("no result in %q", out)
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(out[i+len(prefixResult):]), &m); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range []string{"op", "size", "iters", "gbytes_per_s", "mops", "lat_us_p50", "lat_us_p99", "verified", "role"} {
+			if _, ok := m[k]; !ok {
+				t.Errorf("result lacks %q: %s", k, out)
+			}
+		}
+		if m["verified"] != true || m["iters"] != float64(200) {
+			t.Errorf("got %s", out)
+		}
+	}
+}
+
+func TestErrors(t *testing.T) {
+	for _, args := range [][]string{nil, {"frob"}, {"server", "--op", "x"}, {"client", "--size", "0"}, {"probe", "extra"}} {
+		e := testEnv(t, "/nonexistent", nil, io.Discard)
+		if err := e.run(args); err == nil {
+			t.Errorf("%q: no error", args)
+		}
+	}
+	if _, err := readPeer(strings.NewReader("noise\n")); err == nil {
+		t.Error("readPeer without a peer line: no error")
+	}
+	ep, err := readPeer(strings.NewReader("x\r\nVRDMA-PEER {\"gid\":\"fe80::1\",\"qpn\":5}\r\n"))
+	if err != nil || ep.QPN != 5 {
+		t.Errorf("readPeer: %+v, %v", ep, err)
+	}
+}
+
+// newLines streams the lines of r.
+func newLines(r io.Reader) <-chan string {
+	ch := make(chan string)
+	go func() {
+		defer close(ch)
+		var cur []byte
+		b := make([]byte, 1)
+		for {
+			n, err := r.Read(b)
+			if n == 1 {
+				if b[0] == '\n' {
+					ch <- string(cur)
+					cur = nil
+				} else {
+					cur = append(cur, b[0])
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return ch
+}

@@ -1,0 +1,22 @@
+// Package perftest is the measurement core shared by vrdma-perf (two
+// devices in one process) and vrdma-guest (one device per VM): an RC QP
+// pair, a bandwidth pass (tx-depth operations in flight, like ib_write_bw)
+// and a latency pass (one at a time) for write, read, send and atomic
+// (fetch-and-add), with verification.
+//
+// The two sides may live in different processes: each creates its
+// resources (NewSide) and publishes an Endpoint (GID, QPN, rkey, address,
+// size); the harness exchanges the endpoints out of band. The server
+// (Serve) is passive for write, read and atomic and posts receives for
+// send; the client (Run) measures. Control messages travel as SENDs on the
+// same QP: the client's hello (retried until the server's QP is ready to
+// receive), and at the end the client's "done" carrying its measurements,
+// answered by the server's verdict after it verified its own buffer, so
+// both sides report verified=true only when both checked the data.
+//
+// Non-goals: UD, multiple QPs, duration-bound runs across processes.
+//
+// Invariants: every wait is bounded (Config.Timeout without progress);
+// completions are checked in order; receives are posted before the peer can
+// need them (RC's RNR retry covers the rest).
+package perftest

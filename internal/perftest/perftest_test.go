@@ -1,0 +1,121 @@
+package perftest
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/vmm/frontend"
+)
+
+// open starts an in-process daemon with two devices and opens both.
+func open(t *testing.T) (a, b *rdma.Context) {
+	t.Helper()
+	l := logrus.New()
+	l.SetOutput(io.Discard)
+	d := daemon.New(logrus.NewEntry(l), daemon.Config{})
+	t.Cleanup(func() { d.Close() })
+	dir := t.TempDir()
+	var ctxs []*rdma.Context
+	for _, id := range []string{"a", "b"} {
+		s := filepath.Join(dir, id+".sock")
+		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: s}); err != nil {
+			t.Fatal(err)
+		}
+		c, f, err := frontend.OpenRDMA(context.Background(), s, 256<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(); f.Close() })
+		ctxs = append(ctxs, c)
+	}
+	return ctxs[0], ctxs[1]
+}
+
+// TestServerClient runs every operation with the two sides as separate
+// goroutines that share nothing but the endpoints (marshalled as JSON),
+// the server starting late so the client's hello must retry.
+func TestServerClient(t *testing.T) {
+	ca, cb := open(t)
+	for _, tc := range []struct {
+		op   string
+		size uint64
+	}{{"write", 4096}, {"write", 100000}, {"read", 65536}, {"send", 1000}, {"atomic", 8}} {
+		t.Run(tc.op, func(t *testing.T) {
+			cfg := Config{Op: tc.op, Size: tc.size, Iters: 300, LatIters: 50, TxDepth: 16, Verify: true, Timeout: 20 * time.Second}
+			srv, err := NewSide(ca, cfg, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			cli, err := NewSide(cb, cfg, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cli.Close()
+			relay := func(e Endpoint) Endpoint {
+				b, _ := json.Marshal(e)
+				var out Endpoint
+				if err := json.Unmarshal(b, &out); err != nil {
+					t.Fatal(err)
+				}
+				return out
+			}
+			se, ce := relay(srv.Endpoint()), relay(cli.Endpoint())
+			type res struct {
+				r   Result
+				err error
+			}
+			ch := make(chan res, 1)
+			go func() {
+				time.Sleep(200 * time.Millisecond) // the client's hello finds no RTR QP
+				r, err := srv.Serve(ce)
+				ch <- res{r, err}
+			}()
+			cr, err := cli.Run(se)
+			if err != nil {
+				t.Fatalf("client: %v", err)
+			}
+			sr := <-ch
+			if sr.err != nil {
+				t.Fatalf("server: %v", sr.err)
+			}
+			for _, r := range []Result{cr, sr.r} {
+				if !r.Verified || r.Op != tc.op || r.Iters != 300 || r.LatIters != 50 || r.GBytesPerS <= 0 || r.LatP50 <= 0 {
+					t.Errorf("%s: got %+v", r.Role, r)
+				}
+			}
+			if sr.r.Role != "server" || cr.Role != "client" || sr.r.GBytesPerS != cr.GBytesPerS {
+				t.Errorf("server %+v, client %+v", sr.r, cr)
+			}
+		})
+	}
+}
+
+func TestConfigAndMessages(t *testing.T) {
+	for _, c := range []Config{{Op: "frob", Size: 1, Iters: 1}, {Op: "write", Size: 0, Iters: 1}, {Op: "write", Size: 8, Iters: 0}, {Op: "write", Size: 8, Iters: 1, TxDepth: 5000}} {
+		if err := c.fill(); err == nil {
+			t.Errorf("%+v: accepted", c)
+		}
+	}
+	m := message{kind: kindDone, op: 2, count: 7, size: 8, gbps: 1.5, p99: 3.25, iters: 5, latIter: 2, reason: "x"}
+	b := make([]byte, ctrlSize)
+	m.encode(b)
+	got, err := decode(b)
+	if err != nil || got != m {
+		t.Errorf("round trip: got %+v, %v, want %+v", got, err, m)
+	}
+	if _, err := decode(make([]byte, ctrlSize)); err == nil {
+		t.Error("a message without magic decoded")
+	}
+	if _, err := (Endpoint{GID: "nope"}).gid(); err == nil {
+		t.Error("a bad GID parsed")
+	}
+}
