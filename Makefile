@@ -4,6 +4,7 @@
 #   make test    set up what is missing (Go modules, patched QEMU) and run every test
 #   make build   every binary into bin/
 #   make qemu    the patched QEMU into bin/qemu-system-x86_64 (cached in ~/.cache/vrdma)
+#   make guest-image  bin/guest/vmlinuz + initramfs.img (Debian cloud kernel, busybox, vrdma-guest)
 #   make fuzz    every fuzz target for FUZZTIME (default 30s)
 
 SHELL      := /bin/bash
@@ -16,7 +17,7 @@ export GOFLAGS := -buildvcs=false
 
 CMDS := $(notdir $(wildcard cmd/*))
 
-.PHONY: all build run test unit-test integration-test fuzz fuzz-short qemu vet fmt-check clean deps
+.PHONY: all build run test fuzz fuzz-short fuzz-run qemu guest-image vet fmt-check clean deps
 
 all: build
 
@@ -32,6 +33,9 @@ qemu: $(BIN)/qemu-system-x86_64
 
 $(BIN)/qemu-system-x86_64: scripts/qemu-build.sh $(wildcard vmm/qemu/patches/*.patch)
 	bash scripts/qemu-build.sh
+
+guest-image: deps
+	bash scripts/guest-image.sh
 
 vet:
 	$(GO) vet ./...
@@ -59,12 +63,13 @@ fuzz-run:
 
 # make test: everything, including the tests that need root and the patched
 # QEMU (CI has both; they fail rather than skip when CI=true).
-test: deps fmt-check vet qemu build
+test: deps fmt-check vet qemu build guest-image
 	$(GO) test -count=1 -race ./...
 	$(GO) test -count=1 ./...
+	@cat $(BIN)/e2e-summary.txt 2>/dev/null || echo "e2e summary: missing (the end-to-end tests did not run)"
 	@$(MAKE) --no-print-directory fuzz-short
 
-run: build qemu
+run: build qemu guest-image
 	bash scripts/run.sh
 
 clean:

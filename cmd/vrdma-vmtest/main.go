@@ -1,0 +1,406 @@
+// Command vrdma-vmtest runs vrdma between real guests: it starts vrdmad with
+// one device per VM, boots QEMU VMs from the guest image
+// (scripts/guest-image.sh) with vmm/guestvm, runs vrdma-guest inside, prints
+// every VRDMA-RESULT line verbatim and a short summary, and cleans up (no
+// QEMU or vrdmad left behind, sockets removed).
+//
+//	vrdma-vmtest [flags] pair --op write --size 65536 --iters 1000
+//	vrdma-vmtest [flags] probe
+//	vrdma-vmtest [flags] selftest
+//
+// pair boots a server and a client VM (one device each) that exchange their
+// endpoints through the harness and move data between each other; both
+// must report verified results. probe and selftest use one VM. The exit
+// status is 0 on success, 1 on a failure (the guest's VRDMA-ERROR message
+// is printed), 2 on bad usage.
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vrdma/vrdma/internal/daemon"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/vmm/guestvm"
+	"github.com/vrdma/vrdma/vmm/qemu"
+)
+
+const usage = `usage: vrdma-vmtest [flags] SCENARIO [scenario flags]
+
+scenarios:
+  pair --op OP --size N --iters N   two VMs, server and client, OP between them
+  probe                             one VM: find and initialise the device
+  selftest                          one VM: every verb on a loopback QP pair
+
+flags:
+`
+
+type options struct {
+	vrdmad, qemuBin, kernel, initrd string
+	memory, hugepages               int
+	timeout                         time.Duration
+	verbose                         bool
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(argv []string, stdout, stderr io.Writer) int {
+	exe, _ := os.Executable()
+	binDir := filepath.Dir(exe)
+	var o options
+	fs := flag.NewFlagSet("vrdma-vmtest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	fs.StringVar(&o.vrdmad, "vrdmad", filepath.Join(binDir, "vrdmad"), "the vrdmad `binary`")
+	fs.StringVar(&o.qemuBin, "qemu", "", "the patched qemu-system-x86_64 `binary` (default: $VRDMA_QEMU, else qemu-system-x86_64 beside this program)")
+	fs.StringVar(&o.kernel, "kernel", filepath.Join(binDir, "guest", "vmlinuz"), "guest kernel `path`")
+	fs.StringVar(&o.initrd, "initrd", filepath.Join(binDir, "guest", "initramfs.img"), "guest initramfs `path`")
+	fs.IntVar(&o.memory, "memory", guestvm.DefaultMemoryMiB, "guest RAM in `MiB`")
+	fs.IntVar(&o.hugepages, "hugepages", guestvm.DefaultHugePages, "2 MiB hugepages each guest reserves")
+	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the whole scenario")
+	fs.BoolVar(&o.verbose, "v", false, "print the guests' consoles and the daemon's log at the end")
+	if err := fs.Parse(argv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return 2
+	}
+	if o.qemuBin == "" {
+		p, err := qemu.FindBinary(filepath.Dir(binDir))
+		if err != nil {
+			fmt.Fprintf(stderr, "vrdma-vmtest: %v (build it with make qemu, or pass --qemu)\n", err)
+			return 1
+		}
+		o.qemuBin = p
+	}
+	for _, f := range []struct{ what, path string }{{"vrdmad", o.vrdmad}, {"qemu", o.qemuBin}, {"guest kernel", o.kernel}, {"guest initramfs", o.initrd}} {
+		if _, err := os.Stat(f.path); err != nil {
+			fmt.Fprintf(stderr, "vrdma-vmtest: %s: %v (make build / make qemu / make guest-image)\n", f.what, err)
+			return 1
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+
+	scenario, rest := fs.Arg(0), fs.Args()[1:]
+	start := time.Now()
+	var err error
+	switch scenario {
+	case "pair":
+		err = runPair(ctx, o, rest, stdout, stderr)
+	case "probe", "selftest":
+		if len(rest) > 0 {
+			fmt.Fprintf(stderr, "vrdma-vmtest: %s takes no arguments, got %q\n", scenario, rest)
+			return 2
+		}
+		err = runSingle(ctx, o, scenario, stdout, stderr)
+	default:
+		fmt.Fprintf(stderr, "vrdma-vmtest: unknown scenario %q\n", scenario)
+		fs.Usage()
+		return 2
+	}
+	if errors.Is(err, errUsage) {
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "vrdma-vmtest: %s: FAILED: %v\n", scenario, err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "vrdma-vmtest: %s passed in %.1f s\n", scenario, time.Since(start).Seconds())
+	return 0
+}
+
+var errUsage = errors.New("usage")
+
+// pairFlags are the flags of the pair scenario, passed to both guests.
+type pairFlags struct {
+	op          string
+	size, iters int
+}
+
+func parsePair(args []string, stderr io.Writer) (pairFlags, error) {
+	var p pairFlags
+	fs := flag.NewFlagSet("pair", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&p.op, "op", "write", "write, read, send or atomic")
+	fs.IntVar(&p.size, "size", 65536, "message size in bytes")
+	fs.IntVar(&p.iters, "iters", 1000, "iterations")
+	if err := fs.Parse(args); err != nil {
+		return p, errUsage
+	}
+	switch {
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "vrdma-vmtest pair: unexpected arguments %q\n", fs.Args())
+		return p, errUsage
+	case p.op != "write" && p.op != "read" && p.op != "send" && p.op != "atomic":
+		fmt.Fprintf(stderr, "vrdma-vmtest pair: --op %q: want write, read, send or atomic\n", p.op)
+		return p, errUsage
+	case p.size <= 0 || p.iters <= 0:
+		fmt.Fprintf(stderr, "vrdma-vmtest pair: --size and --iters must be positive\n")
+		return p, errUsage
+	}
+	return p, nil
+}
+
+func (p pairFlags) args() []string {
+	return []string{"--op", p.op, "--size", strconv.Itoa(p.size), "--iters", strconv.Itoa(p.iters)}
+}
+
+func runPair(ctx context.Context, o options, args []string, stdout, stderr io.Writer) error {
+	pf, err := parsePair(args, stderr)
+	if err != nil {
+		return err
+	}
+	d, err := startDaemon(o, "server", "client")
+	if err != nil {
+		return err
+	}
+	defer d.stop(o.verbose, stderr)
+
+	server := guestConfig(o, d, "server", "server", pf.args())
+	client := guestConfig(o, d, "client", "client", pf.args())
+	fmt.Fprintf(stdout, "vrdma-vmtest: booting two VMs (%d MiB, TCG), %s %d B x %d between them\n", o.memory, pf.op, pf.size, pf.iters)
+	p, err := guestvm.StartPair(ctx, server, client)
+	if err != nil {
+		return err
+	}
+	res, err := p.Wait(ctx)
+	fmt.Fprintf(stdout, "vrdma-vmtest: /init reached in %.1f s (server), %.1f s (client)\n", p.Server.InitTime().Seconds(), p.Client.InitTime().Seconds())
+	printResults(stdout, res.Server)
+	printResults(stdout, res.Client)
+	if err == nil {
+		err = checkPair(pf, res)
+	}
+	if err == nil {
+		summary(stdout, pf, res)
+	}
+	if err != nil || o.verbose {
+		fmt.Fprint(stderr, p.Log())
+	}
+	if cerr := p.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func runSingle(ctx context.Context, o options, scenario string, stdout, stderr io.Writer) error {
+	d, err := startDaemon(o, "vm1")
+	if err != nil {
+		return err
+	}
+	defer d.stop(o.verbose, stderr)
+	fmt.Fprintf(stdout, "vrdma-vmtest: booting one VM (%d MiB, TCG) for %s\n", o.memory, scenario)
+	g, err := guestvm.Boot(ctx, guestConfig(o, d, "vm1", scenario, nil))
+	if err != nil {
+		return err
+	}
+	res, err := g.WaitResult(ctx)
+	fmt.Fprintf(stdout, "vrdma-vmtest: /init reached in %.1f s\n", g.InitTime().Seconds())
+	printResults(stdout, res)
+	if err == nil {
+		err = checkSingle(scenario, res)
+	}
+	if err != nil || o.verbose {
+		fmt.Fprint(stderr, g.Log())
+	}
+	if cerr := g.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func guestConfig(o options, d *daemonProc, dev, run string, args []string) guestvm.Config {
+	return guestvm.Config{
+		Name: dev, QEMU: o.qemuBin, Kernel: o.kernel, Initrd: o.initrd,
+		MemoryMiB: o.memory, HugePages: o.hugepages, Run: run, Args: args,
+		Devices: []qemu.VhostUserDevice{device(dev, d.sockets[dev])},
+	}
+}
+
+// device is the QEMU side of a vrdmad device with one doorbell queue (one
+// vCPU).
+func device(id, socket string) qemu.VhostUserDevice {
+	return qemu.VhostUserDevice{ID: id, Socket: socket, VirtioID: abi.DeviceID,
+		NumVQs: abi.FirstDoorbellQueue + 1, VQSize: 256, ConfigSize: abi.ConfigSize}
+}
+
+func printResults(w io.Writer, rs []guestvm.Result) {
+	for _, r := range rs {
+		fmt.Fprintf(w, "%s %s\n", guestvm.PrefixResult, r.Raw)
+	}
+}
+
+func checkSingle(scenario string, rs []guestvm.Result) error {
+	if len(rs) == 0 {
+		return fmt.Errorf("%s printed no VRDMA-RESULT", scenario)
+	}
+	if scenario == "selftest" {
+		for _, r := range rs {
+			if !r.Verified {
+				return fmt.Errorf("selftest %s: not verified", r.Op)
+			}
+		}
+		if last := rs[len(rs)-1]; last.Op != "all" {
+			return fmt.Errorf("selftest printed no final \"all\" result")
+		}
+	}
+	return nil
+}
+
+// checkPair checks that both sides reported verified results for pf.op.
+func checkPair(pf pairFlags, res guestvm.PairResult) error {
+	for _, side := range []struct {
+		name string
+		rs   []guestvm.Result
+	}{{"server", res.Server}, {"client", res.Client}} {
+		if len(side.rs) == 0 {
+			return fmt.Errorf("%s printed no VRDMA-RESULT", side.name)
+		}
+		for _, r := range side.rs {
+			if !r.Verified {
+				return fmt.Errorf("%s: %s not verified: %s", side.name, r.Op, r.Raw)
+			}
+			if r.Op != "" && r.Op != pf.op {
+				return fmt.Errorf("%s: result for op %q, want %q", side.name, r.Op, pf.op)
+			}
+		}
+	}
+	return nil
+}
+
+func summary(w io.Writer, pf pairFlags, res guestvm.PairResult) {
+	c := res.Client[len(res.Client)-1]
+	fmt.Fprintf(w, "vrdma-vmtest: %s %d B x %d VM to VM: %.3f GB/s, %.3f Mops, latency p50 %.1f us, p99 %.1f us; verified on both sides\n",
+		pf.op, pf.size, pf.iters, c.GBytesPerS, c.Mops, c.LatP50, c.LatP99)
+}
+
+// daemonProc is a vrdmad this program started.
+type daemonProc struct {
+	cmd     *exec.Cmd
+	dir     string
+	control string
+	sockets map[string]string
+	logMu   sync.Mutex
+	log     strings.Builder
+	logDone chan struct{}
+}
+
+func startDaemon(o options, devices ...string) (*daemonProc, error) {
+	dir, err := os.MkdirTemp("", "vrdma-vmtest-")
+	if err != nil {
+		return nil, err
+	}
+	d := &daemonProc{dir: dir, control: filepath.Join(dir, "control.sock"), sockets: map[string]string{}, logDone: make(chan struct{})}
+	args := []string{"--control", d.control, "--log-level", "info"}
+	for _, id := range devices {
+		d.sockets[id] = filepath.Join(dir, id+".sock")
+		args = append(args, "--socket", id+"="+d.sockets[id])
+	}
+	d.cmd = exec.Command(o.vrdmad, args...)
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	errPipe, err := d.cmd.StderrPipe()
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := d.cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("start vrdmad: %w", err)
+	}
+	go func() {
+		defer close(d.logDone)
+		sc := bufio.NewScanner(errPipe)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			d.logMu.Lock()
+			if d.log.Len() < 4<<20 {
+				d.log.WriteString(sc.Text() + "\n")
+			}
+			d.logMu.Unlock()
+		}
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := d.Devices(); err == nil {
+			return d, nil
+		}
+		if time.Now().After(deadline) {
+			d.stop(true, os.Stderr)
+			return nil, errors.New("vrdmad did not answer on its control socket within 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Devices asks the daemon's control API for its devices.
+func (d *daemonProc) Devices() ([]daemon.DeviceInfo, error) {
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var dl net.Dialer
+			return dl.DialContext(ctx, "unix", d.control)
+		},
+	}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Get("http://vrdmad/v1/devices")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /v1/devices: %s", resp.Status)
+	}
+	var out []daemon.DeviceInfo
+	err = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&out)
+	return out, err
+}
+
+// stop ends vrdmad (SIGTERM, then SIGKILL after 10 s) and removes its
+// sockets.
+func (d *daemonProc) stop(printLog bool, w io.Writer) {
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { <-d.logDone; done <- d.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			fmt.Fprintf(w, "vrdma-vmtest: vrdmad exited with %v\n", err)
+			printLog = true
+		}
+	case <-time.After(10 * time.Second):
+		d.cmd.Process.Kill()
+		<-done
+		fmt.Fprintln(w, "vrdma-vmtest: vrdmad did not stop within 10 s of SIGTERM; killed")
+		printLog = true
+	}
+	if printLog {
+		d.logMu.Lock()
+		fmt.Fprintf(w, "=== vrdmad log ===\n%s", d.log.String())
+		d.logMu.Unlock()
+	}
+	os.RemoveAll(d.dir)
+}

@@ -1,0 +1,114 @@
+package guestvm
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"strings"
+)
+
+// Line prefixes of the console protocol (see the package comment).
+const (
+	PrefixInit     = "VRDMA-INIT"
+	PrefixResult   = "VRDMA-RESULT"
+	PrefixExchange = "VRDMA-EXCHANGE"
+	PrefixPeer     = "VRDMA-PEER"
+	PrefixError    = "VRDMA-ERROR"
+	PrefixExit     = "VRDMA-EXIT"
+)
+
+// Kind is the kind of a console line.
+type Kind int
+
+// Line kinds. KindOther is anything without a protocol prefix.
+const (
+	KindOther Kind = iota
+	KindInit
+	KindResult
+	KindExchange
+	KindPeer
+	KindError
+	KindExit
+)
+
+var prefixes = []struct {
+	p string
+	k Kind
+}{
+	{PrefixInit, KindInit}, {PrefixResult, KindResult}, {PrefixExchange, KindExchange},
+	{PrefixPeer, KindPeer}, {PrefixError, KindError}, {PrefixExit, KindExit},
+}
+
+// Classify splits a console line into its kind and its payload (the text
+// after the prefix and one space, trimmed). A prefix counts only as a whole
+// word: "VRDMA-RESULTS x" is KindOther.
+func Classify(line string) (Kind, string) {
+	for _, p := range prefixes {
+		rest, ok := strings.CutPrefix(line, p.p)
+		if !ok {
+			continue
+		}
+		if rest != "" && rest[0] != ' ' && rest[0] != '\t' {
+			return KindOther, line
+		}
+		return p.k, strings.TrimSpace(rest)
+	}
+	return KindOther, line
+}
+
+// Result is one VRDMA-RESULT line: the keys vrdma-guest and vrdma-perf
+// share. Keys a role does not use are zero.
+type Result struct {
+	Role       string  `json:"role"`
+	Op         string  `json:"op"`
+	Size       uint64  `json:"size"`
+	Iters      int     `json:"iters"`
+	GBytesPerS float64 `json:"gbytes_per_s"`
+	Mops       float64 `json:"mops"`
+	LatP50     float64 `json:"lat_us_p50"`
+	LatP99     float64 `json:"lat_us_p99"`
+	Verified   bool    `json:"verified"`
+	// Raw is the JSON object exactly as the guest printed it, every key
+	// included.
+	Raw json.RawMessage `json:"-"`
+}
+
+var (
+	errNotObject = errors.New("result is not a JSON object")
+	errExitCode  = errors.New("exit code is not a number in 0..255")
+)
+
+// ParseResult decodes the payload of a VRDMA-RESULT line. It must be one
+// JSON object; keys of the wrong type are an error. On error the Result is
+// zero.
+func ParseResult(payload string) (Result, error) {
+	b := bytes.TrimSpace([]byte(payload))
+	if len(b) == 0 || b[0] != '{' || !json.Valid(b) {
+		return Result{}, errNotObject
+	}
+	var r Result
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&r); err != nil {
+		return Result{}, err
+	}
+	if dec.More() {
+		return Result{}, errNotObject
+	}
+	r.Raw = json.RawMessage(b)
+	return r, nil
+}
+
+// ParseExit decodes the payload of a VRDMA-EXIT line: a decimal exit code
+// in 0..255. On error the code is 0.
+func ParseExit(payload string) (int, error) {
+	s := strings.TrimSpace(payload)
+	if s == "" || len(s) > 3 {
+		return 0, errExitCode
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > 255 || s[0] == '+' || s[0] == '-' {
+		return 0, errExitCode
+	}
+	return n, nil
+}
