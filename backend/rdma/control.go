@@ -483,6 +483,11 @@ func (d *Device) modifyQP(req []byte) error {
 	if e == nil {
 		return errStatus(abi.StatusNotFound)
 	}
+	// The device's limits; the engine checks everything else.
+	if (a.AttrMask&abi.QPAttrMaxQPRdAtomic != 0 && a.MaxRdAtomic > d.conf.MaxQPRdAtom) ||
+		(a.AttrMask&abi.QPAttrMaxDestRdAtomic != 0 && a.MaxDestRdAtomic > d.conf.MaxQPRdAtom) {
+		return errStatus(abi.StatusInvalid)
+	}
 	if st := e.qp.Modify(a); st != abi.StatusOK {
 		return errStatus(st)
 	}
