@@ -34,6 +34,10 @@ type Config struct {
 	Features uint64
 	// NoSeal leaves the memfd unsealed (tests that shrink it use this).
 	NoSeal bool
+	// AbortAfter, when positive, makes the front-end drop the connection
+	// instead of sending its message number AbortAfter+1: fault tests use
+	// it to disconnect at every step of start-up.
+	AbortAfter int
 }
 
 // Frontend is one connected front-end.
@@ -53,6 +57,7 @@ type Frontend struct {
 
 	queues []*Queue
 
+	sent       int    // messages sent, for AbortAfter
 	scratch    []byte // Exec's request and response buffers
 	scratchGPA memmap.GPA
 
@@ -158,12 +163,15 @@ func (f *Frontend) MemoryRegion() vu.MemoryRegion {
 
 // Call sends a request and, when it expects one, returns the reply.
 func (f *Frontend) Call(req vu.Request, payload []byte, fds []int, wantReply bool) (*vu.Message, error) {
+	if err := f.gate(req); err != nil {
+		return nil, err
+	}
 	return f.conn.Call(req, payload, fds, wantReply)
 }
 
 // callU64 sends a request whose reply is a u64.
 func (f *Frontend) callU64(req vu.Request) (uint64, error) {
-	m, err := f.conn.Call(req, nil, nil, true)
+	m, err := f.Call(req, nil, nil, true)
 	if err != nil {
 		return 0, err
 	}
@@ -174,6 +182,9 @@ func (f *Frontend) callU64(req vu.Request) (uint64, error) {
 // Send sends a request that has no reply of its own; with REPLY_ACK it
 // asks for one and returns the back-end's verdict.
 func (f *Frontend) Send(req vu.Request, payload []byte, fds []int) error {
+	if err := f.gate(req); err != nil {
+		return err
+	}
 	if f.ProtocolFeatures&vu.ProtocolReplyAck == 0 {
 		h := vu.Header{Request: uint32(req), Flags: vu.FlagVersion, Size: uint32(len(payload))}
 		return f.conn.WriteMessage(h, payload, fds)
@@ -201,6 +212,27 @@ func (f *Frontend) Send(req vu.Request, payload []byte, fds []int) error {
 	if v != 0 {
 		return &NackError{Request: req, Status: v}
 	}
+	return nil
+}
+
+// Sent is the number of vhost-user messages sent so far (counted only
+// when Config.AbortAfter is set).
+func (f *Frontend) Sent() int { return f.sent }
+
+// ErrAborted is returned once Config.AbortAfter messages were sent.
+var ErrAborted = errors.New("frontend: connection dropped on purpose (AbortAfter)")
+
+// gate counts messages and drops the connection when AbortAfter is
+// reached.
+func (f *Frontend) gate(req vu.Request) error {
+	if f.cfg.AbortAfter <= 0 {
+		return nil
+	}
+	if f.sent >= f.cfg.AbortAfter {
+		f.conn.Close()
+		return fmt.Errorf("%s: %w", req, ErrAborted)
+	}
+	f.sent++
 	return nil
 }
 
@@ -446,7 +478,7 @@ func (f *Frontend) Stop() (map[int]uint32, error) {
 		if !q.started {
 			continue
 		}
-		m, err := f.conn.Call(vu.GetVringBase, vu.VringState{Index: uint32(q.Index)}.Encode(), nil, true)
+		m, err := f.Call(vu.GetVringBase, vu.VringState{Index: uint32(q.Index)}.Encode(), nil, true)
 		if err != nil {
 			return nil, err
 		}
@@ -477,7 +509,7 @@ func (f *Frontend) ResetDevice() error {
 // ReadConfig reads n bytes of device config space at off (GET_CONFIG).
 func (f *Frontend) ReadConfig(off, n uint32) ([]byte, error) {
 	msg := vu.ConfigMsg{Offset: off, Size: n, Data: make([]byte, n)}
-	m, err := f.conn.Call(vu.GetConfig, msg.Encode(), nil, true)
+	m, err := f.Call(vu.GetConfig, msg.Encode(), nil, true)
 	if err != nil {
 		return nil, err
 	}
