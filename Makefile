@@ -6,18 +6,21 @@
 #   make qemu    the patched QEMU into bin/qemu-system-x86_64 (cached in ~/.cache/vrdma)
 #   make guest-image  bin/guest/vmlinuz + initramfs.img (Debian cloud kernel, busybox, vrdma-guest)
 #   make fuzz    every fuzz target for FUZZTIME (default 30s)
+#   make soak    random operations and faults across 4 devices for SOAK (default 10m)
 
 SHELL      := /bin/bash
 GO         ?= go
 BIN        := bin
 FUZZTIME   ?= 30s
+SOAK       ?= 10m
+TEST_SOAK  ?= 60s
 TEST_FUZZTIME ?= 3s
 export PATH := $(PATH):/usr/local/go/bin
 export GOFLAGS := -buildvcs=false
 
 CMDS := $(notdir $(wildcard cmd/*))
 
-.PHONY: all build run test fuzz fuzz-short fuzz-run qemu guest-image vet fmt-check clean deps
+.PHONY: all build run test fuzz fuzz-short fuzz-run soak qemu guest-image vet fmt-check clean deps
 
 all: build
 
@@ -67,7 +70,16 @@ test: deps fmt-check vet qemu build guest-image
 	$(GO) test -count=1 -race ./...
 	$(GO) test -count=1 ./...
 	@cat $(BIN)/e2e-summary.txt 2>/dev/null || echo "e2e summary: missing (the end-to-end tests did not run)"
+	VRDMA_SOAK=$(TEST_SOAK) $(GO) test -count=1 -run '^TestSoak$$' ./tests
+	@cat $(BIN)/soak-summary.txt
 	@$(MAKE) --no-print-directory fuzz-short
+
+# make soak: a random mix of verified RDMA operations, object churn and
+# front-end faults across 4 devices for SOAK (default 10m).
+soak: deps
+	@mkdir -p $(BIN)
+	VRDMA_SOAK=$(SOAK) $(GO) test -count=1 -timeout 0 -run '^TestSoak$$' -v ./tests | grep -E '^(---|\s+soak|soak:|ok|FAIL|PASS)'
+	@cat $(BIN)/soak-summary.txt
 
 run: build qemu guest-image
 	bash scripts/run.sh
