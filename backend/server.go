@@ -24,7 +24,16 @@ type Config struct {
 	Device Device
 	// Mode is the socket file's permission; zero means 0600.
 	Mode os.FileMode
+	// Owner, when set, owns the socket file (QEMU's user and group, e.g.
+	// libvirt-qemu:kvm); nil keeps the daemon's.
+	Owner *Owner
+	// AllowUIDs, when not empty, lists the peer uids (SO_PEERCRED) that may
+	// connect; any other front-end is refused at once.
+	AllowUIDs []uint32
 }
+
+// Owner is a socket file's owner; -1 leaves that id unchanged.
+type Owner struct{ UID, GID int }
 
 // Option configures a Server.
 type Option func(*Server)
@@ -98,6 +107,12 @@ func Listen(cfg Config, opts ...Option) (*Server, error) {
 	if err := os.Chmod(cfg.Socket, mode); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("backend: chmod socket: %w", err)
+	}
+	if o := cfg.Owner; o != nil {
+		if err := os.Lchown(cfg.Socket, o.UID, o.GID); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("backend: chown socket: %w", err)
+		}
 	}
 	s.ln = ln
 	return s, nil
@@ -184,9 +199,43 @@ func (s *Server) Serve(ctx context.Context) error {
 // front-end on a device that stays connected is refused after it.
 const handoverWait = 2 * time.Second
 
+// peerAllowed checks the connecting process's uid (SO_PEERCRED) against
+// Config.AllowUIDs.
+func (s *Server) peerAllowed(c *net.UnixConn) error {
+	if len(s.cfg.AllowUIDs) == 0 {
+		return nil
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("SO_PEERCRED: %w", cerr)
+	}
+	for _, u := range s.cfg.AllowUIDs {
+		if cred.Uid == u {
+			return nil
+		}
+	}
+	return fmt.Errorf("peer uid %d (pid %d) is not allowed", cred.Uid, cred.Pid)
+}
+
 // admit serves c once no other session is active, or refuses it.
 func (s *Server) admit(c *net.UnixConn) {
 	defer s.wg.Done()
+	if err := s.peerAllowed(c); err != nil {
+		s.stats.refused.Add(1)
+		s.log.WithError(err).Warn("refused a front-end")
+		c.Close()
+		return
+	}
 	deadline := time.NewTimer(handoverWait)
 	defer deadline.Stop()
 	for {
