@@ -6,6 +6,7 @@
 #   make qemu    the patched QEMU into bin/qemu-system-x86_64 (cached in ~/.cache/vrdma)
 #   make guest-image  bin/guest/vmlinuz + initramfs.img (Debian cloud kernel, busybox, vrdma-guest)
 #   make fuzz    every fuzz target for FUZZTIME (default 30s)
+#   make bench   the benchmark suite: docs/benchmarks.md + docs/benchmarks-bw.png (no QEMU needed)
 #   make soak    random operations and faults across 4 devices for SOAK (default 10m)
 
 SHELL      := /bin/bash
@@ -20,7 +21,7 @@ export GOFLAGS := -buildvcs=false
 
 CMDS := $(notdir $(wildcard cmd/*))
 
-.PHONY: all build run test fuzz fuzz-short fuzz-run soak qemu guest-image vet fmt-check clean deps
+.PHONY: all build run test bench fuzz fuzz-short fuzz-run soak qemu guest-image vet fmt-check clean deps
 
 all: build
 
@@ -83,6 +84,9 @@ soak: deps
 
 run: build qemu guest-image
 	bash scripts/run.sh
+
+bench: deps
+	bash scripts/bench.sh
 
 clean:
 	rm -rf $(BIN)

@@ -55,6 +55,11 @@ type Host interface {
 	// Queue returns queue i (nil if out of range). Use Queue.Run to work
 	// on it from outside HandleQueue.
 	Queue(i int) *Queue
+	// Resumed reports that the front-end restarted rings from indices
+	// this back-end never produced: the driver was running against a
+	// back-end (or connection) that is gone, and whatever state the device
+	// kept for it is lost (the daemon restarted, or QEMU reconnected).
+	Resumed() bool
 	// NotifyConfigChange asks the front-end to raise a config-change
 	// interrupt (BACKEND_CONFIG_CHANGE_MSG). It is a no-op without a
 	// backend channel.

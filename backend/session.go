@@ -49,6 +49,7 @@ type session struct {
 	backendConn *vu.Conn
 	closing     atomic.Bool
 	done        chan struct{} // closed when the session has released everything
+	resumed     atomic.Bool   // rings resumed from a base this session never produced
 }
 
 func newSession(c *net.UnixConn, dev Device, log *logrus.Entry, stats *Stats) *session {
@@ -83,6 +84,8 @@ func (s *session) Queue(i int) *Queue {
 	}
 	return s.queues[i]
 }
+
+func (s *session) Resumed() bool { return s.resumed.Load() }
 
 func (s *session) NotifyConfigChange() error {
 	s.backendMu.Lock()
@@ -456,7 +459,13 @@ func (s *session) setVringBase(p []byte) error {
 	if st.Num > 0xffff {
 		return fmt.Errorf("ring %d: base %#x out of range for a split ring", st.Index, st.Num)
 	}
-	r.base = uint16(st.Num)
+	// A non-zero base this session did not hand out means the driver ran
+	// before, against a back-end (or session) that is gone: the device's
+	// state is lost, and the device must tell the driver.
+	if st.Num != 0 && !(r.ours && uint16(st.Num) == r.base) {
+		s.resumed.Store(true)
+	}
+	r.base, r.ours = uint16(st.Num), false
 	return nil
 }
 
@@ -598,6 +607,7 @@ func (s *session) setStatus(p []byte) error {
 	// when the VM stops): the device's objects go, rings and memory stay.
 	if u == 0 && s.status != 0 {
 		s.dev.Reset()
+		s.resumed.Store(false)
 	}
 	s.status = uint8(u)
 	return nil
@@ -620,6 +630,7 @@ func (s *session) resetDevice() {
 		r.reset()
 	}
 	s.dev.Reset()
+	s.resumed.Store(false)
 	s.features, s.status = 0, 0
 }
 

@@ -32,6 +32,7 @@ type vring struct {
 	used     memmap.UVA
 	addrSet  bool
 	base     uint16                          // next avail index, from SET_VRING_BASE / GET_VRING_BASE
+	ours     bool                            // base is what this session's GET_VRING_BASE returned
 	kick     *eventfd.EventFD                // replaced only while stopped
 	wakeFd   atomic.Pointer[eventfd.EventFD] // = kick while started, for Wake from any goroutine
 	call     *eventfd.EventFD                // protected by q.mu (written by the session, read by workers)
@@ -106,6 +107,7 @@ func (r *vring) stop() uint16 {
 	r.q.mu.Lock()
 	if r.q.vq != nil {
 		r.base = r.q.vq.LastAvail()
+		r.ours = true
 		r.q.vq = nil
 	}
 	r.wakeFd.Store(nil)
@@ -257,7 +259,7 @@ func (r *vring) closeFds() {
 // reset returns the ring to its initial state. Precondition: stopped.
 func (r *vring) reset() {
 	r.closeFds()
-	r.num, r.desc, r.avail, r.used, r.addrSet, r.base = 0, 0, 0, 0, false, 0
+	r.num, r.desc, r.avail, r.used, r.addrSet, r.base, r.ours = 0, 0, 0, 0, false, 0, false
 	r.enabled.Store(false)
 	r.brokenAt.Store(nil)
 }

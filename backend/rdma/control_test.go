@@ -17,6 +17,7 @@ type fakeHost struct{ mem *memmap.Memory }
 func (h *fakeHost) Memory() *memmap.Memory    { return h.mem }
 func (h *fakeHost) Queue(int) *backend.Queue  { return nil }
 func (h *fakeHost) NotifyConfigChange() error { return nil }
+func (h *fakeHost) Resumed() bool             { return false }
 
 const guestSize = 1 << 20
 

@@ -95,9 +95,10 @@ type Device struct {
 	pinner *memmap.Pinner // protected by mu; nil while detached
 	memory *memmap.Memory // protected by mu; nil while detached
 
-	hostp      atomic.Pointer[backend.Host] // = host, for postEvent, which must not take mu
-	eventChain virtio.Chain                 // protected by the event queue's lock
-	eventsLost atomic.Uint64
+	hostp        atomic.Pointer[backend.Host] // = host, for postEvent, which must not take mu
+	eventChain   virtio.Chain                 // protected by the event queue's lock
+	eventsLost   atomic.Uint64
+	lostReported atomic.Bool // DEVICE_FATAL sent for this attachment
 
 	commands atomic.Uint64
 	errors   atomic.Uint64
@@ -260,6 +261,7 @@ func (d *Device) Attach(h backend.Host) {
 	defer d.mu.Unlock()
 	d.host = h
 	d.hostp.Store(&h)
+	d.lostReported.Store(false)
 	d.memory = h.Memory()
 	d.res = newResources()
 	d.pinner = memmap.NewPinner(d.cfg.Pin)
@@ -321,7 +323,12 @@ func (d *Device) HandleQueue(q *backend.Queue) error {
 	case abi.ControlQueue:
 		return d.handleControl(q)
 	case abi.EventQueue:
-		// The event queue's buffers stay posted until there is an event.
+		// The event queue's buffers stay posted until there is an event;
+		// the first one after a resume says the device lost the driver's
+		// objects (docs/spec.md, Reset and disconnect).
+		if h := d.hostp.Load(); h != nil && (*h).Resumed() && !d.lostReported.Swap(true) {
+			return d.writeEvent(q, abi.Event{Type: abi.EventDeviceFatal})
+		}
 		return nil
 	default:
 		return d.handleDoorbell(q)
@@ -370,21 +377,24 @@ func (d *Device) postEvent(ev abi.Event) {
 		d.eventsLost.Add(1)
 		return
 	}
-	err := evq.Run(func(q *backend.Queue) error {
-		ok, err := q.Pop(&d.eventChain)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			d.eventsLost.Add(1)
-			return nil
-		}
-		n := d.eventChain.Scatter(abi.Marshal(&ev))
-		return q.Push(d.eventChain.Head, uint32(n))
-	})
-	if err != nil {
+	if err := evq.Run(func(q *backend.Queue) error { return d.writeEvent(q, ev) }); err != nil {
 		d.eventsLost.Add(1)
 	}
+}
+
+// writeEvent writes ev into the next buffer of the event queue q.
+// Precondition: q locked (HandleQueue or Run).
+func (d *Device) writeEvent(q *backend.Queue, ev abi.Event) error {
+	ok, err := q.Pop(&d.eventChain)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		d.eventsLost.Add(1)
+		return nil
+	}
+	n := d.eventChain.Scatter(abi.Marshal(&ev))
+	return q.Push(d.eventChain.Head, uint32(n))
 }
 
 // errNoRoom is a control chain whose writable part cannot hold a response

@@ -287,16 +287,25 @@ func (f *Frontend) Realize() error {
 	if err := f.Send(vu.SetOwner, nil, nil); err != nil {
 		return err
 	}
-	f.queues = make([]*Queue, f.NumQueues)
+	if len(f.queues) != f.NumQueues {
+		f.queues = make([]*Queue, f.NumQueues)
+	}
 	for i := range f.queues {
-		q := &Queue{Index: i}
-		if q.Call, err = eventfd.New(); err != nil {
-			return err
+		q := f.queues[i]
+		if q == nil {
+			q = &Queue{Index: i}
+			f.queues[i] = q
 		}
-		if q.Err, err = eventfd.New(); err != nil {
-			return err
+		if q.Call == nil {
+			if q.Call, err = eventfd.New(); err != nil {
+				return err
+			}
 		}
-		f.queues[i] = q
+		if q.Err == nil {
+			if q.Err, err = eventfd.New(); err != nil {
+				return err
+			}
+		}
 		if err := f.SetVringFile(vu.SetVringCall, i, q.Call); err != nil {
 			return err
 		}
@@ -305,6 +314,39 @@ func (f *Frontend) Realize() error {
 		}
 	}
 	return nil
+}
+
+// Reconnect does what QEMU does when its vhost-user back-end went away
+// and is back (chardev reconnect): it connects again, repeats realize, and
+// restarts the queues the driver had set up, from the used index in guest
+// memory — the back-end's last progress — since there was no
+// GET_VRING_BASE to ask. Guest memory, rings and eventfds are kept.
+func (f *Frontend) Reconnect(ctx context.Context) error {
+	f.conn.Close()
+	if f.backendConn != nil {
+		f.backendConn.Close()
+		f.wg.Wait()
+		f.backendConn = nil
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", f.cfg.Socket)
+	if err != nil {
+		return fmt.Errorf("frontend: reconnect: %w", err)
+	}
+	f.conn = vu.NewConn(c.(*net.UnixConn))
+	f.sent = 0
+	if err := f.Realize(); err != nil {
+		return err
+	}
+	var qs []int
+	for _, q := range f.queues {
+		if q.DriverQueue != nil {
+			q.base = memmap.LoadUint16(q.rings.Used, 2)
+			q.started = false
+			qs = append(qs, q.Index)
+		}
+	}
+	return f.Start(qs...)
 }
 
 // SetVringFile sends SET_VRING_KICK/CALL/ERR for queue i with e's fd (nil:

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"image"
+	"image/color"
+	"image/png"
+	"math"
+	"os"
+	"strings"
+)
+
+// The chart: bandwidth (GB/s, linear y) against message size (log2 x),
+// one line per series, axes with ticks and labels, and a legend. Text is
+// drawn with a 3×5 pixel font scaled up, so no font dependency is needed.
+
+const (
+	chartW, chartH = 900, 540
+	marginL        = 80
+	marginR        = 30
+	marginT        = 50
+	marginB        = 70
+	fontScale      = 2
+)
+
+var (
+	white = color.RGBA{255, 255, 255, 255}
+	black = color.RGBA{0, 0, 0, 255}
+	grid  = color.RGBA{225, 225, 225, 255}
+	// series colours: WRITE, READ, memcpy
+	seriesColor = []color.RGBA{{214, 39, 40, 255}, {31, 119, 180, 255}, {90, 90, 90, 255}}
+	seriesName  = []string{"RDMA WRITE", "RDMA READ", "MEMCPY (1 THREAD)"}
+)
+
+// glyphs are 3 columns × 5 rows; each string is 5 rows of 3 bits.
+var glyphs = map[rune][5]string{
+	'0': {"111", "101", "101", "101", "111"}, '1': {"010", "110", "010", "010", "111"},
+	'2': {"111", "001", "111", "100", "111"}, '3': {"111", "001", "111", "001", "111"},
+	'4': {"101", "101", "111", "001", "001"}, '5': {"111", "100", "111", "001", "111"},
+	'6': {"111", "100", "111", "101", "111"}, '7': {"111", "001", "010", "010", "010"},
+	'8': {"111", "101", "111", "101", "111"}, '9': {"111", "101", "111", "001", "111"},
+	'A': {"010", "101", "111", "101", "101"}, 'B': {"110", "101", "110", "101", "110"},
+	'C': {"011", "100", "100", "100", "011"}, 'D': {"110", "101", "101", "101", "110"},
+	'E': {"111", "100", "110", "100", "111"}, 'F': {"111", "100", "110", "100", "100"},
+	'G': {"011", "100", "101", "101", "011"}, 'H': {"101", "101", "111", "101", "101"},
+	'I': {"111", "010", "010", "010", "111"}, 'K': {"101", "101", "110", "101", "101"},
+	'L': {"100", "100", "100", "100", "111"}, 'M': {"101", "111", "111", "101", "101"},
+	'N': {"110", "101", "101", "101", "101"}, 'O': {"010", "101", "101", "101", "010"},
+	'P': {"110", "101", "110", "100", "100"}, 'R': {"110", "101", "110", "101", "101"},
+	'S': {"011", "100", "010", "001", "110"}, 'T': {"111", "010", "010", "010", "010"},
+	'U': {"101", "101", "101", "101", "111"}, 'V': {"101", "101", "101", "101", "010"},
+	'W': {"101", "101", "111", "111", "101"}, 'Y': {"101", "101", "010", "010", "010"},
+	'Z': {"111", "001", "010", "100", "111"}, 'X': {"101", "101", "010", "101", "101"},
+	'.': {"000", "000", "000", "000", "010"}, '/': {"001", "001", "010", "100", "100"},
+	'(': {"010", "100", "100", "100", "010"}, ')': {"010", "001", "001", "001", "010"},
+	'-': {"000", "000", "111", "000", "000"}, ',': {"000", "000", "000", "010", "100"},
+	' ': {"000", "000", "000", "000", "000"},
+}
+
+type canvas struct{ *image.RGBA }
+
+func (c canvas) rect(x0, y0, x1, y1 int, col color.RGBA) {
+	for y := max(0, y0); y < min(chartH, y1); y++ {
+		for x := max(0, x0); x < min(chartW, x1); x++ {
+			c.SetRGBA(x, y, col)
+		}
+	}
+}
+
+// line draws a thick line by stepping along it.
+func (c canvas) line(x0, y0, x1, y1 float64, w int, col color.RGBA) {
+	n := int(math.Max(math.Abs(x1-x0), math.Abs(y1-y0))) + 1
+	for i := 0; i <= n; i++ {
+		t := float64(i) / float64(n)
+		x, y := int(x0+(x1-x0)*t), int(y0+(y1-y0)*t)
+		c.rect(x-w/2, y-w/2, x-w/2+w, y-w/2+w, col)
+	}
+}
+
+// text draws s (upper-cased) with its top-left corner at (x, y).
+func (c canvas) text(x, y int, s string, col color.RGBA) {
+	for _, r := range strings.ToUpper(s) {
+		g, ok := glyphs[r]
+		if !ok {
+			g = glyphs[' ']
+		}
+		for row := range 5 {
+			for bit := range 3 {
+				if g[row][bit] == '1' {
+					c.rect(x+bit*fontScale, y+row*fontScale, x+(bit+1)*fontScale, y+(row+1)*fontScale, col)
+				}
+			}
+		}
+		x += 4 * fontScale
+	}
+}
+
+func textWidth(s string) int { return len([]rune(s)) * 4 * fontScale }
+
+// drawChart renders the bandwidth chart.
+func drawChart(pts []bwPoint) *image.RGBA {
+	img := image.NewRGBA(image.Rect(0, 0, chartW, chartH))
+	c := canvas{img}
+	c.rect(0, 0, chartW, chartH, white)
+	if len(pts) == 0 {
+		return img
+	}
+	ymax := 0.0
+	for _, p := range pts {
+		ymax = math.Max(ymax, math.Max(p.memcp, math.Max(p.write, p.read)))
+	}
+	step := niceStep(ymax / 5)
+	ymax = math.Max(step, math.Ceil(ymax/step)*step)
+	x0, x1 := float64(marginL), float64(chartW-marginR)
+	y0, y1 := float64(chartH-marginB), float64(marginT)
+	lo, hi := math.Log2(float64(pts[0].size)), math.Log2(float64(pts[len(pts)-1].size))
+	if hi == lo {
+		hi = lo + 1
+	}
+	px := func(size uint64) float64 { return x0 + (math.Log2(float64(size))-lo)/(hi-lo)*(x1-x0) }
+	py := func(v float64) float64 { return y0 - v/ymax*(y0-y1) }
+	// grid and y ticks
+	for v := 0.0; v <= ymax+step/2; v += step {
+		y := int(py(v))
+		c.rect(int(x0), y, int(x1), y+1, grid)
+		l := fmtNum(v)
+		c.text(int(x0)-8-textWidth(l), y-5, l, black)
+	}
+	// x ticks: every measured size
+	for _, p := range pts {
+		x := int(px(p.size))
+		c.rect(x, int(y1), x+1, int(y0), grid)
+		c.rect(x, int(y0), x+1, int(y0)+6, black)
+		l := strings.ReplaceAll(sizeName(p.size), " ", "")
+		c.text(x-textWidth(l)/2, int(y0)+12, l, black)
+	}
+	// axes
+	c.rect(int(x0), int(y1), int(x0)+2, int(y0)+1, black)
+	c.rect(int(x0), int(y0), int(x1), int(y0)+2, black)
+	c.text(int(x0+x1)/2-textWidth("MESSAGE SIZE (LOG2 SCALE)")/2, chartH-28, "message size (log2 scale)", black)
+	c.text(10, marginT-30, "GB/S", black)
+	title := "VRDMA BANDWIDTH, TWO DEVICES IN ONE DAEMON, AGAINST MEMCPY"
+	c.text(chartW/2-textWidth(title)/2, 12, title, black)
+	// series
+	for si, get := range []func(bwPoint) float64{
+		func(p bwPoint) float64 { return p.write },
+		func(p bwPoint) float64 { return p.read },
+		func(p bwPoint) float64 { return p.memcp },
+	} {
+		col := seriesColor[si]
+		for i, p := range pts {
+			x, y := px(p.size), py(get(p))
+			c.rect(int(x)-4, int(y)-4, int(x)+4, int(y)+4, col)
+			if i > 0 {
+				q := pts[i-1]
+				c.line(px(q.size), py(get(q)), x, y, 3, col)
+			}
+		}
+	}
+	// legend (top left inside the plot)
+	lx, ly := int(x0)+20, int(y1)+12
+	c.rect(lx-8, ly-8, lx+textWidth(seriesName[2])+50, ly+3*20, white)
+	for i, n := range seriesName {
+		c.rect(lx, ly+i*20+3, lx+24, ly+i*20+7, seriesColor[i])
+		c.text(lx+32, ly+i*20, n, black)
+	}
+	return img
+}
+
+// niceStep rounds x up to 1, 2 or 5 times a power of ten.
+func niceStep(x float64) float64 {
+	if x <= 0 {
+		return 1
+	}
+	p := math.Pow(10, math.Floor(math.Log10(x)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*p >= x {
+			return m * p
+		}
+	}
+	return 10 * p
+}
+
+func writeChart(path string, pts []bwPoint) error {
+	var b bytes.Buffer
+	if err := png.Encode(&b, drawChart(pts)); err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	return os.WriteFile(path, b.Bytes(), 0o644)
+}
