@@ -3,6 +3,7 @@ package rdma
 import (
 	"encoding/binary"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -102,5 +103,28 @@ func TestNoLeakAfterDetach(t *testing.T) {
 	done()
 	if s := d.Stats(); s.PDs != 0 {
 		t.Fatalf("objects after detach: %+v", s)
+	}
+}
+
+// TestCommandRateLimit: beyond MaxCommandsPerSec a command answers QUOTA;
+// tokens come back with time.
+func TestCommandRateLimit(t *testing.T) {
+	d, err := New(Config{ID: "rate", MaxCommandsPerSec: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	admitted := 0
+	for range 25 {
+		if d.admitCommand() {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("admitted %d of 25 back-to-back commands, want the bucket's 10", admitted)
+	}
+	d.tokensAt = d.tokensAt.Add(-time.Second) // a second passes
+	if !d.admitCommand() {
+		t.Fatal("no command admitted after the bucket refilled")
 	}
 }

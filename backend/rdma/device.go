@@ -65,6 +65,10 @@ type Config struct {
 	// Spin is how long a doorbell engine keeps polling after its last
 	// work before it sleeps; zero means 50µs.
 	Spin time.Duration
+	// MaxCommandsPerSec bounds the control commands a driver may issue per
+	// second (a token bucket holding one second's worth); beyond it a
+	// command answers QUOTA. Zero means no bound.
+	MaxCommandsPerSec int
 }
 
 // maxRequest bounds a control request's size (header included). The largest
@@ -102,6 +106,10 @@ type Device struct {
 
 	commands atomic.Uint64
 	errors   atomic.Uint64
+
+	// Command rate limit; protected by the control queue's lock.
+	tokens   float64
+	tokensAt time.Time
 }
 
 // Option configures a Device.
@@ -430,7 +438,9 @@ func (d *Device) execute(c *virtio.Chain, t *memmap.Table) uint32 {
 	}
 	var st abi.Status
 	var payload []byte
-	if c.ReadableLen > uint64(len(d.req)) || c.ReadableLen < abi.CmdHeaderSize {
+	if !d.admitCommand() {
+		st = abi.StatusQuota
+	} else if c.ReadableLen > uint64(len(d.req)) || c.ReadableLen < abi.CmdHeaderSize {
 		st = abi.StatusInvalid
 	} else {
 		req := d.req[:c.Gather(d.req)]
@@ -458,6 +468,27 @@ func (d *Device) execute(c *virtio.Chain, t *memmap.Table) uint32 {
 	binary.LittleEndian.PutUint32(resp[4:], 0)
 	copy(resp[abi.RespHeaderSize:], payload)
 	return uint32(c.Scatter(resp))
+}
+
+// admitCommand takes a token from the command-rate bucket. Precondition:
+// the control queue is locked.
+func (d *Device) admitCommand() bool {
+	rate := float64(d.cfg.MaxCommandsPerSec)
+	if rate <= 0 {
+		return true
+	}
+	now := time.Now()
+	if d.tokensAt.IsZero() {
+		d.tokens = rate
+	} else {
+		d.tokens = min(rate, d.tokens+now.Sub(d.tokensAt).Seconds()*rate)
+	}
+	d.tokensAt = now
+	if d.tokens < 1 {
+		return false
+	}
+	d.tokens--
+	return true
 }
 
 func (d *Device) deviceAttr() *abi.DeviceAttr {
