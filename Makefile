@@ -6,6 +6,7 @@
 #   make qemu    the patched QEMU into bin/qemu-system-x86_64 (cached in ~/.cache/vrdma)
 #   make guest-image  bin/guest/vmlinuz + initramfs.img (Debian cloud kernel, busybox, vrdma-guest)
 #   make fuzz    every fuzz target for FUZZTIME (default 30s)
+#   make deb     a .deb for hypervisor hosts (binaries, systemd unit, man pages)
 #   make bench   the benchmark suite: docs/benchmarks.md + docs/benchmarks-bw.png (no QEMU needed)
 #   make soak    random operations and faults across 4 devices for SOAK (default 10m)
 
@@ -21,7 +22,7 @@ export GOFLAGS := -buildvcs=false
 
 CMDS := $(notdir $(wildcard cmd/*))
 
-.PHONY: all build run test bench fuzz fuzz-short fuzz-run soak qemu guest-image vet fmt-check clean deps
+.PHONY: all build run test bench deb test-tools fuzz fuzz-short fuzz-run soak qemu guest-image vet fmt-check clean deps
 
 all: build
 
@@ -67,8 +68,17 @@ fuzz-run:
 
 # make test: everything, including the tests that need root and the patched
 # QEMU (CI has both; they fail rather than skip when CI=true).
-test: deps fmt-check vet qemu build guest-image
-	$(GO) test -count=1 -race ./...
+# Debian packages the tests use beyond the build's: help2man (man pages in
+# the .deb test) and curl (the documented control-API examples are run).
+TEST_APT := help2man curl dpkg systemd
+
+test-tools:
+	@missing=""; for p in $(TEST_APT); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; fi
+
+test: deps test-tools fmt-check vet qemu build guest-image
+	$(GO) test -count=1 -race -short ./...
 	$(GO) test -count=1 ./...
 	@cat $(BIN)/e2e-summary.txt 2>/dev/null || echo "e2e summary: missing (the end-to-end tests did not run)"
 	VRDMA_SOAK=$(TEST_SOAK) $(GO) test -count=1 -run '^TestSoak$$' ./tests
@@ -87,6 +97,10 @@ run: build qemu guest-image
 
 bench: deps
 	bash scripts/bench.sh
+
+# make deb: bin/vrdma_<version>_amd64.deb with the binaries, the systemd unit and man pages.
+deb: build
+	bash scripts/deb.sh
 
 clean:
 	rm -rf $(BIN)

@@ -5,7 +5,11 @@
 // Usage:
 //
 //	vrdmad --socket /run/vrdma/vm1.sock [--socket …] [--control PATH]
-//	       [--log-level info] [--log-format text|json]
+//	       [--metrics ADDR] [--log-level info] [--log-format text|json]
+//
+// --metrics serves Prometheus metrics on /metrics (see internal/metrics and
+// docs/packaging.md). --help prints the usage on standard output, in a form
+// help2man turns into the manual page.
 package main
 
 import (
@@ -13,6 +17,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -24,9 +29,14 @@ import (
 	"github.com/vrdma/vrdma/backend"
 	"github.com/vrdma/vrdma/backend/rdma"
 	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/metrics"
 	"github.com/vrdma/vrdma/internal/units"
 	"golang.org/x/sys/unix"
 )
+
+// version is set at link time (-ldflags "-X main.version=…") by
+// scripts/deb.sh.
+var version = "devel"
 
 type stringList []string
 
@@ -52,19 +62,37 @@ func run(args []string) error {
 	mapCache := fs.String("map-cache", "256M", "bytes of released pins kept per device (map cache) so re-registration is cheap")
 	maxPinned := fs.String("max-pinned", "0", "per-device quota of pinned bytes (0: none)")
 	globalPinned := fs.String("global-max-pinned", "0", "bound on the pinned bytes of all devices together (0: none)")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: vrdmad --socket PATH [--socket PATH ...] [flags]\n\n"+
+	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on /metrics at `ADDR`: host:port (TCP; bind to loopback or a management network) or unix:PATH")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	usage := func(w io.Writer) {
+		fmt.Fprintf(w, "Usage: vrdmad --socket PATH [--socket PATH ...] [flags]\n\n"+
 			"vrdmad serves para-virtual RDMA devices (virtio device ID 42) to QEMU over vhost-user.\n"+
 			"Attach one to a VM with:\n"+
 			"  -chardev socket,id=vrdma0,path=PATH -device vhost-user-device-pci,chardev=vrdma0,\n"+
-			"     virtio-id=42,num_vqs=3,vq_size=256,config_size=96\n\nFlags:\n")
+			"     virtio-id=42,num_vqs=3,vq_size=256,config_size=96\n\nOptions:\n")
+		fs.SetOutput(w)
 		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+		fmt.Fprintf(w, "\nExamples:\n"+
+			"  vrdmad --control /run/vrdma/control.sock --socket vm1=/run/vrdma/vm1.sock\n"+
+			"  vrdmad --control /run/vrdma/control.sock --metrics 127.0.0.1:9464\n\n"+
+			"Under systemd, vrdmad.service runs vrdmad with the flags of VRDMAD_ARGS in\n"+
+			"/etc/default/vrdmad; see /usr/share/doc/vrdma/packaging.md.\n")
 	}
+	// Parse errors are returned (and printed once by main); --help goes to
+	// standard output.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			usage(os.Stdout)
 			return nil
 		}
-		return err
+		return fmt.Errorf("%w (see vrdmad --help)", err)
+	}
+	if *showVersion {
+		fmt.Println("vrdmad", version)
+		return nil
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
@@ -128,12 +156,24 @@ func run(args []string) error {
 			return err
 		}
 	}
+	var ms *metrics.Server
+	if *metricsAddr != "" {
+		ms, err = metrics.Listen(*metricsAddr, metrics.DaemonSource{D: d}, logrus.NewEntry(log))
+		if err != nil {
+			d.Close()
+			return fmt.Errorf("--metrics: %w", err)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	log.WithField("devices", len(sockets)).Info("vrdmad serving")
 	<-ctx.Done()
 	log.Info("shutting down")
-	return d.Close()
+	var errs []error
+	if ms != nil {
+		errs = append(errs, ms.Close())
+	}
+	return errors.Join(append(errs, d.Close())...)
 }
 
 var _ backend.Device = (*rdma.Device)(nil)

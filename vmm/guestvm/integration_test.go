@@ -15,6 +15,9 @@ import (
 // image returns the patched QEMU and the guest image of this checkout. It
 // skips when they are missing outside CI; in CI (CI=true) that fails.
 func image(t *testing.T) (qemuBin, kernel, initrd string) {
+	if testing.Short() {
+		t.Skip("short mode: boots a guest (make test runs it in its full pass)")
+	}
 	t.Helper()
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {

@@ -1,0 +1,27 @@
+// Package metrics exports vrdmad's counters to Prometheus.
+//
+// A [Collector] reads a [Source] (in vrdmad, the daemon's device set) at
+// scrape time: every value is taken from the counters the devices already
+// keep (rdma.Device.Stats, backend.Server.Stats, the daemon's pin
+// accounting), so the data path never updates a metric. [Listen] serves
+// the collector (plus the Go runtime and process collectors) on /metrics
+// over TCP ("host:port") or a unix socket ("unix:PATH").
+//
+// Metric names all start with vrdma_ and per-device series carry the label
+// device (the device ID). docs/packaging.md lists them; the names are a
+// contract with dashboards and alerts, so renaming one is a breaking change.
+//
+// Non-goals: pushing metrics, histograms of per-operation latency (that
+// would need work on the data path), and authentication: bind the TCP
+// address to loopback or a management network, or use a unix socket.
+//
+// Invariants:
+//   - A scrape never blocks the data path for longer than the stats calls
+//     it makes (each takes a device's own lock briefly).
+//   - A scrape never fails because of the values it reads: a device seen
+//     twice is reported once, a completion status without a name is
+//     reported as "status_N".
+//
+// Lock order: Collector holds no lock; Source implementations take their
+// own (daemon.Daemon.mu, then each device's locks, one at a time).
+package metrics
