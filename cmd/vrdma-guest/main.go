@@ -6,6 +6,16 @@
 //	vrdma-guest selftest [--device ADDR]
 //	vrdma-guest server   [--device ADDR] --op OP --size N --iters N [--lat-iters N] [--tx-depth N]
 //	vrdma-guest client   [--device ADDR] --op OP --size N --iters N [--lat-iters N] [--tx-depth N]
+//	vrdma-guest hotplug  [--rounds N] [--timeout D] [--ack]
+//
+// hotplug is the guest's side of a hot-plug test: each round rescans the
+// PCI bus until the device appears, probes it and runs the selftest,
+// prints "VRDMA-RESULT {role: hotplug, event: attached, attach_s, ...}",
+// then waits until the host unplugs the device (powering the slot off as
+// soon as the host asks, so Linux's 5 s pciehp delay does not apply) and
+// prints an "event: detached" result; with --ack it then waits for a
+// "VRDMA-NEXT" line on stdin, so it never powers off before the host saw
+// DEVICE_DELETED.
 //
 // Results are "VRDMA-RESULT {json}" lines. server and client print one
 // "VRDMA-EXCHANGE {json endpoint, role}" line, then read one
@@ -23,6 +33,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -94,7 +105,7 @@ func (e *env) result(v any) error {
 
 func (e *env) run(args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: vrdma-guest probe|selftest|server|client [flags]")
+		return errors.New("usage: vrdma-guest probe|selftest|server|client|hotplug [flags]")
 	}
 	cmd, args := args[0], args[1:]
 	fs := flag.NewFlagSet("vrdma-guest "+cmd, flag.ContinueOnError)
@@ -102,6 +113,12 @@ func (e *env) run(args []string) error {
 	device := fs.String("device", "", "PCI address of the device (default: the first 1af4:106a)")
 	var cfg perftest.Config
 	var size string
+	rounds, timeout, ack := new(int), new(time.Duration), new(bool)
+	if cmd == "hotplug" {
+		fs.BoolVar(ack, "ack", false, "after each round wait for a VRDMA-NEXT line on stdin (the host finished its detach)")
+		fs.IntVar(rounds, "rounds", 1, "attach/detach rounds")
+		fs.DurationVar(timeout, "timeout", 60*time.Second, "longest wait for the device to appear or go")
+	}
 	if cmd == "server" || cmd == "client" {
 		fs.StringVar(&cfg.Op, "op", "write", "operation: write, read, send or atomic")
 		fs.StringVar(&size, "size", "4K", "message size (atomic: always 8)")
@@ -118,6 +135,17 @@ func (e *env) run(args []string) error {
 	}
 	switch cmd {
 	case "probe", "selftest":
+	case "hotplug":
+		if *rounds < 1 || *rounds > 1000 {
+			return fmt.Errorf("--rounds %d: want 1..1000", *rounds)
+		}
+		if *timeout <= 0 || *timeout > time.Hour {
+			return fmt.Errorf("--timeout %v: want (0, 1h]", *timeout)
+		}
+		if *device != "" {
+			return errors.New("hotplug finds the device itself: no --device")
+		}
+		return e.hotplug(*rounds, *timeout, *ack)
 	case "server", "client":
 		n, err := units.ParseBytes(size)
 		if err != nil {
@@ -128,7 +156,7 @@ func (e *env) run(args []string) error {
 			return err
 		}
 	default:
-		return fmt.Errorf("unknown subcommand %q: want probe, selftest, server or client", cmd)
+		return fmt.Errorf("unknown subcommand %q: want probe, selftest, server, client or hotplug", cmd)
 	}
 	c, closeDev, err := e.open(*device, e.log)
 	if err != nil {

@@ -7,10 +7,14 @@
 //	vrdma-vmtest [flags] pair --op write --size 65536 --iters 1000
 //	vrdma-vmtest [flags] probe
 //	vrdma-vmtest [flags] selftest
+//	vrdma-vmtest [flags] spinup [--rounds N] [--json]
 //
 // pair boots a server and a client VM (one device each) that exchange their
 // endpoints through the harness and move data between each other; both
-// must report verified results. probe and selftest use one VM. The exit
+// must report verified results. probe and selftest use one VM. spinup
+// boots one VM without a vrdma device and measures hot-plug with vrdmactl
+// (device add + vm attach until the guest probed the device, vm detach +
+// device rm); --json prints {"attach_s", "detach_s", "rounds", ...}. The exit
 // status is 0 on success, 1 on a failure (the guest's VRDMA-ERROR message
 // is printed), 2 on bad usage.
 package main
@@ -47,15 +51,16 @@ scenarios:
   pair --op OP --size N --iters N   two VMs, server and client, OP between them
   probe                             one VM: find and initialise the device
   selftest                          one VM: every verb on a loopback QP pair
+  spinup [--rounds N] [--json]      one VM: hot-plug spin-up and tear-down times
 
 flags:
 `
 
 type options struct {
-	vrdmad, qemuBin, kernel, initrd string
-	memory, hugepages               int
-	timeout                         time.Duration
-	verbose                         bool
+	vrdmad, vrdmactl, qemuBin, kernel, initrd string
+	memory, hugepages                         int
+	timeout                                   time.Duration
+	verbose                                   bool
 }
 
 func main() {
@@ -70,6 +75,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	fs.StringVar(&o.vrdmad, "vrdmad", filepath.Join(binDir, "vrdmad"), "the vrdmad `binary`")
+	fs.StringVar(&o.vrdmactl, "vrdmactl", filepath.Join(binDir, "vrdmactl"), "the vrdmactl `binary` (spinup)")
 	fs.StringVar(&o.qemuBin, "qemu", "", "the patched qemu-system-x86_64 `binary` (default: $VRDMA_QEMU, else qemu-system-x86_64 beside this program)")
 	fs.StringVar(&o.kernel, "kernel", filepath.Join(binDir, "guest", "vmlinuz"), "guest kernel `path`")
 	fs.StringVar(&o.initrd, "initrd", filepath.Join(binDir, "guest", "initramfs.img"), "guest initramfs `path`")
@@ -113,6 +119,14 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	switch scenario {
 	case "pair":
 		err = runPair(ctx, o, rest, stdout, stderr)
+	case "spinup":
+		var sf spinupFlags
+		if sf, err = parseSpinup(rest, stderr); err == nil {
+			err = runSpinup(ctx, o, sf, stdout, stderr)
+			if err == nil && sf.json {
+				return 0
+			}
+		}
 	case "probe", "selftest":
 		if len(rest) > 0 {
 			fmt.Fprintf(stderr, "vrdma-vmtest: %s takes no arguments, got %q\n", scenario, rest)

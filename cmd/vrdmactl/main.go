@@ -3,9 +3,20 @@
 //
 // Usage:
 //
+//	vrdmactl [--control PATH] device add ID [--socket PATH] [--max-qps N] [--max-cqs N]
+//	         [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G] [--json]
+//	vrdmactl [--control PATH] device rm ID [--json]
 //	vrdmactl [--control PATH] device ls [--json]
 //	vrdmactl [--control PATH] device show ID [--json]
+//	vrdmactl [--control PATH] vm attach --qmp SOCKET --device ID [--bus PORT] [--json]
+//	vrdmactl vm detach --qmp SOCKET --device ID [--json]
 //	vrdmactl vm pci --qmp SOCKET [--json]
+//
+// vm attach hot-plugs a vrdmad device into a running QEMU over QMP
+// (chardev-add of a reconnecting unix client socket, then device_add of
+// vhost-user-device-pci, or vhost-user-test-device-pci on QEMU 10.2+, on a
+// free pcie-root-port); vm detach unplugs it (device_del, wait for
+// DEVICE_DELETED, chardev-remove).
 package main
 
 import (
@@ -37,8 +48,14 @@ func main() {
 
 func usage(w io.Writer) {
 	fmt.Fprint(w, `Usage:
+  vrdmactl [--control PATH] device add ID [--socket PATH] [--max-qps N] [--max-cqs N]
+           [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G] [--json]   add a device
+  vrdmactl [--control PATH] device rm ID [--json]     remove a device (a connected one is torn down)
   vrdmactl [--control PATH] device ls [--json]        list devices
   vrdmactl [--control PATH] device show ID [--json]   one device
+  vrdmactl [--control PATH] vm attach --qmp SOCKET --device ID [--bus PORT] [--json]
+                                                      hot-plug a device into a running QEMU
+  vrdmactl vm detach --qmp SOCKET --device ID [--json]  hot-unplug it
   vrdmactl vm pci --qmp SOCKET [--json]               PCI functions of a running QEMU
 `)
 }
@@ -59,6 +76,14 @@ func run(args []string, out io.Writer) error {
 		return errors.New("missing command")
 	}
 	switch rest[0] + " " + rest[1] {
+	case "device add":
+		return deviceAdd(*control, rest[2:], out)
+	case "device rm":
+		return deviceRm(*control, rest[2:], out)
+	case "vm attach":
+		return vmAttach(*control, rest[2:], out)
+	case "vm detach":
+		return vmDetach(rest[2:], out)
 	case "device ls":
 		return deviceLs(*control, rest[2:], out)
 	case "device show":
@@ -145,14 +170,7 @@ func deviceShow(control string, args []string, out io.Writer) error {
 	if *asJSON {
 		return printJSON(out, d)
 	}
-	b, _ := json.Marshal(d)
-	var m map[string]any
-	json.Unmarshal(b, &m)
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	for _, k := range []string{"id", "socket", "uuid", "connected", "pinned_bytes", "map_cache_bytes", "pds", "mrs", "cqs", "qps", "ahs", "bytes_moved", "commands", "errors", "ring_errors", "sessions"} {
-		fmt.Fprintf(tw, "%s\t%v\n", k, m[k])
-	}
-	return tw.Flush()
+	return showInfo(out, d)
 }
 
 func vmPCI(args []string, out io.Writer) error {

@@ -1,8 +1,22 @@
 package daemon
 
 import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/vrdma/vrdma/backend/rdma"
 )
 
 // DeviceInfo is a device as the control API shows it.
@@ -26,12 +40,29 @@ type DeviceInfo struct {
 	CacheHits   uint64 `json:"map_cache_hits"`
 	CacheMisses uint64 `json:"map_cache_misses"`
 	EventsLost  uint64 `json:"events_lost"`
+	GUID        string `json:"guid"`
+	GID         string `json:"gid"`
+	Limits      Limits `json:"limits"`
+	// NumQueues is the number of virtqueues QEMU must create (num_vqs):
+	// control, events and the doorbell queues.
+	NumQueues int `json:"num_queues"`
+}
+
+// Limits are the per-device limits the control API sets and shows.
+type Limits struct {
+	// MaxQPs, MaxCQs and MaxMRs bound the device's QPs, CQs and MRs.
+	MaxQPs uint32 `json:"max_qps"`
+	MaxCQs uint32 `json:"max_cqs"`
+	MaxMRs uint32 `json:"max_mrs"`
+	// MaxPinnedBytes is the device's pin quota; 0 means none.
+	MaxPinnedBytes uint64 `json:"max_pinned_bytes"`
 }
 
 // Info describes a device now.
 func (dv *Device) Info() DeviceInfo {
 	st := dv.Server.Stats()
 	ds := dv.Dev.Stats()
+	cs := dv.Dev.ConfigSpace()
 	var wcErrors uint64
 	for _, n := range ds.Engine.CompletionErrors {
 		wcErrors += n
@@ -56,10 +87,270 @@ func (dv *Device) Info() DeviceInfo {
 		CacheHits:   ds.Pin.CacheHits,
 		CacheMisses: ds.Pin.CacheMisses,
 		EventsLost:  ds.EventsLost,
+		GUID:        FormatGUID(cs.NodeGUID),
+		GID:         netip.AddrFrom16(cs.PortGID).String(),
+		Limits:      Limits{MaxQPs: cs.MaxQP, MaxCQs: cs.MaxCQ, MaxMRs: cs.MaxMR, MaxPinnedBytes: dv.MaxPinned},
+		NumQueues:   dv.Dev.NumQueues(),
 	}
 }
 
-// Handler is the control API.
+// Bounds of what POST /v1/devices accepts.
+const (
+	maxRequestBody = 64 << 10
+	maxIDLen       = 64
+	// maxSocketPath is sun_path's size less its terminating NUL.
+	maxSocketPath      = 107
+	maxDoorbellQueues  = 256
+	maxQPs             = 1 << 16
+	maxCQs             = 1 << 16
+	maxMRs             = 1 << 20
+	minPinnedBytes     = 1 << 21 // one hugepage: anything less cannot hold a ring
+	maxPinnedBytes     = 1 << 48
+	guidLocalUnicast   = 0x02 // of the GUID's first byte: locally administered,
+	guidMaskLocalMcast = 0x03 // and not multicast (rdma.NodeGUID forces both)
+)
+
+// ErrInvalidRequest means a control API request is malformed or out of
+// range. Returned as *RequestError.
+var ErrInvalidRequest = errors.New("invalid request")
+
+// RequestError is one bad field of a control API request.
+type RequestError struct {
+	// Field is the JSON key ("limits.max_qps"), or "" for the body as a
+	// whole.
+	Field string
+	// Reason says what is wrong.
+	Reason string
+}
+
+func (e *RequestError) Error() string {
+	if e.Field == "" {
+		return "invalid request: " + e.Reason
+	}
+	return fmt.Sprintf("invalid request: %s: %s", e.Field, e.Reason)
+}
+
+// Is reports whether target is ErrInvalidRequest.
+func (e *RequestError) Is(target error) bool { return target == ErrInvalidRequest }
+
+func reqErr(field, format string, args ...any) error {
+	return &RequestError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// AddRequest is the body of POST /v1/devices. Zero or absent fields take
+// the daemon's defaults.
+type AddRequest struct {
+	// ID names the device; it is also the QEMU device id vrdmactl vm attach
+	// uses: a letter, then letters, digits, '-', '.', '_'; at most 64.
+	ID string `json:"id"`
+	// Socket is the absolute path of the vhost-user socket to serve.
+	Socket string `json:"socket"`
+	// Limits; absent or zero fields keep the defaults (rdma.DefaultLimits,
+	// vrdmad --max-pinned).
+	Limits *Limits `json:"limits,omitempty"`
+	// GUID is the node GUID ("0211:2233:4455:6677" or 16 hex digits), a
+	// locally administered unicast EUI-64; GID is port GID 0 (fe80::/64
+	// with the GUID as interface ID); UUID identifies the device. Each is
+	// derived from the others when absent, and from a random UUID when all
+	// are; given together they must agree.
+	GUID string `json:"guid,omitempty"`
+	GID  string `json:"gid,omitempty"`
+	UUID string `json:"uuid,omitempty"`
+	// DoorbellQueues is the number of doorbell queues (one per guest
+	// vCPU); 0 means 1.
+	DoorbellQueues int `json:"doorbell_queues,omitempty"`
+}
+
+// DecodeAddRequest reads and checks a POST /v1/devices body. On error the
+// spec is zero.
+func DecodeAddRequest(body []byte) (DeviceSpec, error) {
+	var req AddRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return DeviceSpec{}, reqErr("", "malformed JSON: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return DeviceSpec{}, reqErr("", "trailing data after the JSON object")
+	}
+	spec, err := req.Spec()
+	if err != nil {
+		return DeviceSpec{}, err
+	}
+	return spec, nil
+}
+
+// Spec checks r and turns it into a DeviceSpec. On error the spec is zero.
+func (r AddRequest) Spec() (DeviceSpec, error) {
+	if err := checkID(r.ID); err != nil {
+		return DeviceSpec{}, err
+	}
+	if err := checkSocket(r.Socket); err != nil {
+		return DeviceSpec{}, err
+	}
+	if r.DoorbellQueues < 0 || r.DoorbellQueues > maxDoorbellQueues {
+		return DeviceSpec{}, reqErr("doorbell_queues", "%d out of range [0, %d]", r.DoorbellQueues, maxDoorbellQueues)
+	}
+	u, err := r.identity()
+	if err != nil {
+		return DeviceSpec{}, err
+	}
+	lim := rdma.DefaultLimits()
+	var maxPinned uint64
+	if l := r.Limits; l != nil {
+		for _, c := range []struct {
+			name   string
+			v, max uint32
+			dst    *uint32
+		}{{"limits.max_qps", l.MaxQPs, maxQPs, &lim.MaxQP}, {"limits.max_cqs", l.MaxCQs, maxCQs, &lim.MaxCQ}, {"limits.max_mrs", l.MaxMRs, maxMRs, &lim.MaxMR}} {
+			if c.v == 0 {
+				continue
+			}
+			if c.v > c.max {
+				return DeviceSpec{}, reqErr(c.name, "%d out of range [1, %d] (0: default)", c.v, c.max)
+			}
+			*c.dst = c.v
+		}
+		if p := l.MaxPinnedBytes; p != 0 && (p < minPinnedBytes || p > maxPinnedBytes) {
+			return DeviceSpec{}, reqErr("limits.max_pinned_bytes", "%d out of range [%d, %d] (0: the daemon's default)", p, uint64(minPinnedBytes), uint64(maxPinnedBytes))
+		}
+		maxPinned = l.MaxPinnedBytes
+	}
+	return DeviceSpec{
+		ID:        r.ID,
+		Socket:    r.Socket,
+		Device:    rdma.Config{ID: r.ID, UUID: u, DoorbellQueues: r.DoorbellQueues, Limits: lim},
+		MaxPinned: maxPinned,
+	}, nil
+}
+
+func checkID(id string) error {
+	if id == "" {
+		return reqErr("id", "required")
+	}
+	if len(id) > maxIDLen {
+		return reqErr("id", "longer than %d bytes", maxIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		letter := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
+		if i == 0 && !letter {
+			return reqErr("id", "%q must start with a letter", id)
+		}
+		if !letter && !(c >= '0' && c <= '9') && c != '-' && c != '.' && c != '_' {
+			return reqErr("id", "%q holds %q: want letters, digits, '-', '.', '_'", id, c)
+		}
+	}
+	return nil
+}
+
+func checkSocket(p string) error {
+	switch {
+	case p == "":
+		return reqErr("socket", "required")
+	case len(p) > maxSocketPath:
+		return reqErr("socket", "longer than %d bytes (a unix socket path's limit)", maxSocketPath)
+	case !utf8.ValidString(p) || strings.ContainsAny(p, "\x00\n"):
+		return reqErr("socket", "holds a NUL, newline or invalid UTF-8")
+	case !filepath.IsAbs(p) || filepath.Clean(p) != p:
+		return reqErr("socket", "%q is not a clean absolute path", p)
+	}
+	return nil
+}
+
+// identity derives the device UUID from the request's uuid, guid and gid.
+func (r AddRequest) identity() (uuid.UUID, error) {
+	var (
+		u       uuid.UUID
+		guid    uint64
+		hasGUID bool
+	)
+	if r.UUID != "" {
+		v, err := uuid.Parse(r.UUID)
+		if err != nil || v == uuid.Nil {
+			return uuid.Nil, reqErr("uuid", "%q is not a non-nil UUID", r.UUID)
+		}
+		u = v
+	}
+	if r.GUID != "" {
+		g, err := ParseGUID(r.GUID)
+		if err != nil {
+			return uuid.Nil, reqErr("guid", "%v", err)
+		}
+		guid, hasGUID = g, true
+	}
+	if r.GID != "" {
+		a, err := netip.ParseAddr(r.GID)
+		if err != nil || !a.Is6() || a.Zone() != "" {
+			return uuid.Nil, reqErr("gid", "%q is not an IPv6 address", r.GID)
+		}
+		b := a.As16()
+		if binary.BigEndian.Uint64(b[:8]) != 0xfe80<<48 {
+			return uuid.Nil, reqErr("gid", "%s is not in fe80::/64 (port GID 0 is the link-local prefix and the node GUID)", a)
+		}
+		g := binary.BigEndian.Uint64(b[8:])
+		if err := checkGUID(g); err != nil {
+			return uuid.Nil, reqErr("gid", "interface ID: %v", err)
+		}
+		if hasGUID && g != guid {
+			return uuid.Nil, reqErr("gid", "%s does not match guid %s", a, FormatGUID(guid))
+		}
+		guid, hasGUID = g, true
+	}
+	switch {
+	case hasGUID && u != uuid.Nil:
+		if rdma.NodeGUID(u) != guid {
+			return uuid.Nil, reqErr("uuid", "%s gives node GUID %s, not %s", u, FormatGUID(rdma.NodeGUID(u)), FormatGUID(guid))
+		}
+	case hasGUID:
+		// The node GUID is the UUID's first 8 bytes; the rest is random.
+		u = uuid.New()
+		binary.BigEndian.PutUint64(u[:8], guid)
+	case u == uuid.Nil:
+		u = uuid.New()
+	}
+	return u, nil
+}
+
+// ParseGUID parses a GUID written as four colon-separated groups of four
+// hex digits ("0211:2233:4455:6677") or as 16 hex digits, and checks that
+// it is a locally administered unicast EUI-64, as device GUIDs are.
+func ParseGUID(s string) (uint64, error) {
+	h := s
+	if len(s) == 19 {
+		h = strings.ReplaceAll(s, ":", "")
+		if len(h) != 16 || s[4] != ':' || s[9] != ':' || s[14] != ':' {
+			return 0, fmt.Errorf("%q: want xxxx:xxxx:xxxx:xxxx or 16 hex digits", s)
+		}
+	}
+	if len(h) != 16 {
+		return 0, fmt.Errorf("%q: want xxxx:xxxx:xxxx:xxxx or 16 hex digits", s)
+	}
+	b, err := hex.DecodeString(h)
+	if err != nil {
+		return 0, fmt.Errorf("%q: want xxxx:xxxx:xxxx:xxxx or 16 hex digits", s)
+	}
+	g := binary.BigEndian.Uint64(b)
+	if err := checkGUID(g); err != nil {
+		return 0, err
+	}
+	return g, nil
+}
+
+func checkGUID(g uint64) error {
+	if byte(g>>56)&guidMaskLocalMcast != guidLocalUnicast {
+		return fmt.Errorf("%s is not a locally administered unicast EUI-64 (first byte: bit 0x02 set, bit 0x01 clear)", FormatGUID(g))
+	}
+	return nil
+}
+
+// FormatGUID writes a GUID as ibstat does: "0211:2233:4455:6677".
+func FormatGUID(g uint64) string {
+	return fmt.Sprintf("%04x:%04x:%04x:%04x", g>>48, g>>32&0xffff, g>>16&0xffff, g&0xffff)
+}
+
+// Handler is the control API. Every error answer is JSON:
+// {"error": "..."} with a 4xx status for a bad request.
 func (d *Daemon) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/devices", func(w http.ResponseWriter, r *http.Request) {
@@ -70,6 +361,7 @@ func (d *Daemon) Handler() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, out)
 	})
+	mux.HandleFunc("POST /v1/devices", d.postDevice)
 	mux.HandleFunc("GET /v1/devices/{id}", func(w http.ResponseWriter, r *http.Request) {
 		dv, ok := d.Device(r.PathValue("id"))
 		if !ok {
@@ -78,12 +370,65 @@ func (d *Daemon) Handler() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, dv.Info())
 	})
+	mux.HandleFunc("DELETE /v1/devices/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if err := d.RemoveDevice(id); err != nil {
+			if errors.Is(err, ErrNotFound) {
+				writeError(w, http.StatusNotFound, "no such device: "+id)
+				return
+			}
+			// The device is gone from the set either way; report how its
+			// server stopped.
+			writeError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"id": id, "removed": true})
+	})
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "devices": len(d.Devices()), "pinned_bytes": d.PinnedBytes()})
+	})
+	for _, p := range []string{"/v1/devices", "/v1/devices/{id}", "/v1/health"} {
+		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed on "+r.URL.Path)
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
 	})
 	return mux
 }
 
+func (d *Daemon) postDevice(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", maxRequestBody))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
+		return
+	}
+	spec, err := DecodeAddRequest(body)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	dv, err := d.AddDevice(spec)
+	switch {
+	case err == nil:
+		w.Header().Set("Location", "/v1/devices/"+dv.ID)
+		writeJSON(w, http.StatusCreated, dv.Info())
+	case errors.Is(err, ErrExists), errors.Is(err, ErrSocketInUse):
+		writeError(w, http.StatusConflict, err.Error())
+	case errors.Is(err, ErrClosed):
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+	default:
+		// The socket's directory is missing or not writable, and the like:
+		// the request named something the daemon cannot use.
+		writeError(w, http.StatusUnprocessableEntity, "add device: "+err.Error())
+	}
+}
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)

@@ -2,6 +2,14 @@
 // own vhost-user socket, and the HTTP/JSON control API on a unix socket.
 // cmd/vrdmad is a thin flag parser around it, and tests run it in-process.
 //
+// Control API (api.go; docs/operations.md has curl examples): GET and POST
+// /v1/devices, GET and DELETE /v1/devices/{id}, GET /v1/health. A request
+// is decoded once into a DeviceSpec and checked whole before anything is
+// created; AddDevice then creates the device and its listener under
+// Daemon.mu, so a failed add leaves nothing behind. Deleting a connected
+// device closes its server: the front-end is disconnected and every pin
+// and object is released.
+//
 // Lock order: Daemon.mu → (backend locks). Device servers run in their own
 // goroutines; Close waits for all of them.
 package daemon
@@ -29,6 +37,11 @@ import (
 var (
 	ErrExists   = errors.New("device exists")
 	ErrNotFound = errors.New("no such device")
+	// ErrSocketInUse means the socket path of a new device is served by
+	// another device or another process, or is not a socket.
+	ErrSocketInUse = errors.New("socket path in use")
+	// ErrClosed means the daemon is shutting down.
+	ErrClosed = errors.New("daemon is shutting down")
 )
 
 // DeviceSpec describes a device to add.
@@ -36,13 +49,17 @@ type DeviceSpec struct {
 	ID     string
 	Socket string
 	Device rdma.Config
+	// MaxPinned, when not zero, replaces the daemon's per-device pin quota
+	// (Config.Pin.MaxPinned) for this device.
+	MaxPinned uint64
 }
 
 // Device is one served device.
 type Device struct {
-	ID     string
-	Dev    *rdma.Device
-	Server *backend.Server
+	ID        string
+	Dev       *rdma.Device
+	Server    *backend.Server
+	MaxPinned uint64 // immutable; the device's pin quota, 0 for none
 
 	done chan struct{} // closed when Serve returned
 }
@@ -90,20 +107,26 @@ func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
-		return nil, errors.New("daemon is shutting down")
+		return nil, ErrClosed
 	}
 	if _, ok := d.devices[spec.ID]; ok {
 		return nil, fmt.Errorf("%w: %s", ErrExists, spec.ID)
 	}
 	for _, o := range d.devices {
 		if o.Server.Socket() == spec.Socket {
-			return nil, fmt.Errorf("%w: socket %s is used by device %s", ErrExists, spec.Socket, o.ID)
+			return nil, fmt.Errorf("%w: %s is served by device %s", ErrSocketInUse, spec.Socket, o.ID)
 		}
+	}
+	if err := checkSocketFree(spec.Socket); err != nil {
+		return nil, err
 	}
 	spec.Device.ID = spec.ID
 	spec.Device.Fabric = d.fabric
 	if spec.Device.Pin == (memmap.PinConfig{}) {
 		spec.Device.Pin = d.cfg.Pin
+	}
+	if spec.MaxPinned != 0 {
+		spec.Device.Pin.MaxPinned = spec.MaxPinned
 	}
 	spec.Device.Pin.Accounting = d.acct
 	log := d.log.WithField("device", spec.ID)
@@ -116,7 +139,7 @@ func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
 		dev.Close()
 		return nil, err
 	}
-	dv := &Device{ID: spec.ID, Dev: dev, Server: srv, done: make(chan struct{})}
+	dv := &Device{ID: spec.ID, Dev: dev, Server: srv, MaxPinned: spec.Device.Pin.MaxPinned, done: make(chan struct{})}
 	d.devices[spec.ID] = dv
 	d.wg.Add(1)
 	go func() {
@@ -128,6 +151,28 @@ func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
 	}()
 	log.WithField("socket", spec.Socket).Info("device added")
 	return dv, nil
+}
+
+// checkSocketFree fails with ErrSocketInUse when path exists and is not a
+// socket, or is a socket some process accepts connections on. A socket
+// file nobody listens on is stale; the back-end replaces it.
+func checkSocketFree(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("socket %s: %w", path, err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("%w: %s exists and is not a socket", ErrSocketInUse, path)
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("%w: another process listens on %s", ErrSocketInUse, path)
+	}
+	return nil
 }
 
 // RemoveDevice stops serving a device: a connected front-end is

@@ -331,142 +331,40 @@ func deviceAddCommand(deviceName string, dev VhostUserDevice, bus string) ([]byt
 // a reconnecting unix socket chardev (ID+"-chr"), waits until the back-end
 // accepted the connection, and adds the device on bus (a free
 // pcie-root-port; "" picks one with FreeRootPort). On failure nothing
-// stays behind. ctx bounds the whole call (at most 30 s).
+// stays behind. ctx bounds the whole call (at most 30 s). It is
+// AttachVhostUserQMP on the VM's own monitor.
 func (vm *VM) AttachVhostUser(ctx context.Context, dev VhostUserDevice, bus string) error {
-	ctx, cancel := context.WithTimeout(ctx, attachTimeout)
-	defer cancel()
-	dev = dev.withDefaults()
-	if err := dev.validate("dev"); err != nil {
+	if err := dev.withDefaults().validate("dev"); err != nil {
 		return err
 	}
-	if bus != "" {
-		if err := validateID("bus", bus); err != nil {
-			return err
-		}
+	select {
+	case <-vm.done:
+		return fmt.Errorf("attach %s: %w", dev.ID, ErrExited)
+	default:
 	}
 	name, err := vm.deviceName(ctx)
 	if err != nil {
 		return fmt.Errorf("attach %s: %w", dev.ID, err)
 	}
-	mon := vm.QMP()
-	if err := checkSharedMemory(ctx, mon); err != nil {
-		return fmt.Errorf("attach %s: %w", dev.ID, err)
-	}
-	if bus == "" {
-		if bus, err = FreeRootPort(ctx, mon); err != nil {
-			return fmt.Errorf("attach %s: %w", dev.ID, err)
-		}
-	}
-	chr := dev.ID + chrSuffix
-	if _, err := vm.run(ctx, qmpCmdChardevAdd, chardevAddArgs(chr, dev.Socket, vm.version)); err != nil {
-		return fmt.Errorf("attach %s: %w", dev.ID, err)
-	}
-	rollback := func() {
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer rcancel()
-		if _, err := vm.run(rctx, qmpCmdChardevRemove, map[string]any{"id": chr}); err != nil {
-			vm.log.WithError(err).WithField("chardev", chr).Warn("rollback: chardev-remove")
-		}
-	}
-	if err := vm.waitChardevConnected(ctx, chr); err != nil {
-		rollback()
-		return fmt.Errorf("attach %s: back-end at %s: %w", dev.ID, dev.Socket, err)
-	}
-	cmd, err := deviceAddCommand(name, dev, bus)
-	if err != nil {
-		rollback()
-		return fmt.Errorf("attach %s: %w", dev.ID, err)
-	}
-	if _, err := runRawQMP(ctx, mon, qmpCmdDeviceAdd, cmd); err != nil {
-		rollback()
-		return fmt.Errorf("attach %s on %s: %w", dev.ID, bus, err)
-	}
-	vm.log.WithFields(map[string]any{"device": dev.ID, "bus": bus, "socket": dev.Socket}).Info("vhost-user device attached")
-	return nil
-}
-
-// waitChardevConnected polls query-chardev until chr is connected. A
-// socket chardev's filename starts with "disconnected:" until then.
-func (vm *VM) waitChardevConnected(ctx context.Context, chr string) error {
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		raw, err := vm.run(ctx, "query-chardev", nil)
-		if err != nil {
-			if ctx.Err() != nil {
-				return fmt.Errorf("not accepting connections: %w", ctx.Err())
-			}
-			return err
-		}
-		var infos []struct {
-			Label    string `json:"label"`
-			Filename string `json:"filename"`
-		}
-		if err := json.Unmarshal(raw, &infos); err != nil {
-			return &QMPError{Command: "query-chardev", Err: fmt.Errorf("decode reply: %w", err)}
-		}
-		found := false
-		for _, in := range infos {
-			if in.Label != chr {
-				continue
-			}
-			found = true
-			if !strings.HasPrefix(in.Filename, disconnectedPrefix) {
-				return nil
-			}
-		}
-		if !found {
-			return fmt.Errorf("chardev %s vanished", chr)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("not accepting connections: %w", ctx.Err())
-		case <-tick.C:
-		}
-	}
+	_, err = AttachVhostUserQMP(ctx, vm.QMP(), dev, bus, HotplugOptions{DeviceName: name, Version: vm.version, Log: vm.log})
+	return err
 }
 
 // DetachVhostUser hot-unplugs device id: device_del, wait for QEMU's
 // DEVICE_DELETED event for it (the guest must release the device: Linux
 // pciehp does; firmware alone may not), then chardev-remove id+"-chr".
-// ctx bounds the whole call (at most 30 s).
+// ctx bounds the whole call (at most 30 s). It is DetachVhostUserQMP on
+// the VM's own monitor.
 func (vm *VM) DetachVhostUser(ctx context.Context, id string) error {
-	ctx, cancel := context.WithTimeout(ctx, attachTimeout)
-	defer cancel()
+	select {
+	case <-vm.done:
+		return fmt.Errorf("detach %s: %w", id, ErrExited)
+	default:
+	}
 	if err := validateID("id", id); err != nil {
 		return err
 	}
 	events, unsubscribe := vm.subscribe()
 	defer unsubscribe()
-	if _, err := vm.run(ctx, "device_del", map[string]any{"id": id}); err != nil {
-		return fmt.Errorf("detach %s: %w", id, err)
-	}
-	if err := waitDeviceDeleted(ctx, events, id); err != nil {
-		return fmt.Errorf("detach %s: %w", id, err)
-	}
-	if _, err := vm.run(ctx, qmpCmdChardevRemove, map[string]any{"id": id + chrSuffix}); err != nil {
-		return fmt.Errorf("detach %s: %w", id, err)
-	}
-	vm.log.WithField("device", id).Info("vhost-user device detached")
-	return nil
-}
-
-// waitDeviceDeleted waits for DEVICE_DELETED with data.device == id.
-func waitDeviceDeleted(ctx context.Context, events <-chan qmp.Event, id string) error {
-	for {
-		select {
-		case ev, ok := <-events:
-			if !ok {
-				return fmt.Errorf("waiting for %s: %w", eventDeviceDeleted, ErrExited)
-			}
-			if ev.Event != eventDeviceDeleted {
-				continue
-			}
-			if dev, _ := ev.Data["device"].(string); dev == id {
-				return nil
-			}
-		case <-ctx.Done():
-			return fmt.Errorf("no %s event (did the guest release the device?): %w", eventDeviceDeleted, ctx.Err())
-		}
-	}
+	return detachVhostUser(ctx, vm.QMP(), id, vm.log, events)
 }

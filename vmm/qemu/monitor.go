@@ -1,0 +1,274 @@
+package qemu
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/digitalocean/go-qemu/qmp"
+	"github.com/sirupsen/logrus"
+)
+
+// This file holds hot-plug through any QMP monitor: the QEMU need not be
+// one Start ran (vrdmactl attaches to a VM that an operator or libvirt
+// runs). The VM methods AttachVhostUser and DetachVhostUser call the same
+// code with the VM's own monitor.
+
+// maxQOMTypes bounds the qom-list-types reply DeviceNameQMP looks at.
+const maxQOMTypes = 1 << 16
+
+// QEMUVersion asks the QEMU behind mon for its version (query-version).
+func QEMUVersion(ctx context.Context, mon qmp.Monitor) (qmp.Version, error) {
+	raw, err := runQMP(ctx, mon, "query-version", nil)
+	if err != nil {
+		return qmp.Version{}, err
+	}
+	var v qmp.Version
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return qmp.Version{}, &QMPError{Command: "query-version", Err: fmt.Errorf("decode reply: %w", err)}
+	}
+	return v, nil
+}
+
+// DeviceNameQMP asks the QEMU behind mon (qom-list-types) for its generic
+// vhost-user PCI device: DeviceNameGeneric or, on QEMU 10.2+,
+// DeviceNameTest. If it has neither, the error matches ErrNoGenericDevice.
+// QOM lists a type whether or not it is user-creatable: a stock QEMU 10.0
+// passes here and fails at device_add.
+func DeviceNameQMP(ctx context.Context, mon qmp.Monitor) (string, error) {
+	raw, err := runQMP(ctx, mon, "qom-list-types", map[string]any{"implements": "pci-device", "abstract": false})
+	if err != nil {
+		return "", err
+	}
+	var types []struct {
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal(raw, &types); err != nil {
+		return "", &QMPError{Command: "qom-list-types", Err: fmt.Errorf("decode reply: %w", err)}
+	}
+	if len(types) > maxQOMTypes {
+		return "", &QMPError{Command: "qom-list-types", Err: fmt.Errorf("%d types, more than %d", len(types), maxQOMTypes)}
+	}
+	found := map[string]bool{}
+	for _, t := range types {
+		found[t.Name] = true
+	}
+	switch {
+	case found[DeviceNameGeneric]:
+		return DeviceNameGeneric, nil
+	case found[DeviceNameTest]:
+		return DeviceNameTest, nil
+	}
+	return "", fmt.Errorf("%w: QEMU has neither %s nor %s (use the patched build from `make qemu`, or QEMU 10.2+ with CONFIG_VHOST_USER_TEST)",
+		ErrNoGenericDevice, DeviceNameGeneric, DeviceNameTest)
+}
+
+// HotplugOptions say how to reach a QEMU for AttachVhostUserQMP. The zero
+// value asks QEMU for everything.
+type HotplugOptions struct {
+	// DeviceName is the generic device's name; "" asks QEMU
+	// (DeviceNameQMP).
+	DeviceName string
+	// Version is QEMU's version (it decides the chardev reconnect
+	// option); the zero value asks QEMU (QEMUVersion).
+	Version qmp.Version
+	// Log receives one Info line per attach or detach; nil discards.
+	Log *logrus.Entry
+}
+
+// AttachVhostUserQMP hot-plugs dev into the QEMU behind mon: it checks that
+// guest RAM is shared (else ErrNoSharedMemory), adds a reconnecting unix
+// socket chardev (dev.ID+"-chr"), waits until the back-end at dev.Socket
+// accepted the connection, and adds the device on bus (a free
+// pcie-root-port; "" picks one with FreeRootPort, else ErrNoFreeRootPort).
+// It returns the bus it used. On failure nothing stays behind. ctx bounds
+// the whole call (at most 30 s).
+func AttachVhostUserQMP(ctx context.Context, mon qmp.Monitor, dev VhostUserDevice, bus string, o HotplugOptions) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, attachTimeout)
+	defer cancel()
+	dev = dev.withDefaults()
+	if err := dev.validate("dev"); err != nil {
+		return "", err
+	}
+	if bus != "" {
+		if err := validateID("bus", bus); err != nil {
+			return "", err
+		}
+	}
+	log := o.Log
+	if log == nil {
+		log = discardLogger()
+	}
+	name := o.DeviceName
+	if name == "" {
+		n, err := DeviceNameQMP(ctx, mon)
+		if err != nil {
+			return "", fmt.Errorf("attach %s: %w", dev.ID, err)
+		}
+		name = n
+	} else if err := validateID("DeviceName", name); err != nil {
+		return "", err
+	}
+	version := o.Version
+	if version.QEMU.Major == 0 {
+		v, err := QEMUVersion(ctx, mon)
+		if err != nil {
+			return "", fmt.Errorf("attach %s: %w", dev.ID, err)
+		}
+		version = v
+	}
+	if err := checkSharedMemory(ctx, mon); err != nil {
+		return "", fmt.Errorf("attach %s: %w", dev.ID, err)
+	}
+	if bus == "" {
+		b, err := FreeRootPort(ctx, mon)
+		if err != nil {
+			return "", fmt.Errorf("attach %s: %w", dev.ID, err)
+		}
+		bus = b
+	}
+	chr := dev.ID + chrSuffix
+	if _, err := runQMP(ctx, mon, qmpCmdChardevAdd, chardevAddArgs(chr, dev.Socket, version)); err != nil {
+		return "", fmt.Errorf("attach %s: %w", dev.ID, err)
+	}
+	rollback := func() {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer rcancel()
+		if _, err := runQMP(rctx, mon, qmpCmdChardevRemove, map[string]any{"id": chr}); err != nil {
+			log.WithError(err).WithField("chardev", chr).Warn("rollback: chardev-remove")
+		}
+	}
+	if err := waitChardevConnected(ctx, mon, chr); err != nil {
+		rollback()
+		return "", fmt.Errorf("attach %s: back-end at %s: %w", dev.ID, dev.Socket, err)
+	}
+	cmd, err := deviceAddCommand(name, dev, bus)
+	if err != nil {
+		rollback()
+		return "", fmt.Errorf("attach %s: %w", dev.ID, err)
+	}
+	if _, err := runRawQMP(ctx, mon, qmpCmdDeviceAdd, cmd); err != nil {
+		rollback()
+		return "", fmt.Errorf("attach %s on %s: %w", dev.ID, bus, err)
+	}
+	log.WithFields(logrus.Fields{"device": dev.ID, "bus": bus, "socket": dev.Socket}).Info("vhost-user device attached")
+	return bus, nil
+}
+
+// waitChardevConnected polls query-chardev until chr is connected. A
+// socket chardev's filename starts with "disconnected:" until then.
+func waitChardevConnected(ctx context.Context, mon qmp.Monitor, chr string) error {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		raw, err := runQMP(ctx, mon, "query-chardev", nil)
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("not accepting connections: %w", ctx.Err())
+			}
+			return err
+		}
+		var infos []struct {
+			Label    string `json:"label"`
+			Filename string `json:"filename"`
+		}
+		if err := json.Unmarshal(raw, &infos); err != nil {
+			return &QMPError{Command: "query-chardev", Err: fmt.Errorf("decode reply: %w", err)}
+		}
+		found := false
+		for _, in := range infos {
+			if in.Label != chr {
+				continue
+			}
+			found = true
+			if !strings.HasPrefix(in.Filename, disconnectedPrefix) {
+				return nil
+			}
+		}
+		if !found {
+			return fmt.Errorf("chardev %s vanished", chr)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not accepting connections: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// DetachVhostUserQMP hot-unplugs device id from the QEMU behind mon:
+// device_del, wait for QEMU's DEVICE_DELETED event for it (the guest must
+// release the device: Linux pciehp or ACPI hot-plug does; firmware alone
+// may not), then chardev-remove id+"-chr". It listens to mon's events and
+// keeps draining them until mon disconnects (a go-qemu SocketMonitor
+// blocks command replies behind unread events once anyone listened). ctx
+// bounds the whole call (at most 30 s). log may be nil.
+func DetachVhostUserQMP(ctx context.Context, mon qmp.Monitor, id string, log *logrus.Entry) error {
+	if err := validateID("id", id); err != nil {
+		return err
+	}
+	events, err := mon.Events(ctx)
+	if err != nil {
+		return fmt.Errorf("detach %s: qmp events: %w", id, err)
+	}
+	deleted := make(chan qmp.Event, eventBuffer)
+	go func() {
+		defer close(deleted)
+		for ev := range events {
+			if ev.Event != eventDeviceDeleted {
+				continue
+			}
+			select {
+			case deleted <- ev:
+			default: // nobody waits any more, or a flood: drop
+			}
+		}
+	}()
+	return detachVhostUser(ctx, mon, id, log, deleted)
+}
+
+// detachVhostUser is DetachVhostUserQMP with events already subscribed to
+// (before device_del, so the event cannot be missed).
+func detachVhostUser(ctx context.Context, mon qmp.Monitor, id string, log *logrus.Entry, events <-chan qmp.Event) error {
+	ctx, cancel := context.WithTimeout(ctx, attachTimeout)
+	defer cancel()
+	if err := validateID("id", id); err != nil {
+		return err
+	}
+	if log == nil {
+		log = discardLogger()
+	}
+	if _, err := runQMP(ctx, mon, "device_del", map[string]any{"id": id}); err != nil {
+		return fmt.Errorf("detach %s: %w", id, err)
+	}
+	if err := waitDeviceDeleted(ctx, events, id); err != nil {
+		return fmt.Errorf("detach %s: %w", id, err)
+	}
+	if _, err := runQMP(ctx, mon, qmpCmdChardevRemove, map[string]any{"id": id + chrSuffix}); err != nil {
+		return fmt.Errorf("detach %s: %w", id, err)
+	}
+	log.WithField("device", id).Info("vhost-user device detached")
+	return nil
+}
+
+// waitDeviceDeleted waits for DEVICE_DELETED with data.device == id.
+func waitDeviceDeleted(ctx context.Context, events <-chan qmp.Event, id string) error {
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				return fmt.Errorf("waiting for %s: %w", eventDeviceDeleted, ErrExited)
+			}
+			if ev.Event != eventDeviceDeleted {
+				continue
+			}
+			if dev, _ := ev.Data["device"].(string); dev == id {
+				return nil
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("no %s event (did the guest release the device?): %w", eventDeviceDeleted, ctx.Err())
+		}
+	}
+}
