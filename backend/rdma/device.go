@@ -43,6 +43,24 @@ func DefaultLimits() Limits {
 	}
 }
 
+// WithDefaults returns l with every zero field taken from base.
+func (l Limits) WithDefaults(base Limits) Limits {
+	pick := func(v, b uint32) uint32 {
+		if v == 0 {
+			return b
+		}
+		return v
+	}
+	l.MaxQP, l.MaxQPWR, l.MaxSGE = pick(l.MaxQP, base.MaxQP), pick(l.MaxQPWR, base.MaxQPWR), pick(l.MaxSGE, base.MaxSGE)
+	l.MaxCQ, l.MaxCQE, l.MaxMR = pick(l.MaxCQ, base.MaxCQ), pick(l.MaxCQE, base.MaxCQE), pick(l.MaxMR, base.MaxMR)
+	l.MaxPD, l.MaxAH = pick(l.MaxPD, base.MaxPD), pick(l.MaxAH, base.MaxAH)
+	l.MaxInlineData, l.MaxQPRdAtom = pick(l.MaxInlineData, base.MaxInlineData), pick(l.MaxQPRdAtom, base.MaxQPRdAtom)
+	if l.MaxMRSize == 0 {
+		l.MaxMRSize = base.MaxMRSize
+	}
+	return l
+}
+
 // Config describes a device.
 type Config struct {
 	// ID names the device in logs and the control API.
@@ -55,7 +73,7 @@ type Config struct {
 	DoorbellQueues int
 	// MaxQueueSize bounds each virtqueue's size; zero means 1024.
 	MaxQueueSize int
-	// Limits; the zero value means DefaultLimits.
+	// Limits; zero fields take DefaultLimits' values.
 	Limits Limits
 	// Fabric connects the devices of one daemon; nil means a private one.
 	Fabric *engine.Fabric
@@ -132,9 +150,7 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 	if cfg.MaxQueueSize < 2 || cfg.MaxQueueSize > virtio.MaxQueueSize || cfg.MaxQueueSize&(cfg.MaxQueueSize-1) != 0 {
 		return nil, fmt.Errorf("rdma: max queue size %d is not a power of two in [2, %d]", cfg.MaxQueueSize, virtio.MaxQueueSize)
 	}
-	if cfg.Limits == (Limits{}) {
-		cfg.Limits = DefaultLimits()
-	}
+	cfg.Limits = cfg.Limits.WithDefaults(DefaultLimits())
 	if cfg.UUID == uuid.Nil {
 		cfg.UUID = uuid.New()
 	}

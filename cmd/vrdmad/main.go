@@ -20,7 +20,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -64,6 +66,13 @@ func run(args []string) error {
 	globalPinned := fs.String("global-max-pinned", "0", "bound on the pinned bytes of all devices together (0: none)")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on /metrics at `ADDR`: host:port (TCP; bind to loopback or a management network) or unix:PATH")
 	showVersion := fs.Bool("version", false, "print the version and exit")
+	maxQPs := fs.Uint("max-qps", 0, "per-device limit of QPs (0: the built-in default, 1024)")
+	maxCQs := fs.Uint("max-cqs", 0, "per-device limit of CQs (0: the built-in default, 1024)")
+	maxMRs := fs.Uint("max-mrs", 0, "per-device limit of MRs (0: the built-in default, 4096)")
+	cmdRate := fs.Int("max-commands-per-sec", 0, "per-device bound on control commands per second; beyond it commands answer QUOTA (0: none)")
+	sockOwner := fs.String("socket-owner", "", "owner of the device sockets, `USER[:GROUP]` (QEMU's user, e.g. libvirt-qemu:kvm)")
+	sockMode := fs.String("socket-mode", "0600", "permission bits of the device sockets (octal)")
+	allowUIDs := fs.String("allow-uid", "", "comma-separated uids allowed to connect to device sockets (SO_PEERCRED); empty: anyone who can open them")
 	usage := func(w io.Writer) {
 		fmt.Fprintf(w, "Usage: vrdmad --socket PATH [--socket PATH ...] [flags]\n\n"+
 			"vrdmad serves para-virtual RDMA devices (virtio device ID 42) to QEMU over vhost-user.\n"+
@@ -134,6 +143,14 @@ func run(args []string) error {
 		}
 		*f.dst = n
 	}
+	dcfg.Limits = rdma.Limits{MaxQP: uint32(*maxQPs), MaxCQ: uint32(*maxCQs), MaxMR: uint32(*maxMRs)}
+	if *cmdRate < 0 {
+		return fmt.Errorf("--max-commands-per-sec %d: want 0 or more", *cmdRate)
+	}
+	dcfg.MaxCommandsPerSec = *cmdRate
+	if dcfg.Socket, err = socketConfig(*sockMode, *sockOwner, *allowUIDs); err != nil {
+		return err
+	}
 	checkMemlock(logrus.NewEntry(log), dcfg)
 	d := daemon.New(logrus.NewEntry(log), dcfg)
 	for i, s := range sockets {
@@ -177,6 +194,44 @@ func run(args []string) error {
 }
 
 var _ backend.Device = (*rdma.Device)(nil)
+
+// socketConfig parses the socket flags.
+func socketConfig(mode, owner, allow string) (daemon.SocketConfig, error) {
+	var sc daemon.SocketConfig
+	m, err := strconv.ParseUint(mode, 8, 32)
+	if err != nil || m > 0o777 || m&0o600 != 0o600 {
+		return sc, fmt.Errorf("--socket-mode %q: want octal permission bits including 0600", mode)
+	}
+	sc.Mode = os.FileMode(m)
+	if owner != "" {
+		name, group, _ := strings.Cut(owner, ":")
+		u, err := user.Lookup(name)
+		if err != nil {
+			return sc, fmt.Errorf("--socket-owner: %w", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if group != "" {
+			g, err := user.LookupGroup(group)
+			if err != nil {
+				return sc, fmt.Errorf("--socket-owner: %w", err)
+			}
+			gid, _ = strconv.Atoi(g.Gid)
+		}
+		sc.Owner = &backend.Owner{UID: uid, GID: gid}
+	}
+	for _, f := range strings.Split(allow, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		uid, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return sc, fmt.Errorf("--allow-uid %q: want numeric uids", f)
+		}
+		sc.AllowUIDs = append(sc.AllowUIDs, uint32(uid))
+	}
+	return sc, nil
+}
 
 // checkMemlock warns when RLIMIT_MEMLOCK is below what the configured pins
 // may need: pinning then fails with a QUOTA status at REG_MR time, which

@@ -195,7 +195,7 @@ func (r AddRequest) Spec() (DeviceSpec, error) {
 	if err != nil {
 		return DeviceSpec{}, err
 	}
-	lim := rdma.DefaultLimits()
+	var lim rdma.Limits // zero fields: the daemon's defaults (AddDevice)
 	var maxPinned uint64
 	if l := r.Limits; l != nil {
 		for _, c := range []struct {

@@ -286,7 +286,8 @@ func FuzzDecodeAddRequest(f *testing.F) {
 			t.Fatalf("accepted id %q socket %q", spec.ID, spec.Socket)
 		}
 		l := spec.Device.Limits
-		if l.MaxQP == 0 || l.MaxQP > maxQPs || l.MaxCQ == 0 || l.MaxCQ > maxCQs || l.MaxMR == 0 || l.MaxMR > maxMRs {
+		// Zero limits are the daemon's defaults, filled in by AddDevice.
+		if l.MaxQP > maxQPs || l.MaxCQ > maxCQs || l.MaxMR > maxMRs {
 			t.Fatalf("accepted limits %+v", l)
 		}
 		if p := spec.MaxPinned; p != 0 && (p < minPinnedBytes || p > maxPinnedBytes) {

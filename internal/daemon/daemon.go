@@ -72,6 +72,22 @@ type Config struct {
 	// GlobalMaxPinned bounds the pinned bytes of all devices together;
 	// zero means no bound.
 	GlobalMaxPinned uint64
+	// Limits are the devices' default limits; zero fields take
+	// rdma.DefaultLimits'. A device's own non-zero limits win.
+	Limits rdma.Limits
+	// MaxCommandsPerSec is each device's control-command rate bound
+	// unless the device sets its own; zero means none.
+	MaxCommandsPerSec int
+	// Socket applies to every device socket: its mode, owner and the peer
+	// uids allowed to connect (see backend.Config).
+	Socket SocketConfig
+}
+
+// SocketConfig is how device sockets are created and who may connect.
+type SocketConfig struct {
+	Mode      os.FileMode    // zero: 0600
+	Owner     *backend.Owner // nil: the daemon's user
+	AllowUIDs []uint32       // empty: anyone who can open the socket
 }
 
 // Daemon owns devices and the control API.
@@ -122,6 +138,10 @@ func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
 	}
 	spec.Device.ID = spec.ID
 	spec.Device.Fabric = d.fabric
+	spec.Device.Limits = spec.Device.Limits.WithDefaults(d.cfg.Limits)
+	if spec.Device.MaxCommandsPerSec == 0 {
+		spec.Device.MaxCommandsPerSec = d.cfg.MaxCommandsPerSec
+	}
 	if spec.Device.Pin == (memmap.PinConfig{}) {
 		spec.Device.Pin = d.cfg.Pin
 	}
@@ -134,7 +154,8 @@ func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv, err := backend.Listen(backend.Config{Socket: spec.Socket, Device: dev}, backend.WithLogger(log))
+	sc := d.cfg.Socket
+	srv, err := backend.Listen(backend.Config{Socket: spec.Socket, Device: dev, Mode: sc.Mode, Owner: sc.Owner, AllowUIDs: sc.AllowUIDs}, backend.WithLogger(log))
 	if err != nil {
 		dev.Close()
 		return nil, err
