@@ -6,6 +6,7 @@
 #   make qemu    the patched QEMU into bin/qemu-system-x86_64 (cached in ~/.cache/vrdma)
 #   make guest-image  bin/guest/vmlinuz + initramfs.img (Debian cloud kernel, busybox, vrdma-guest)
 #   make fuzz    every fuzz target for FUZZTIME (default 30s)
+#   make compare-rxe  vrdma against soft-RoCE (rdma_rxe) over virtio-net, same guests, same run
 #   make deb     a .deb for hypervisor hosts (binaries, systemd unit, man pages)
 #   make bench   the benchmark suite: docs/benchmarks.md + docs/benchmarks-bw.png (no QEMU needed)
 #   make soak    random operations and faults across 4 devices for SOAK (default 10m)
@@ -22,7 +23,7 @@ export GOFLAGS := -buildvcs=false
 
 CMDS := $(notdir $(wildcard cmd/*))
 
-.PHONY: all build run test bench deb test-tools fuzz fuzz-short soak qemu guest-image vet fmt-check clean deps
+.PHONY: all build run test bench deb test-tools fuzz fuzz-short soak compare-rxe rxe-image qemu guest-image vet fmt-check clean deps
 
 all: build
 
@@ -41,6 +42,13 @@ $(BIN)/qemu-system-x86_64: scripts/qemu-build.sh $(wildcard vmm/qemu/patches/*.p
 
 guest-image: deps
 	bash scripts/guest-image.sh
+
+# The rxe comparison's guests: Debian's generic kernel (rdma_rxe), perftest.
+rxe-image: deps
+	bash scripts/rxe-image.sh
+
+compare-rxe: build qemu guest-image rxe-image
+	$(BIN)/vrdma-compare
 
 vet:
 	$(GO) vet ./...
@@ -69,7 +77,7 @@ test-tools:
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; fi
 
-test: deps test-tools fmt-check vet qemu build guest-image
+test: deps test-tools fmt-check vet qemu build guest-image rxe-image
 	$(GO) test -count=1 -race -short ./...
 	$(GO) test -count=1 ./...
 	@cat $(BIN)/e2e-summary.txt 2>/dev/null || echo "e2e summary: missing (the end-to-end tests did not run)"

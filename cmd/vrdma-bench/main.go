@@ -129,7 +129,7 @@ func run(args []string, stdout io.Writer) error {
 		if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
 			return err
 		}
-		if err := os.WriteFile(o.out, b.Bytes(), 0o644); err != nil {
+		if err := os.WriteFile(o.out, carryCompareRxe(readOld(o.out), b.Bytes()), 0o644); err != nil {
 			return err
 		}
 	}
@@ -349,4 +349,11 @@ func loadavg() string {
 		return "unknown"
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// readOld returns the current benchmarks page (nil if there is none), so
+// the compare-rxe block that make compare-rxe wrote survives a regeneration.
+func readOld(path string) []byte {
+	b, _ := os.ReadFile(path)
+	return b
 }

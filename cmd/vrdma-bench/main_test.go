@@ -179,3 +179,16 @@ func TestQuickSuite(t *testing.T) {
 	}
 	_ = time.Second
 }
+
+// TestCarryCompareRxe: regenerating the page keeps the block that
+// make compare-rxe wrote.
+func TestCarryCompareRxe(t *testing.T) {
+	old := []byte("# old\n\n<!-- BEGIN compare-rxe -->\nrxe table\n<!-- END compare-rxe -->\n")
+	got := string(carryCompareRxe(old, []byte("# new\n")))
+	if !strings.Contains(got, "# new") || !strings.Contains(got, "rxe table") {
+		t.Fatalf("regenerated page lost something:\n%s", got)
+	}
+	if got := string(carryCompareRxe(nil, []byte("# new\n"))); got != "# new\n" {
+		t.Fatalf("without an old page: %q", got)
+	}
+}

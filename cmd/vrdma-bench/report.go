@@ -178,3 +178,27 @@ func sizeName(n uint64) string {
 	}
 	return fmt.Sprintf("%d B", n)
 }
+
+// The block cmd/vrdma-compare (make compare-rxe) owns in docs/benchmarks.md.
+const (
+	compareRxeBegin = "<!-- BEGIN compare-rxe -->"
+	compareRxeEnd   = "<!-- END compare-rxe -->"
+)
+
+// carryCompareRxe returns md (the newly generated document) with the
+// compare-rxe block of old (the document it replaces) appended verbatim,
+// so that regenerating the benchmarks keeps vrdma-compare's measurements.
+// md is returned unchanged when old has no single well-formed block.
+func carryCompareRxe(old, md []byte) []byte {
+	o := string(old)
+	if strings.Count(o, compareRxeBegin) != 1 || strings.Count(o, compareRxeEnd) != 1 {
+		return md
+	}
+	b := strings.Index(o, compareRxeBegin)
+	e := strings.Index(o, compareRxeEnd)
+	if e < b || strings.Contains(string(md), compareRxeBegin) {
+		return md
+	}
+	out := strings.TrimRight(string(md), "\n") + "\n\n" + o[b:e+len(compareRxeEnd)] + "\n"
+	return []byte(out)
+}

@@ -1,0 +1,232 @@
+// Command vrdma-compare answers "why not rxe?" with a measurement: it runs
+// the same workloads between two vrdma guests (one vrdmad, vrdma-guest
+// server/client) and between two guests running Linux soft-RoCE (rdma_rxe
+// on virtio-net joined by QEMU's dgram backend on 127.0.0.1, Debian's
+// perftest), under the same QEMU, -smp 1, the same RAM and TCG, and prints
+// the medians side by side with their spread and the ratio.
+//
+//	vrdma-compare [--short] [--runs N] [--doc docs/benchmarks.md] [--log bin/compare-rxe.log]
+//
+// The full form writes its table into docs/benchmarks.md between
+// "<!-- BEGIN compare-rxe -->" and "<!-- END compare-rxe -->" (replacing
+// the block, or appending it). --short (make test) runs one bandwidth and
+// one latency workload once and writes no document unless --doc is given.
+// Every guest console, perftest's own output lines included, goes to the
+// log file. Exit status: 0 success, 1 failure, 2 bad usage.
+//
+// Images: bin/guest (scripts/guest-image.sh) for vrdma, bin/rxe
+// (scripts/rxe-image.sh) for soft-RoCE.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/vrdma/vrdma/vmm/guestvm"
+	"github.com/vrdma/vrdma/vmm/qemu"
+)
+
+type options struct {
+	vrdmad, qemuBin, kernel, initrd, rxeKernel, rxeInitrd string
+	memory, runs                                          int
+	short                                                 bool
+	doc, logPath                                          string
+	timeout                                               time.Duration
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(argv []string, stdout, stderr io.Writer) int {
+	exe, _ := os.Executable()
+	binDir := filepath.Dir(exe)
+	root := filepath.Dir(binDir)
+	var o options
+	fs := flag.NewFlagSet("vrdma-compare", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.vrdmad, "vrdmad", filepath.Join(binDir, "vrdmad"), "the vrdmad `binary`")
+	fs.StringVar(&o.qemuBin, "qemu", "", "the patched qemu-system-x86_64 `binary` (default: $VRDMA_QEMU, else beside this program)")
+	fs.StringVar(&o.kernel, "kernel", filepath.Join(binDir, "guest", "vmlinuz"), "vrdma guest kernel `path`")
+	fs.StringVar(&o.initrd, "initrd", filepath.Join(binDir, "guest", "initramfs.img"), "vrdma guest initramfs `path`")
+	fs.StringVar(&o.rxeKernel, "rxe-kernel", filepath.Join(binDir, "rxe", "vmlinux"), "rxe guest kernel `path` (uncompressed, PVH)")
+	fs.StringVar(&o.rxeInitrd, "rxe-initrd", filepath.Join(binDir, "rxe", "initramfs.img"), "rxe guest initramfs `path`")
+	fs.IntVar(&o.memory, "memory", guestvm.DefaultMemoryMiB, "RAM of every guest in `MiB`")
+	fs.IntVar(&o.runs, "runs", 5, "runs of every workload on each pair (the median is reported)")
+	fs.BoolVar(&o.short, "short", false, "one run of a bandwidth and a latency workload (make test)")
+	fs.StringVar(&o.doc, "doc", "", "document to write the compare-rxe block into (default: docs/benchmarks.md, none with --short)")
+	fs.StringVar(&o.logPath, "log", filepath.Join(binDir, "compare-rxe.log"), "log `file` for every guest console")
+	fs.DurationVar(&o.timeout, "timeout", 0, "bound on the whole run (default 10m with --short, 90m otherwise)")
+	if err := fs.Parse(argv); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "vrdma-compare: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	setRuns := false
+	fs.Visit(func(f *flag.Flag) { setRuns = setRuns || f.Name == "runs" })
+	ws := Workloads
+	if o.short {
+		ws = ShortWorkloads
+		if !setRuns {
+			o.runs = 1
+		}
+	} else if o.doc == "" {
+		o.doc = filepath.Join(root, "docs", "benchmarks.md")
+	}
+	if o.runs < 1 || o.runs > 100 {
+		fmt.Fprintf(stderr, "vrdma-compare: --runs %d: want 1..100\n", o.runs)
+		return 2
+	}
+	if o.timeout == 0 {
+		o.timeout = 90 * time.Minute
+		if o.short {
+			o.timeout = 10 * time.Minute
+		}
+	}
+	if o.qemuBin == "" {
+		p, err := qemu.FindBinary(root)
+		if err != nil {
+			fmt.Fprintf(stderr, "vrdma-compare: %v (make qemu, or pass --qemu)\n", err)
+			return 1
+		}
+		o.qemuBin = p
+	}
+	for _, f := range []struct{ what, path string }{
+		{"vrdmad", o.vrdmad}, {"qemu", o.qemuBin}, {"vrdma guest kernel", o.kernel}, {"vrdma guest initramfs", o.initrd},
+		{"rxe guest kernel", o.rxeKernel}, {"rxe guest initramfs", o.rxeInitrd},
+	} {
+		if _, err := os.Stat(f.path); err != nil {
+			fmt.Fprintf(stderr, "vrdma-compare: %s: %v (make build qemu guest-image rxe-image)\n", f.what, err)
+			return 1
+		}
+	}
+	logf, err := os.Create(o.logPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "vrdma-compare: %v\n", err)
+		return 1
+	}
+	defer logf.Close()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+
+	rows, err := compare(ctx, o, ws, stdout, logf)
+	if err != nil {
+		fmt.Fprintf(stderr, "vrdma-compare: FAILED: %v (consoles in %s)\n", err, o.logPath)
+		return 1
+	}
+	fmt.Fprintln(stdout)
+	fmt.Fprint(stdout, Table(rows))
+	if o.doc != "" {
+		setup := fmt.Sprintf("Both pairs: QEMU %s, TCG, -smp 1, %d MiB per guest; vrdma guests: two vrdma devices on one vrdmad; rxe guests: Debian's generic 6.1 kernel, rdma_rxe on virtio-net over -netdev dgram on 127.0.0.1, perftest (ib_write_bw, ib_read_bw with --report_gbits; ib_write_lat, ib_send_lat), RoCE v2 GID index %d.",
+			filepath.Base(o.qemuBin), o.memory, rxeGID)
+		block := Block(rows, o.runs, setup, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+		if err := writeDoc(o.doc, block); err != nil {
+			fmt.Fprintf(stderr, "vrdma-compare: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "vrdma-compare: wrote the compare-rxe block of %s\n", o.doc)
+	}
+	return 0
+}
+
+func writeDoc(path, block string) error {
+	old, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	doc, err := ReplaceBlock(string(old), block)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(doc), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// compare runs both pairs and summarises them.
+func compare(ctx context.Context, o options, ws []Workload, stdout, logw io.Writer) ([]Row, error) {
+	vvals := make([][]float64, len(ws))
+	rvals := make([][]float64, len(ws))
+
+	// Pair 2: one boot of the rxe pair runs every workload o.runs times.
+	fmt.Fprintf(stdout, "vrdma-compare: rxe pair: %d workloads x %d runs (perftest over rdma_rxe, TCG)\n", len(ws), o.runs)
+	start := time.Now()
+	res, log, err := runRxe(ctx, o, ws, o.runs)
+	fmt.Fprintf(logw, "===== rxe pair =====\n%s\n", log)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range res {
+		matched := false
+		for i, w := range ws {
+			if r.Op != w.RxeOp || r.Size != uint64(w.Size) {
+				continue
+			}
+			v, err := w.Figure(r, true)
+			if err != nil {
+				return nil, err
+			}
+			rvals[i] = append(rvals[i], v)
+			matched = true
+			break
+		}
+		if !matched {
+			return nil, fmt.Errorf("rxe client printed a result for no workload: %s", r.Raw)
+		}
+	}
+	if !strings.Contains(log, "#bytes") {
+		return nil, errors.New("rxe log holds no perftest result table")
+	}
+	fmt.Fprintf(stdout, "vrdma-compare: rxe pair done in %.0f s\n", time.Since(start).Seconds())
+
+	// Pair 1: vrdma-guest runs one workload per boot.
+	for run := 1; run <= o.runs; run++ {
+		for i, w := range ws {
+			t := time.Now()
+			res, log, err := runVrdma(ctx, o, w)
+			fmt.Fprintf(logw, "===== vrdma pair: %s, run %d =====\n%s\n", w.Name, run, log)
+			if err != nil {
+				return nil, fmt.Errorf("vrdma %s run %d: %w", w.Name, run, err)
+			}
+			if len(res) == 0 {
+				return nil, fmt.Errorf("vrdma %s run %d: client printed no result", w.Name, run)
+			}
+			v, err := w.Figure(res[len(res)-1], false)
+			if err != nil {
+				return nil, fmt.Errorf("vrdma run %d: %w", run, err)
+			}
+			vvals[i] = append(vvals[i], v)
+			fmt.Fprintf(stdout, "vrdma-compare: vrdma %s run %d: %.3f %s (%.0f s)\n", w.Name, run, v, unit(w.Metric), time.Since(t).Seconds())
+		}
+	}
+
+	rows := make([]Row, len(ws))
+	for i, w := range ws {
+		rows[i].W = w
+		rows[i].Vrdma, rows[i].HaveV = Summarize(vvals[i])
+		rows[i].Rxe, rows[i].HaveR = Summarize(rvals[i])
+		if rows[i].Vrdma.N != o.runs || rows[i].Rxe.N != o.runs {
+			return nil, fmt.Errorf("%s: %d vrdma and %d rxe runs, want %d each", w.Name, rows[i].Vrdma.N, rows[i].Rxe.N, o.runs)
+		}
+	}
+	return rows, nil
+}

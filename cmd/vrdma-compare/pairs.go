@@ -1,0 +1,273 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/vmm/guestvm"
+	"github.com/vrdma/vrdma/vmm/qemu"
+)
+
+// rxe guests' addresses on their private dgram link.
+const (
+	rxeServerIP = "10.77.0.1"
+	rxeClientIP = "10.77.0.2"
+	rxeGID      = 1
+)
+
+// freeUDPPorts returns two distinct free UDP ports on 127.0.0.1.
+func freeUDPPorts() (int, int, error) {
+	var ports [2]int
+	var conns []net.PacketConn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range ports {
+		c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+		if err != nil {
+			return 0, 0, fmt.Errorf("pick a udp port: %w", err)
+		}
+		conns = append(conns, c)
+		ports[i] = c.LocalAddr().(*net.UDPAddr).Port
+	}
+	return ports[0], ports[1], nil
+}
+
+// dgramNIC is the QEMU arguments of a virtio-net NIC on a UDP socket pair
+// on the loopback interface.
+func dgramNIC(local, remote int, mac string) []string {
+	return []string{
+		"-netdev", fmt.Sprintf("dgram,id=n0,local.type=inet,local.host=127.0.0.1,local.port=%d,remote.type=inet,remote.host=127.0.0.1,remote.port=%d", local, remote),
+		"-device", "virtio-net-pci,netdev=n0,romfile=,mac=" + mac,
+	}
+}
+
+// rxeConfig is one rxe guest.
+func rxeConfig(o options, name, role, ip, peer string, jobs []string, runs int, nic []string) guestvm.Config {
+	app := fmt.Sprintf("rxe.role=%s rxe.ip=%s rxe.runs=%d rxe.gid=%d", role, ip, runs, rxeGID)
+	if peer != "" {
+		app += " rxe.peer=" + peer
+	}
+	return guestvm.Config{
+		Name: name, QEMU: o.qemuBin, Kernel: o.rxeKernel, Initrd: o.rxeInitrd,
+		MemoryMiB: o.memory, SMP: 1, HugePages: 1, Run: "perftest", Args: jobs,
+		Append: app, ExtraQEMUArgs: nic,
+	}
+}
+
+// waitLine waits until g prints a line containing one of subs, g stops
+// (VRDMA-ERROR, VRDMA-EXIT, console closed) or ctx ends.
+func waitLine(ctx context.Context, g *guestvm.Guest, subs ...string) error {
+	lines := g.Lines()
+	for {
+		var line string
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("guest %s: wait for the server to listen: %w", g.Name(), ctx.Err())
+		case line, ok = <-lines:
+		}
+		if !ok {
+			return fmt.Errorf("guest %s: console closed before the server listened", g.Name())
+		}
+		for _, s := range subs {
+			if strings.Contains(line, s) {
+				return nil
+			}
+		}
+		if k, _ := guestvm.Classify(line); k == guestvm.KindError || k == guestvm.KindExit {
+			return fmt.Errorf("guest %s: %q before the server listened", g.Name(), line)
+		}
+	}
+}
+
+// runRxe boots the soft-RoCE pair once and runs every workload runs times.
+// It returns the client's results and both consoles.
+func runRxe(ctx context.Context, o options, ws []Workload, runs int) ([]guestvm.Result, string, error) {
+	p1, p2, err := freeUDPPorts()
+	if err != nil {
+		return nil, "", err
+	}
+	jobs := make([]string, len(ws))
+	for i, w := range ws {
+		jobs[i] = w.RxeJob()
+	}
+	scfg := rxeConfig(o, "rxe-server", "server", rxeServerIP, "", jobs, runs, dgramNIC(p1, p2, "52:54:00:77:00:01"))
+	ccfg := rxeConfig(o, "rxe-client", "client", rxeClientIP, rxeServerIP, jobs, runs, dgramNIC(p2, p1, "52:54:00:77:00:02"))
+	srv, err := guestvm.Boot(ctx, scfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("boot rxe server: %w", err)
+	}
+	defer srv.Close()
+	// perftest's server prints this just before it listens; the client
+	// also retries a refused connection (guest/rxe-init).
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	err = waitLine(wctx, srv, "Waiting for client")
+	cancel()
+	if err != nil {
+		return nil, srv.Log(), err
+	}
+	cli, err := guestvm.Boot(ctx, ccfg)
+	if err != nil {
+		return nil, srv.Log(), fmt.Errorf("boot rxe client: %w", err)
+	}
+	defer cli.Close()
+	var wg sync.WaitGroup
+	var serr error
+	wg.Add(1)
+	go func() { defer wg.Done(); _, serr = srv.WaitResult(ctx) }()
+	res, cerr := cli.WaitResult(ctx)
+	if cerr != nil {
+		srv.Kill()
+	}
+	wg.Wait()
+	log := srv.Log() + cli.Log()
+	if cerr != nil {
+		return res, log, fmt.Errorf("rxe client: %w", cerr)
+	}
+	if serr != nil {
+		return res, log, fmt.Errorf("rxe server: %w", serr)
+	}
+	return res, log, nil
+}
+
+// runVrdma runs one workload once between two vrdma guests on one vrdmad.
+func runVrdma(ctx context.Context, o options, w Workload) ([]guestvm.Result, string, error) {
+	d, err := startDaemon(o.vrdmad, "server", "client")
+	if err != nil {
+		return nil, "", err
+	}
+	defer d.stop()
+	cfg := func(name string) guestvm.Config {
+		return guestvm.Config{
+			Name: name, QEMU: o.qemuBin, Kernel: o.kernel, Initrd: o.initrd,
+			MemoryMiB: o.memory, SMP: 1, Run: name, Args: w.VrdmaArgs(),
+			Devices: []qemu.VhostUserDevice{{ID: name, Socket: d.sockets[name], VirtioID: abi.DeviceID,
+				NumVQs: abi.FirstDoorbellQueue + 1, VQSize: 256, ConfigSize: abi.ConfigSize}},
+		}
+	}
+	p, err := guestvm.StartPair(ctx, cfg("server"), cfg("client"))
+	if err != nil {
+		return nil, d.Log(), err
+	}
+	res, err := p.Wait(ctx)
+	log := p.Log()
+	if cerr := p.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, log + d.Log(), err
+	}
+	if len(res.Server) == 0 {
+		return nil, log, errors.New("vrdma server printed no result")
+	}
+	for _, r := range res.Server {
+		if !r.Verified {
+			return nil, log, fmt.Errorf("vrdma server: data not verified: %s", r.Raw)
+		}
+	}
+	return res.Client, log, nil
+}
+
+// daemonProc is a vrdmad this program started.
+type daemonProc struct {
+	cmd     *exec.Cmd
+	dir     string
+	control string
+	sockets map[string]string
+	mu      sync.Mutex
+	log     strings.Builder
+	logDone chan struct{}
+}
+
+func startDaemon(bin string, devices ...string) (*daemonProc, error) {
+	dir, err := os.MkdirTemp("", "vrdma-compare-")
+	if err != nil {
+		return nil, err
+	}
+	d := &daemonProc{dir: dir, control: filepath.Join(dir, "control.sock"), sockets: map[string]string{}, logDone: make(chan struct{})}
+	args := []string{"--control", d.control, "--log-level", "info"}
+	for _, id := range devices {
+		d.sockets[id] = filepath.Join(dir, id+".sock")
+		args = append(args, "--socket", id+"="+d.sockets[id])
+	}
+	d.cmd = exec.Command(bin, args...)
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	errPipe, err := d.cmd.StderrPipe()
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := d.cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("start vrdmad: %w", err)
+	}
+	go func() {
+		defer close(d.logDone)
+		sc := bufio.NewScanner(errPipe)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			d.mu.Lock()
+			if d.log.Len() < 4<<20 {
+				d.log.WriteString(sc.Text() + "\n")
+			}
+			d.mu.Unlock()
+		}
+	}()
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var dl net.Dialer
+			return dl.DialContext(ctx, "unix", d.control)
+		},
+	}}
+	defer c.CloseIdleConnections()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if resp, err := c.Get("http://vrdmad/v1/devices"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return d, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			d.stop()
+			return nil, errors.New("vrdmad did not answer on its control socket within 10 s: " + d.Log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Log is vrdmad's stderr so far.
+func (d *daemonProc) Log() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return "=== vrdmad log ===\n" + d.log.String()
+}
+
+// stop ends vrdmad (SIGTERM, then SIGKILL after 10 s) and removes its
+// sockets.
+func (d *daemonProc) stop() {
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { <-d.logDone; d.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		d.cmd.Process.Kill()
+		<-done
+	}
+	os.RemoveAll(d.dir)
+}

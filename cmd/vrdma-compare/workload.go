@@ -1,0 +1,173 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+
+	"github.com/vrdma/vrdma/vmm/guestvm"
+)
+
+// Metric is what a workload measures.
+type Metric int
+
+const (
+	// Bandwidth in Gb/s (10^9 bits per second); higher is better.
+	Bandwidth Metric = iota
+	// Latency in microseconds (the median of one run); lower is better.
+	Latency
+)
+
+// Workload is one row of the comparison: the same operation and message
+// size on both pairs.
+type Workload struct {
+	Name   string // row label, e.g. "WRITE bandwidth 64 KiB"
+	Metric Metric
+	// VrdmaOp is vrdma-guest's --op; RxeOp is perftest's ib_<RxeOp>.
+	VrdmaOp, RxeOp string
+	Size           int
+	// Iters for both sides (vrdma-guest --iters / --lat-iters, perftest -n).
+	Iters int
+}
+
+// Workloads are the issue's list: WRITE bandwidth at 4 KiB, 64 KiB and
+// 1 MiB, WRITE and SEND latency at 64 B, READ bandwidth at 64 KiB. Iteration
+// counts keep one soft-RoCE run under TCG within seconds (about 8-16 MiB
+// moved per bandwidth run).
+var Workloads = []Workload{
+	{Name: "WRITE bandwidth 4 KiB", Metric: Bandwidth, VrdmaOp: "write", RxeOp: "write_bw", Size: 4 << 10, Iters: 2000},
+	{Name: "WRITE bandwidth 64 KiB", Metric: Bandwidth, VrdmaOp: "write", RxeOp: "write_bw", Size: 64 << 10, Iters: 200},
+	{Name: "WRITE bandwidth 1 MiB", Metric: Bandwidth, VrdmaOp: "write", RxeOp: "write_bw", Size: 1 << 20, Iters: 16},
+	{Name: "WRITE latency 64 B", Metric: Latency, VrdmaOp: "write", RxeOp: "write_lat", Size: 64, Iters: 1000},
+	{Name: "SEND latency 64 B", Metric: Latency, VrdmaOp: "send", RxeOp: "send_lat", Size: 64, Iters: 1000},
+	{Name: "READ bandwidth 64 KiB", Metric: Bandwidth, VrdmaOp: "read", RxeOp: "read_bw", Size: 64 << 10, Iters: 200},
+}
+
+// ShortWorkloads is the subset --short runs (make test): one bandwidth and
+// one latency row.
+var ShortWorkloads = []Workload{Workloads[1], Workloads[3]}
+
+// RxeJob is the workload in rxe-init's vrdma.args form, OP:SIZE:ITERS.
+func (w Workload) RxeJob() string {
+	return w.RxeOp + ":" + strconv.Itoa(w.Size) + ":" + strconv.Itoa(w.Iters)
+}
+
+// VrdmaArgs are vrdma-guest's server/client arguments for w.
+func (w Workload) VrdmaArgs() []string {
+	args := []string{"--op", w.VrdmaOp, "--size", strconv.Itoa(w.Size), "--iters", strconv.Itoa(w.Iters)}
+	if w.Metric == Latency {
+		args = append(args, "--lat-iters", strconv.Itoa(w.Iters))
+	}
+	return args
+}
+
+var (
+	// ErrBadResult means a guest's result line does not fit its workload.
+	ErrBadResult = errors.New("bad result")
+)
+
+// ResultError is a result that does not fit the workload it answers.
+type ResultError struct {
+	Workload string
+	Reason   string
+}
+
+func (e *ResultError) Error() string { return fmt.Sprintf("%s: %s", e.Workload, e.Reason) }
+
+// Is matches ErrBadResult.
+func (e *ResultError) Is(target error) bool { return target == ErrBadResult }
+
+// rxeExtra are rxe-init's fields beyond guestvm.Result.
+type rxeExtra struct {
+	Transport string   `json:"transport"`
+	Run       int      `json:"run"`
+	GBits     *float64 `json:"gbits_per_s"`
+}
+
+// Figure extracts w's figure from a guest result: Gb/s for bandwidth, the
+// median latency in µs for latency. rxe results must come from rxe-init
+// (transport "rxe", op ib_<RxeOp>); vrdma results must be verified. On
+// error the figure is 0.
+func (w Workload) Figure(r guestvm.Result, rxe bool) (float64, error) {
+	bad := func(f string, a ...any) (float64, error) {
+		return 0, &ResultError{Workload: w.Name, Reason: fmt.Sprintf(f, a...)}
+	}
+	if r.Size != uint64(w.Size) {
+		return bad("result for %d bytes, want %d", r.Size, w.Size)
+	}
+	var v float64
+	if rxe {
+		var x rxeExtra
+		if err := json.Unmarshal(r.Raw, &x); err != nil {
+			return bad("rxe result: %v", err)
+		}
+		if x.Transport != "rxe" || r.Op != w.RxeOp {
+			return bad("rxe result for %q/%q, want rxe/%q", x.Transport, r.Op, w.RxeOp)
+		}
+		if w.Metric == Bandwidth {
+			if x.GBits == nil {
+				return bad("rxe result has no gbits_per_s")
+			}
+			v = *x.GBits
+		} else {
+			v = r.LatP50
+		}
+	} else {
+		if r.Op != w.VrdmaOp {
+			return bad("vrdma result for op %q, want %q", r.Op, w.VrdmaOp)
+		}
+		if !r.Verified {
+			return bad("vrdma data not verified")
+		}
+		if w.Metric == Bandwidth {
+			v = r.GBytesPerS * 8
+		} else {
+			v = r.LatP50
+		}
+	}
+	if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 || v > 1e9 {
+		return bad("figure %v out of range", v)
+	}
+	return v, nil
+}
+
+// Stats summarise the runs of one workload on one pair.
+type Stats struct {
+	N                int
+	Median, Min, Max float64
+}
+
+// Summarize returns the median, minimum and maximum of vs (the median of an
+// even count is the mean of the middle two). ok is false for no values.
+func Summarize(vs []float64) (Stats, bool) {
+	if len(vs) == 0 {
+		return Stats{}, false
+	}
+	s := append([]float64(nil), vs...)
+	sort.Float64s(s)
+	n := len(s)
+	med := s[n/2]
+	if n%2 == 0 {
+		med = (s[n/2-1] + s[n/2]) / 2
+	}
+	return Stats{N: n, Median: med, Min: s[0], Max: s[n-1]}, true
+}
+
+// Advantage is how many times better vrdma is than rxe for metric m:
+// vrdma/rxe for bandwidth, rxe/vrdma for latency. ok is false when a
+// divisor is zero.
+func Advantage(m Metric, vrdma, rxe float64) (float64, bool) {
+	if m == Bandwidth {
+		if rxe == 0 {
+			return 0, false
+		}
+		return vrdma / rxe, true
+	}
+	if vrdma == 0 {
+		return 0, false
+	}
+	return rxe / vrdma, true
+}

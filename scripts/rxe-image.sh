@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# Guest image for the soft-RoCE comparison (cmd/vrdma-compare, make
+# compare-rxe): bin/rxe/vmlinux (Debian's *generic* 6.1 kernel, which has
+# rdma_rxe; the cloud kernel does not) and bin/rxe/initramfs.img (busybox,
+# guest/rxe-init, the modules rdma_rxe needs, virtio-net, perftest and the
+# `rdma` tool with every shared library they load). Built from Debian
+# packages only, as root.
+#
+#   bash scripts/rxe-image.sh              # (re)build what is missing or stale
+#
+# The .debs are cached in ~/.cache/vrdma/rxe (apt-get download runs once).
+#
+# vmlinux, not vmlinuz: QEMU boots an uncompressed ELF kernel through its PVH
+# entry point, which skips decompressing the xz bzImage payload (about three
+# times the boot time under TCG). The payload is found by its xz magic and
+# checked to be an ELF with a PVH note.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE="${HOME:-/root}/.cache/vrdma/rxe"
+GUEST_CACHE="${HOME:-/root}/.cache/vrdma/guest"
+OUT="$ROOT/bin/rxe"
+
+say() { printf 'rxe-image: %s\n' "$*"; }
+die() { printf 'rxe-image: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" = 0 ] || die "run as root (dpkg -x keeps ownership and modes)"
+for tool in readelf xz dpkg-deb apt-get apt-cache od; do
+	command -v "$tool" >/dev/null 2>&1 || die "$tool is required"
+done
+mkdir -p "$CACHE/debs" "$OUT" "$GUEST_CACHE/debs"
+
+# --- 1. Debian packages (cached) --------------------------------------------
+
+kernel_pkg() {
+	apt-cache search '^linux-image-6\.1\.0-[0-9]+-amd64$' | awk '{print $1}' | sort -V | tail -1
+}
+
+KPKG=$(kernel_pkg || true)
+if [ -z "$KPKG" ]; then
+	say "apt cache has no generic kernel: apt-get update"
+	apt-get update -qq
+	KPKG=$(kernel_pkg || true)
+fi
+[ -n "$KPKG" ] || die "no linux-image-6.1.0-N-amd64 package in the apt sources"
+KVER=${KPKG#linux-image-}
+
+fetch_deb() { # dir package -> prints the cached .deb path
+	local dir=$1 pkg=$2 deb
+	deb=$(ls "$dir/${pkg}"_*.deb 2>/dev/null | sort -V | tail -1 || true)
+	if [ -z "$deb" ]; then
+		say "apt-get download $pkg" >&2
+		(cd "$dir" && apt-get download -q -o APT::Sandbox::User=root "$pkg" >&2) || {
+			apt-get update -qq >&2
+			(cd "$dir" && apt-get download -q -o APT::Sandbox::User=root "$pkg" >&2)
+		}
+		deb=$(ls "$dir/${pkg}"_*.deb 2>/dev/null | sort -V | tail -1 || true)
+		[ -n "$deb" ] || die "apt-get download $pkg left no .deb"
+	fi
+	printf '%s\n' "$deb"
+}
+
+extract() { # deb dir
+	local deb=$1 dir=$2
+	if [ ! -f "$dir/.extracted" ] || [ "$(cat "$dir/.extracted")" != "$(basename "$deb")" ]; then
+		say "dpkg -x $(basename "$deb")"
+		rm -rf "$dir"
+		mkdir -p "$dir"
+		dpkg -x "$deb" "$dir"
+		basename "$deb" >"$dir/.extracted"
+	fi
+}
+
+KDEB=$(fetch_deb "$CACHE/debs" "$KPKG")
+BDEB=$(fetch_deb "$GUEST_CACHE/debs" busybox-static)
+extract "$KDEB" "$CACHE/kernel"
+extract "$BDEB" "$CACHE/busybox"
+BUSYBOX="$CACHE/busybox/bin/busybox"
+[ -x "$BUSYBOX" ] || die "busybox-static has no bin/busybox"
+
+# User space: the named packages and every library package they depend on
+# (apt's dependency closure, library packages only), extracted into one pool.
+# What goes into the image is picked from the pool by DT_NEEDED below.
+USER_PKGS="perftest libibverbs1 ibverbs-providers librdmacm1 iproute2"
+PKGLIST="$CACHE/packages.txt"
+if [ ! -s "$PKGLIST" ]; then
+	say "resolving the dependency closure of $USER_PKGS"
+	{
+		printf '%s\n' $USER_PKGS
+		apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
+			--no-breaks --no-replaces --no-enhances --no-pre-depends $USER_PKGS |
+			awk '/^[a-z0-9]/ {print $1}' | sed 's/:amd64$//' | grep -E '^(lib|zlib)' || true
+	} | sort -u >"$PKGLIST.tmp"
+	mv "$PKGLIST.tmp" "$PKGLIST"
+fi
+POOL="$CACHE/pool"
+pool_key=""
+while read -r pkg; do
+	[ -n "$pkg" ] || continue
+	# Virtual packages (no .deb of their own) are skipped; what they stand for
+	# is in the closure too.
+	if ! ls "$CACHE/debs/${pkg}"_*.deb >/dev/null 2>&1 &&
+		[ -z "$(apt-cache show --no-all-versions "$pkg" 2>/dev/null | head -1)" ]; then
+		continue
+	fi
+	deb=$(fetch_deb "$CACHE/debs" "$pkg")
+	pool_key="$pool_key $(basename "$deb")"
+done <"$PKGLIST"
+if [ ! -f "$POOL/.extracted" ] || [ "$(cat "$POOL/.extracted")" != "$pool_key" ]; then
+	say "extracting $(wc -w <<<"$pool_key") packages into the pool"
+	rm -rf "$POOL"
+	mkdir -p "$POOL"
+	for deb in $pool_key; do
+		dpkg -x "$CACHE/debs/$deb" "$POOL"
+	done
+	printf '%s' "$pool_key" >"$POOL/.extracted"
+fi
+
+# --- 2. vmlinux (uncompressed, for PVH boot) ---------------------------------
+
+VMLINUZ="$CACHE/kernel/boot/vmlinuz-$KVER"
+[ -f "$VMLINUZ" ] || die "$KDEB has no boot/vmlinuz-$KVER"
+if [ ! -f "$OUT/vmlinux" ] || [ ! -f "$OUT/.vmlinux.from" ] ||
+	[ "$(cat "$OUT/.vmlinux.from")" != "$(basename "$KDEB")" ]; then
+	# Byte offsets of the xz stream magic fd 37 7a 58 5a 00; the first one
+	# that decompresses to an ELF is the kernel.
+	offsets=$(LC_ALL=C grep -obUaP '\xfd\x37\x7a\x58\x5a\x00' "$VMLINUZ" | cut -d: -f1 | head -4 || true)
+	[ -n "$offsets" ] || die "$VMLINUZ has no xz stream"
+	ok=0
+	for off in $offsets; do
+		rm -f "$OUT/vmlinux.tmp"
+		# xz complains about the trailing bzImage bytes after the stream; the
+		# ELF check below decides.
+		tail -c +$((off + 1)) "$VMLINUZ" | xz -dc >"$OUT/vmlinux.tmp" 2>/dev/null || true
+		if [ "$(head -c 4 "$OUT/vmlinux.tmp" | od -A n -t x1 | tr -d ' \n')" = 7f454c46 ]; then
+			ok=1
+			break
+		fi
+	done
+	[ "$ok" = 1 ] || die "no xz stream in $VMLINUZ decompresses to an ELF"
+	readelf -n "$OUT/vmlinux.tmp" 2>/dev/null | grep -qi 'xen' ||
+		die "$KVER vmlinux has no Xen/PVH ELF note; QEMU cannot boot it with -kernel"
+	mv "$OUT/vmlinux.tmp" "$OUT/vmlinux"
+	basename "$KDEB" >"$OUT/.vmlinux.from"
+	say "bin/rxe/vmlinux <- $KVER ($(du -h "$OUT/vmlinux" | cut -f1))"
+fi
+
+# --- 3. initramfs (rebuilt only when an input changed) ------------------------
+
+KMOD="$CACHE/kernel/lib/modules/$KVER"
+[ -f "$KMOD/modules.order" ] || die "$KDEB has no modules.order"
+STAMP="$OUT/.initramfs.inputs"
+inputs=$(sha256sum "$BUSYBOX" "$ROOT/guest/rxe-init" "${BASH_SOURCE[0]}" | awk '{print $1}' | tr '\n' ' ')
+inputs="$inputs $(basename "$KDEB") $pool_key"
+if [ -f "$OUT/initramfs.img" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$inputs" ]; then
+	say "bin/rxe/initramfs.img is up to date"
+	exit 0
+fi
+
+STAGE=$(mktemp -d "$CACHE/stage.XXXXXX")
+trap 'rm -rf "$STAGE"' EXIT
+mkdir -p "$STAGE"/{bin,sbin,usr/bin,usr/sbin,dev,proc,sys,tmp,run,etc,root,lib/modules,lib64,lib/x86_64-linux-gnu}
+cp "$BUSYBOX" "$STAGE/bin/busybox"
+"$STAGE/bin/busybox" --list-full | while read -r applet; do
+	[ -e "$STAGE/$applet" ] || ln -s /bin/busybox "$STAGE/$applet"
+done
+
+# Modules: the wanted ones after their dependencies (from each .ko's
+# .modinfo "depends="; the package has no modules.dep, depmod makes it at
+# install time), listed in load order in /lib/modules/load-order.
+declare -A modpath=() seen=()
+while read -r rel; do
+	name=${rel##*/}
+	name=${name%.ko}
+	modpath[${name//-/_}]=$rel
+done <"$KMOD/modules.order"
+ORDER=()
+visit() { # module depth
+	local m=${1//-/_} depth=$2 deps d
+	[ "$depth" -le 16 ] || die "module dependencies of $1 nest too deep"
+	[ -z "${seen[$m]:-}" ] || return 0
+	seen[$m]=1
+	[ -n "${modpath[$m]:-}" ] || die "$KVER has no module $m"
+	[ -f "$KMOD/${modpath[$m]}" ] || die "$KVER: ${modpath[$m]} is missing"
+	deps=$(readelf -p .modinfo "$KMOD/${modpath[$m]}" 2>/dev/null | sed -n 's/.*depends=\(.*\)$/\1/p' | head -1)
+	for d in ${deps//,/ }; do
+		visit "$d" $((depth + 1))
+	done
+	ORDER+=("$m")
+}
+for m in crc32_generic virtio_pci virtio_net ib_core ib_uverbs rdma_ucm rdma_rxe; do
+	visit "$m" 0
+done
+: >"$STAGE/lib/modules/load-order"
+for m in "${ORDER[@]}"; do
+	cp "$KMOD/${modpath[$m]}" "$STAGE/lib/modules/$m.ko"
+	echo "$m" >>"$STAGE/lib/modules/load-order"
+done
+
+# User space: the programs, the rxe verbs provider (dlopened by libibverbs,
+# found through /etc/libibverbs.d/rxe.driver) and, by DT_NEEDED, every
+# shared library they need, plus the dynamic loader.
+LIBDIRS="lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu lib64 usr/lib64 lib usr/lib"
+copy_file() { # pool-relative path; keeps symlinks to the real file
+	local rel=$1 target
+	mkdir -p "$STAGE/$(dirname "$rel")"
+	if [ -L "$POOL/$rel" ]; then
+		target=$(readlink "$POOL/$rel")
+		ln -sfn "$target" "$STAGE/$rel"
+		case "$target" in
+		/*) copy_file "${target#/}" ;;
+		*) copy_file "$(dirname "$rel")/$target" ;;
+		esac
+	elif [ -f "$POOL/$rel" ]; then
+		[ -e "$STAGE/$rel" ] || cp -p "$POOL/$rel" "$STAGE/$rel"
+	else
+		die "the pool has no $rel"
+	fi
+}
+find_lib() { # soname -> pool-relative path
+	local d
+	for d in $LIBDIRS; do
+		if [ -e "$POOL/$d/$1" ]; then
+			printf '%s\n' "$d/$1"
+			return 0
+		fi
+	done
+	return 1
+}
+declare -A libdone=()
+QUEUE=()
+ELFS="usr/bin/ib_write_bw usr/bin/ib_write_lat usr/bin/ib_read_bw usr/bin/ib_send_lat
+	usr/bin/rdma usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so"
+for rel in $ELFS; do
+	[ -e "$POOL/$rel" ] || die "the pool has no $rel"
+	copy_file "$rel"
+	QUEUE+=("$rel")
+done
+LDSO=$(find_lib ld-linux-x86-64.so.2) || die "the pool has no ld-linux-x86-64.so.2 (libc6)"
+copy_file "$LDSO"
+ln -sfn "/$LDSO" "$STAGE/lib64/ld-linux-x86-64.so.2"
+steps=0
+while [ "${#QUEUE[@]}" -gt 0 ]; do
+	steps=$((steps + 1))
+	[ "$steps" -le 500 ] || die "shared library closure does not converge"
+	rel=${QUEUE[0]}
+	QUEUE=("${QUEUE[@]:1}")
+	for so in $(readelf -d "$POOL/$rel" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
+		[ -z "${libdone[$so]:-}" ] || continue
+		libdone[$so]=1
+		lib=$(find_lib "$so") || die "no package in the closure provides $so (needed by $rel)"
+		copy_file "$lib"
+		QUEUE+=("$(cd "$POOL" && readlink -f "$lib" | sed "s|^$POOL/||")")
+	done
+done
+mkdir -p "$STAGE/etc/libibverbs.d"
+cp "$POOL/etc/libibverbs.d/rxe.driver" "$STAGE/etc/libibverbs.d/"
+for f in ib_write_bw ib_write_lat ib_read_bw ib_send_lat; do
+	[ -x "$STAGE/usr/bin/$f" ] || die "image lacks $f"
+done
+
+install -m 0755 "$ROOT/guest/rxe-init" "$STAGE/init"
+printf 'root:x:0:0:root:/root:/bin/sh\n' >"$STAGE/etc/passwd"
+printf 'root:x:0:\n' >"$STAGE/etc/group"
+printf '127.0.0.1 localhost\n' >"$STAGE/etc/hosts"
+"$BUSYBOX" mknod -m 600 "$STAGE/dev/console" c 5 1
+"$BUSYBOX" mknod -m 666 "$STAGE/dev/null" c 1 3
+
+(cd "$STAGE" && find . | "$BUSYBOX" cpio -o -H newc -R 0:0 2>/dev/null | gzip -1 >"$OUT/initramfs.img.tmp")
+mv "$OUT/initramfs.img.tmp" "$OUT/initramfs.img"
+printf '%s' "$inputs" >"$STAMP"
+say "bin/rxe/initramfs.img ($(du -h "$OUT/initramfs.img" | cut -f1)): busybox, /init, ${#ORDER[@]} modules, perftest, rdma; kernel $KVER"
