@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 )
 
 // verdict is the sentence under a table: which targets are met.
@@ -133,9 +134,15 @@ func startupSection(s settings, w io.Writer) (section, error) {
 		}
 		r := row{name: "guest " + sizeName(mem), figure: t1 * 1e3, unit: "ms (on-demand)", baseName: "pin-all",
 			baseUnit: "ms", invRatio: true}
+		// The previous size's pinned guest is freed as its front-end goes
+		// away; give the kernel a moment to return it before judging.
 		avail, _ := memAvailable()
-		if avail < mem+(2<<30) {
-			r.baseName = fmt.Sprintf("pin-all not measured: MemAvailable %s < guest + 2 GiB", sizeName(avail&^(1<<20-1)))
+		for deadline := time.Now().Add(10 * time.Second); avail < mem+(1<<30) && time.Now().Before(deadline); {
+			time.Sleep(200 * time.Millisecond)
+			avail, _ = memAvailable()
+		}
+		if avail < mem+(1<<30) {
+			r.baseName = fmt.Sprintf("pin-all not measured: MemAvailable %s < guest + 1 GiB", sizeName(avail&^(1<<20-1)))
 		} else {
 			t2, err := s.repeat(func() (float64, error) { return startup(all, mem) })
 			if err != nil {
