@@ -93,7 +93,7 @@ func (q *Queue) Pop(c *virtio.Chain) (bool, error) {
 }
 
 // Push returns a chain to the driver; the interrupt, if the driver wants
-// one, is sent when the current HandleQueue or Run returns.
+// one, is sent when the current HandleQueue or Run returns, or at Notify.
 // Precondition: called inside HandleQueue or Run.
 func (q *Queue) Push(head uint16, written uint32) error {
 	if err := q.vq.Push(head, written); err != nil {
@@ -102,6 +102,30 @@ func (q *Queue) Push(head uint16, written uint32) error {
 	q.dirty = true
 	return nil
 }
+
+// Notify sends the interrupt for the chains pushed so far now, if the
+// driver wants one, instead of when the handler returns: a handler that
+// goes on polling for more work answers first.
+// Precondition: called inside HandleQueue or Run.
+func (q *Queue) Notify() { q.vr.notify() }
+
+// SetNotify enables or disables the driver's notifications (kicks) for a
+// queue the device polls (virtio's avail_event or NO_NOTIFY). Handlers run
+// with them disabled; the worker enables them again before it sleeps and
+// looks once more, so a handler that polls may leave them disabled.
+// Precondition: called inside HandleQueue or Run.
+func (q *Queue) SetNotify(on bool) {
+	if on {
+		q.vq.EnableNotify()
+	} else {
+		q.vq.DisableNotify()
+	}
+}
+
+// Pending reports whether the driver has made chains available that the
+// device has not popped yet (a cheap look at the available index).
+// Precondition: called inside HandleQueue or Run.
+func (q *Queue) Pending() bool { return q.vq.AvailIdx() != q.vq.LastAvail() }
 
 // SetPolling publishes whether the device is polling the queue's work
 // (used-ring flag NO_NOTIFY), for queues that carry no buffers.

@@ -238,14 +238,25 @@ func (r *vring) run(fn func(q *Queue) error) error {
 	if ferr == nil {
 		ferr = q.vq.Err()
 	}
-	if q.dirty && q.vq.NeedsNotify() && r.call != nil {
-		r.s.stats.interrupts.Add(1)
-		r.call.Signal()
-	}
+	r.notify()
 	if ferr != nil {
 		r.breakRing(ferr)
 	}
 	return ferr
+}
+
+// notify signals the call eventfd if chains were pushed since the last
+// notification and the driver wants an interrupt. Precondition: q.mu held.
+func (r *vring) notify() {
+	q := r.q
+	if !q.dirty {
+		return
+	}
+	q.dirty = false
+	if q.vq.NeedsNotify() && r.call != nil {
+		r.s.stats.interrupts.Add(1)
+		r.call.Signal()
+	}
 }
 
 // closeFds closes the ring's eventfds. Precondition: stopped.

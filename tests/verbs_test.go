@@ -428,7 +428,11 @@ func TestVerbsIndirectMR(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Contiguous memory takes large pages (a short inline list) unless
+	// the library is told to describe it in 4 KiB pages.
+	a.ctx.SetMaxMRPageShift(rdma.PageShift)
 	mr, err := a.pd.RegMR(buf, 0, n, rdma.AccessLocalWrite)
+	a.ctx.SetMaxMRPageShift(rdma.MaxPageShift)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,6 +455,26 @@ func TestVerbsIndirectMR(t *testing.T) {
 	}
 	if !bytes.Equal(b.mr.Bytes()[:4096], mr.Bytes()[:4096]) || !bytes.Equal(b.mr.Bytes()[4096:8192], mr.Bytes()[n-4096:]) {
 		t.Error("bytes from the big MR differ")
+	}
+	if err := mr.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	// The same bytes in large pages, from 4 KiB in: one or two entries,
+	// the same data path.
+	mr, err = a.pd.RegMR(buf, 4096, n-4096, rdma.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(mr.Bytes()[n-8192:], 7)
+	if err := a.qp.PostSend(rdma.SendWR{WRID: 72, Opcode: rdma.WROpRDMAWrite, Flags: rdma.WRFlagSignaled,
+		SGL: []rdma.SGE{mr.SGE(n-8192, 4096)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := pollOne(t, a.cq); wc.Status != rdma.WCSuccess {
+		t.Fatalf("got %+v", wc)
+	}
+	if !bytes.Equal(b.mr.Bytes()[:4096], mr.Bytes()[n-8192:]) {
+		t.Error("bytes from the large-page MR differ")
 	}
 	if err := mr.Dereg(); err != nil {
 		t.Fatal(err)

@@ -18,8 +18,7 @@ type pdEntry struct {
 }
 
 type mrEntry struct {
-	mr    *engine.MR
-	pages []memmap.GPA // pinned
+	mr *engine.MR // its extents are what is pinned (pinMR)
 }
 
 type cqEntry struct {
@@ -111,7 +110,7 @@ func decode(req []byte, v any, trailing bool) ([]byte, error) {
 // pageList copies a page list out of the request (inline) or out of guest
 // memory (indirect), once, and validates it: npages entries, each
 // page-aligned. Guest memory it names is checked when pinned.
-func pageList(t *memmap.Table, inline []byte, listGPA uint64, npages uint32) ([]memmap.GPA, error) {
+func pageList(t *memmap.Table, inline []byte, listGPA uint64, npages uint32, shift uint) ([]memmap.GPA, error) {
 	var src []byte
 	n := uint64(npages) * 8
 	if listGPA == 0 {
@@ -134,7 +133,7 @@ func pageList(t *memmap.Table, inline []byte, listGPA uint64, npages uint32) ([]
 		// A guest may change an indirect list while we read it: each
 		// entry is read once, then only the copy is used.
 		p := binary.LittleEndian.Uint64(src[8*i:])
-		if p%abi.PageSize != 0 {
+		if p&(1<<shift-1) != 0 {
 			return nil, errStatus(abi.StatusInvalid)
 		}
 		pages[i] = memmap.GPA(p)
@@ -143,6 +142,15 @@ func pageList(t *memmap.Table, inline []byte, listGPA uint64, npages uint32) ([]
 }
 
 func pagesFor(bytes uint64) uint64 { return (bytes + abi.PageSize - 1) / abi.PageSize }
+
+// pagesOf is pagesFor for pages of 1<<shift bytes, without overflow.
+func pagesOf(bytes uint64, shift uint) uint64 {
+	n := bytes >> shift
+	if bytes&(1<<shift-1) != 0 {
+		n++
+	}
+	return n
+}
 
 func isPow2(v uint32) bool { return v != 0 && v&(v-1) == 0 }
 
@@ -271,7 +279,7 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 	}
 	pd := d.res.pds[m.PDN]
 	switch {
-	case m.Reserved != 0 || m.PageShift != abi.PageShift:
+	case m.Reserved != 0 || m.PageShift < abi.PageShift || m.PageShift > abi.MaxPageShift:
 		return nil, errStatus(abi.StatusInvalid)
 	case pd == nil:
 		return nil, errStatus(abi.StatusNotFound)
@@ -281,22 +289,25 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 		return nil, errStatus(abi.StatusInvalid)
 	case m.Length == 0 || m.Length > d.conf.MaxMRSize || m.IOVA+m.Length < m.IOVA:
 		return nil, errStatus(abi.StatusInvalid)
-	case uint64(m.NPages) != pagesFor(m.IOVA%abi.PageSize+m.Length):
+	case uint64(m.NPages) != pagesOf(m.IOVA&(1<<m.PageShift-1)+m.Length, uint(m.PageShift)):
 		return nil, errStatus(abi.StatusInvalid)
 	case uint32(len(d.res.mrs)) >= d.conf.MaxMR:
 		return nil, errStatus(abi.StatusNoResources)
 	}
-	pages, err := pageList(t, inline, m.PageList, m.NPages)
+	pages, err := pageList(t, inline, m.PageList, m.NPages, uint(m.PageShift))
 	if err != nil {
 		return nil, err
 	}
-	if err := d.pinner.PinPages(t, pages); err != nil {
+	// The MR's bytes as contiguous runs (one for contiguous memory, however
+	// large its pages); the device pins the 4 KiB pages holding them.
+	mr := engine.NewMR(0, m.PDN, m.Access, m.IOVA, m.Length, pages, uint(m.PageShift))
+	if err := d.pinMR(t, mr); err != nil {
 		return nil, err
 	}
 	r := d.res
 	key := r.newHandle(func(h uint32) bool { return r.mrs[h] != nil })
-	mr := engine.NewMR(key, m.PDN, m.Access, m.IOVA, m.Length, pages)
-	r.mrs[key] = &mrEntry{mr: mr, pages: pages}
+	mr.Key = key
+	r.mrs[key] = &mrEntry{mr: mr}
 	pd.users++
 	d.eng.AddMR(mr)
 	return &abi.MRKeys{LKey: key, RKey: key}, nil
@@ -310,15 +321,58 @@ func (d *Device) deregMR(key uint32) error {
 	d.eng.RemoveMR(key)
 	delete(d.res.mrs, key)
 	d.res.pds[e.mr.PD].users--
-	d.unpin(e.pages)
+	d.unpinMR(e.mr)
 	return nil
 }
 
-// unpin releases pages pinned with the current table.
-func (d *Device) unpin(pages []memmap.GPA) {
+// pinMR pins the 4 KiB pages holding the MR's bytes, run by run, all or
+// nothing.
+func (d *Device) pinMR(t *memmap.Table, mr *engine.MR) error {
+	var done []pinSpan
+	err := mr.Extents(func(gpa memmap.GPA, n uint64) error {
+		s := pageSpan(gpa, n)
+		if err := d.pinner.Pin(t, s.gpa, s.n); err != nil {
+			return err
+		}
+		done = append(done, s)
+		return nil
+	})
+	if err != nil {
+		for _, s := range done {
+			d.pinner.Unpin(t, s.gpa, s.n)
+		}
+	}
+	return err
+}
+
+// unpinMR releases what pinMR pinned, with the current table.
+func (d *Device) unpinMR(mr *engine.MR) {
 	t := d.mem().Acquire()
-	d.pinner.UnpinPages(t, pages)
-	t.Release()
+	defer t.Release()
+	mr.Extents(func(gpa memmap.GPA, n uint64) error {
+		s := pageSpan(gpa, n)
+		d.pinner.Unpin(t, s.gpa, s.n)
+		return nil
+	})
+}
+
+// pinSpan is a page-aligned guest-physical range.
+type pinSpan struct {
+	gpa memmap.GPA
+	n   uint64
+}
+
+// pageSpan widens [gpa, gpa+n) to whole 4 KiB pages. n > 0; the range was
+// checked not to wrap (the MR's pages lie below 2^64 and its length is
+// bounded), so rounding the end up stays below 2^64 or is refused by the
+// pinner as out of memory.
+func pageSpan(gpa memmap.GPA, n uint64) pinSpan {
+	lo := uint64(gpa) &^ (abi.PageSize - 1)
+	hi := uint64(gpa) + n
+	if r := hi & (abi.PageSize - 1); r != 0 {
+		hi += abi.PageSize - r
+	}
+	return pinSpan{gpa: memmap.GPA(lo), n: hi - lo}
 }
 
 // pinRing validates and pins a ring's page list and its doorbell record.
@@ -360,7 +414,7 @@ func (d *Device) createCQ(req []byte, t *memmap.Table) (any, error) {
 	case uint32(len(d.res.cqs)) >= d.conf.MaxCQ:
 		return nil, errStatus(abi.StatusNoResources)
 	}
-	pages, err := pageList(t, inline, c.PageList, c.NPages)
+	pages, err := pageList(t, inline, c.PageList, c.NPages, abi.PageShift)
 	if err != nil {
 		return nil, err
 	}
@@ -433,7 +487,7 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 	case uint32(len(r.qps)) >= l.MaxQP:
 		return nil, errStatus(abi.StatusNoResources)
 	}
-	pages, err := pageList(t, inline, c.PageList, c.SQNPages+c.RQNPages)
+	pages, err := pageList(t, inline, c.PageList, c.SQNPages+c.RQNPages, abi.PageShift)
 	if err != nil {
 		return nil, err
 	}
@@ -572,7 +626,7 @@ func (d *Device) destroyAll() {
 	}
 	for h, e := range r.mrs {
 		delete(r.mrs, h)
-		d.unpin(e.pages)
+		d.unpinMR(e.mr)
 	}
 	clear(r.ahs)
 	clear(r.pds)

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +84,12 @@ type Config struct {
 	// Spin is how long a doorbell engine keeps polling after its last
 	// work before it sleeps; zero means 50µs.
 	Spin time.Duration
+	// ControlSpin is how long the control queue's worker keeps polling for
+	// the next command after answering one, with the driver's kicks
+	// suppressed; zero means 20µs, a negative value not at all. A driver
+	// issuing commands back to back then pays neither a kick nor a
+	// wake-up per command.
+	ControlSpin time.Duration
 	// MaxCommandsPerSec bounds the control commands a driver may issue per
 	// second (a token bucket holding one second's worth); beyond it a
 	// command answers QUOTA. Zero means no bound.
@@ -192,6 +199,9 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 	}
 	if d.cfg.Spin == 0 {
 		d.cfg.Spin = 50 * time.Microsecond
+	}
+	if d.cfg.ControlSpin == 0 {
+		d.cfg.ControlSpin = 20 * time.Microsecond
 	}
 	d.eng = engine.NewDevice(cfg.Fabric, d.conf.PortGID, d.log)
 	if err := cfg.Fabric.Register(d.eng); err != nil {
@@ -374,6 +384,9 @@ func (d *Device) handleDoorbell(q *backend.Queue) error {
 			continue
 		}
 		if time.Since(last) < d.cfg.Spin {
+			// Idle: let a runnable goroutine (a client, the control
+			// worker) have the processor between looks.
+			runtime.Gosched()
 			continue
 		}
 		q.SetPolling(false)
@@ -426,14 +439,31 @@ func (d *Device) writeEvent(q *backend.Queue, ev abi.Event) error {
 var errNoRoom = errors.New("control response buffer too small")
 
 // handleControl runs the commands waiting on the control queue, in order.
-// The loop is bounded: a queue holds at most its size in chains, and Pop
-// fails on an index that jumps further.
+// When none is left it answers (Notify) and polls for the next one for
+// ControlSpin, yielding the processor between looks, before it returns to
+// sleep on the kick eventfd. The loop is bounded: a queue holds at most its
+// size in chains, Pop fails on an index that jumps further, and the spin
+// ends ControlSpin after the last command.
 func (d *Device) handleControl(q *backend.Queue) error {
+	var idle time.Time
 	for !q.Stopping() {
 		ok, err := q.Pop(&d.chain)
-		if err != nil || !ok {
+		if err != nil {
 			return err
 		}
+		if !ok {
+			q.Notify()
+			now := time.Now()
+			if idle.IsZero() {
+				idle = now
+			}
+			if now.Sub(idle) >= d.cfg.ControlSpin {
+				return nil
+			}
+			runtime.Gosched()
+			continue
+		}
+		idle = time.Time{}
 		n := d.execute(&d.chain, q.Memory())
 		if err := q.Push(d.chain.Head, n); err != nil {
 			return err
@@ -514,7 +544,7 @@ func (d *Device) deviceAttr() *abi.DeviceAttr {
 		NodeGUID:        c.NodeGUID,
 		SysImageGUID:    c.NodeGUID,
 		MaxMRSize:       c.MaxMRSize,
-		PageSizeCap:     4096,
+		PageSizeCap:     (1<<(abi.MaxPageShift+1) - 1) &^ (abi.PageSize - 1),
 		VendorID:        0x1af4,
 		VendorPartID:    0x1040 + abi.DeviceID,
 		HWVer:           1,

@@ -420,8 +420,9 @@ const (
 	RecvWQEHdrSize = 16
 	CQESize        = 32
 	EventSize      = 16
-	PageShift      = 12
+	PageShift      = 12 // the device's page: rings, pinning, page_size_cap
 	PageSize       = 1 << PageShift
+	MaxPageShift   = 30 // REG_MR's largest page_shift (1 GiB pages)
 	MaxMsgSize     = 1 << 31
 	MinSQWQEShift  = 6
 	MinRQWQEShift  = 5

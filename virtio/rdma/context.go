@@ -25,7 +25,8 @@ type Context struct {
 	conf Config     // immutable: config space read at Open
 	attr DeviceAttr // immutable: QUERY_DEVICE at Open
 
-	nextDB atomic.Uint32 // round-robin doorbell queue for new QPs
+	nextDB  atomic.Uint32 // round-robin doorbell queue for new QPs
+	mrShift atomic.Uint32 // largest REG_MR page shift to use
 
 	cmdMu  sync.Mutex // serialises commands; protects closed
 	closed bool
@@ -65,7 +66,25 @@ func Open(t Transport) (*Context, error) {
 	if err := Unmarshal(resp, &c.attr); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrProtocol, err)
 	}
+	if c.attr.PageSizeCap&PageSize == 0 {
+		return nil, fmt.Errorf("%w: device page sizes %#x lack 4 KiB", ErrProtocol, c.attr.PageSizeCap)
+	}
+	c.mrShift.Store(PageShift)
+	c.SetMaxMRPageShift(MaxPageShift)
 	return c, nil
+}
+
+// SetMaxMRPageShift bounds the pages RegMR describes a region with to
+// 1<<shift bytes, and to the sizes the device supports from 4 KiB up
+// (page_size_cap). By default RegMR uses the largest the buffer's layout
+// and the device allow; 12 forces 4 KiB page lists (for a comparison, or a
+// device that should see every page).
+func (c *Context) SetMaxMRPageShift(shift uint) {
+	s := uint(PageShift)
+	for s < min(shift, MaxPageShift) && c.attr.PageSizeCap&(1<<(s+1)) != 0 {
+		s++
+	}
+	c.mrShift.Store(uint32(s))
 }
 
 // Config returns the config space as read at Open.
@@ -305,7 +324,7 @@ func (pd *PD) RegMR(b *Buffer, off, length int, access int) (*MR, error) {
 	if err != nil {
 		return nil, err
 	}
-	pages, err := b.dma.PageAddrs(uint64(off), uint64(length))
+	pages, shift, err := b.dma.MRPages(uint64(off), uint64(length), uint(pd.ctx.mrShift.Load()))
 	if err != nil {
 		return nil, err
 	}
@@ -319,7 +338,7 @@ func (pd *PD) RegMR(b *Buffer, off, length int, access int) (*MR, error) {
 	}
 	req := Marshal(&RegMR{
 		PDN: pd.num, Access: uint32(access), IOVA: uint64(iova), Length: uint64(length),
-		PageShift: PageShift, NPages: uint32(len(pages)), PageList: plAddr,
+		PageShift: uint32(shift), NPages: uint32(len(pages)), PageList: plAddr,
 	})
 	resp, err := c.command(CmdRegMR, append(req, inline...), 8)
 	if err != nil {

@@ -43,7 +43,7 @@ func newFake(memSize int) *fakeTransport {
 
 func (f *fakeTransport) attr() DeviceAttr {
 	c := f.conf
-	return DeviceAttr{FWVer: 1, MaxMRSize: c.MaxMRSize, PageSizeCap: 4096, VendorID: 0x1af4, VendorPartID: 0x106a,
+	return DeviceAttr{FWVer: 1, MaxMRSize: c.MaxMRSize, PageSizeCap: 0x7ffff000, VendorID: 0x1af4, VendorPartID: 0x106a,
 		HWVer: 1, MaxQP: c.MaxQP, MaxQPWR: c.MaxQPWR, MaxSGE: c.MaxSGE, MaxCQ: c.MaxCQ, MaxCQE: c.MaxCQE,
 		MaxMR: c.MaxMR, MaxPD: c.MaxPD, MaxQPRdAtom: c.MaxQPRdAtom, MaxQPInitRdAtom: c.MaxQPRdAtom,
 		AtomicCap: AtomicHCA, MaxAH: c.MaxAH, PhysPortCnt: 1, MaxInlineData: c.MaxInlineData}

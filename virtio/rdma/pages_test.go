@@ -62,3 +62,75 @@ func TestPageTable(t *testing.T) {
 		t.Errorf("short table: got %x, %v, want an error", got, err)
 	}
 }
+
+// TestMRPages checks that MRPages' list describes the same guest-physical
+// bytes as the buffer, in the largest pages the layout allows.
+func TestMRPages(t *testing.T) {
+	const huge = 2 << 20
+	// A buffer starting 4 KiB into a 2 MiB page, made of three "huge
+	// pages" that are not adjacent guest-physically.
+	hugeBases := []uint64{0x40000000, 0x10000000, 0x7fe00000}
+	var table []uint64
+	for _, hb := range hugeBases {
+		for i := uint64(0); i < huge/PageSize; i++ {
+			table = append(table, hb+i*PageSize)
+		}
+	}
+	hb := DMABuf{Addr: memmap.GPA(hugeBases[0] + PageSize + 100), Pages: table[1:], Buf: make([]byte, 3*huge-PageSize-100)}
+	scattered := DMABuf{Addr: 0x5000, Pages: []uint64{0x5000, 0x9000, 0x6000, 0x7000}, Buf: make([]byte, 4*PageSize)}
+	contig := DMABuf{Addr: 0x12345678, Buf: make([]byte, 1<<30)}
+	for _, tt := range []struct {
+		name      string
+		b         DMABuf
+		off, n    uint64
+		wantShift uint
+		wantPages int
+	}{
+		{"contiguous 1 GiB", contig, 0, 1 << 30, 30, 2},
+		{"contiguous 4 KiB", contig, 8, 4096, 12, 2},
+		{"contiguous 1 byte", contig, 5, 1, 12, 1},
+		{"huge pages, whole", hb, 0, uint64(len(hb.Buf)), 21, 3},
+		{"huge pages, inside one", hb, 1000, 100000, 17, 1},
+		{"huge pages, across a break", hb, huge - 2*PageSize, 4 * PageSize, 14, 2},
+		{"scattered 4 KiB", scattered, 0, 4 * PageSize, 12, 4},
+		{"scattered, contiguous part", scattered, 2 * PageSize, 2 * PageSize, 13, 1},
+	} {
+		pages, shift, err := tt.b.MRPages(tt.off, tt.n, MaxPageShift)
+		if err != nil {
+			t.Errorf("%s: %v", tt.name, err)
+			continue
+		}
+		if shift != tt.wantShift || len(pages) != tt.wantPages {
+			t.Errorf("%s: shift %d with %d pages, want %d with %d", tt.name, shift, len(pages), tt.wantShift, tt.wantPages)
+		}
+		size := uint64(1) << shift
+		iova, _ := tt.b.GPA(tt.off)
+		for _, p := range pages {
+			if p%size != 0 {
+				t.Errorf("%s: page %#x not aligned to %#x", tt.name, p, size)
+			}
+		}
+		if want := (uint64(iova)%size + tt.n + size - 1) / size; uint64(len(pages)) != want {
+			t.Errorf("%s: %d pages, REG_MR wants %d", tt.name, len(pages), want)
+		}
+		// Every byte (sampled) lands where the buffer has it.
+		step := max(1, tt.n/4099)
+		for x := uint64(0); x < tt.n; x += step {
+			want, _ := tt.b.GPA(tt.off + x)
+			o := uint64(iova)%size + x
+			got := pages[o/size] + o%size
+			if got != uint64(want) {
+				t.Fatalf("%s: byte %d at %#x, buffer has it at %#x", tt.name, x, got, uint64(want))
+			}
+		}
+	}
+	if pages, shift, err := contig.MRPages(0, 1<<20, 12); err != nil || shift != 12 || len(pages) != 257 {
+		t.Errorf("capped at 4 KiB pages: %d pages of shift %d, %v", len(pages), shift, err)
+	}
+	if _, _, err := contig.MRPages(0, 0, MaxPageShift); err == nil {
+		t.Error("zero length accepted")
+	}
+	if _, _, err := scattered.MRPages(PageSize, 4*PageSize, MaxPageShift); err == nil {
+		t.Error("range beyond the buffer accepted")
+	}
+}

@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"fmt"
+	"math/bits"
 	"time"
 
 	"github.com/vrdma/vrdma/memmap"
@@ -134,6 +135,76 @@ func (b DMABuf) PageAddrs(off, n uint64) ([]uint64, error) {
 		pages[i] = first + uint64(i)<<PageShift
 	}
 	return pages, nil
+}
+
+// MRPages returns the page list REG_MR takes for b.Buf[off:off+n] in the
+// largest pages, up to 1<<maxShift bytes (maxShift is clamped to
+// [PageShift, MaxPageShift]), that b's guest-physical layout allows, with
+// their shift. Page k of the list covers the MR's
+// bytes from its first one's address rounded down to the page size, so
+// memory that is guest-physically contiguous takes one or two pages
+// whatever its size, and hugepage-backed buffers take one entry per huge
+// page. A larger page is allowed when every break in guest-physical
+// contiguity falls on a boundary of that size on both sides (the address
+// the MR's byte has and the guest-physical address it lands on).
+func (b DMABuf) MRPages(off, n uint64, maxShift uint) ([]uint64, uint, error) {
+	maxShift = min(max(maxShift, PageShift), MaxPageShift)
+	if b.Pages == nil {
+		start, err := b.GPA(off)
+		if err != nil {
+			return nil, 0, err
+		}
+		if n == 0 {
+			return nil, 0, argErr("length", "zero")
+		}
+		if end, ok := add64(off, n); !ok || end > uint64(len(b.Buf)) {
+			return nil, 0, argErr("range", "[%d, +%d) outside a buffer of %d bytes", off, n, len(b.Buf))
+		}
+		if _, ok := add64(uint64(start), n); !ok {
+			return nil, 0, argErr("range", "address %#x + %d overflows", uint64(start), n)
+		}
+		shift := min(maxShift, uint(max(PageShift, bits.Len64(n-1))))
+		size := uint64(1) << shift
+		base := uint64(start) &^ (size - 1)
+		np := (uint64(start)&(size-1) + n + size - 1) >> shift
+		pages := make([]uint64, np)
+		for k := range pages {
+			pages[k] = base + uint64(k)<<shift
+		}
+		return pages, shift, nil
+	}
+	small, err := b.PageAddrs(off, n)
+	if err != nil {
+		return nil, 0, err
+	}
+	iova, err := b.GPA(off)
+	if err != nil {
+		return nil, 0, err
+	}
+	// Virtual address of 4 KiB page i: v0 + i·4096; small[0] == v0.
+	v0 := uint64(iova) &^ (PageSize - 1)
+	shift := maxShift
+	for i := 1; i < len(small) && shift > PageShift; i++ {
+		if small[i] != small[i-1]+PageSize {
+			v := v0 + uint64(i)<<PageShift
+			shift = min(shift, uint(bits.TrailingZeros64(v)), uint(bits.TrailingZeros64(small[i])))
+		}
+	}
+	shift = max(shift, PageShift)
+	shift = min(shift, uint(max(PageShift, bits.Len64(n-1))))
+	if shift == PageShift {
+		return small, PageShift, nil
+	}
+	size := uint64(1) << shift
+	base := uint64(iova) &^ (size - 1)
+	np := (uint64(iova)&(size-1) + n + size - 1) >> shift
+	pages := make([]uint64, np)
+	pages[0] = small[0] &^ (size - 1)
+	for k := uint64(1); k < np; k++ {
+		// The first 4 KiB page of big page k.
+		pages[k] = small[(base+k<<shift-v0)>>PageShift]
+	}
+	return pages, shift, nil
 }
 
 func add64(a, b uint64) (uint64, bool) {

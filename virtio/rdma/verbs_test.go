@@ -87,8 +87,9 @@ func TestCommandEncoding(t *testing.T) {
 		{"QueryGID", func() error { _, err := c.QueryGID(); return err }, CmdQueryGID, Marshal(&GIDReq{PortNum: 1})},
 		{"AllocPD", func() error { _, err := c.AllocPD(); return err }, CmdCreatePD, nil},
 		{"RegMR", func() error { _, err := pd.RegMR(buf, 100, 2*PageSize, AccessLocalWrite|AccessRemoteWrite); return err }, CmdRegMR,
-			append(Marshal(&RegMR{PDN: pd.Num(), Access: 3, IOVA: uint64(buf.Addr) + 100, Length: 2 * PageSize, PageShift: 12, NPages: 3}),
-				pages(uint64(buf.Addr), 3)...)},
+			// 8 KiB of contiguous memory: 8 KiB pages, two of them (the MR starts 100 bytes in).
+			append(Marshal(&RegMR{PDN: pd.Num(), Access: 3, IOVA: uint64(buf.Addr) + 100, Length: 2 * PageSize, PageShift: 13, NPages: 2}),
+				binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, (uint64(buf.Addr)+100)&^8191), (uint64(buf.Addr)+100)&^8191+8192)...)},
 		{"RegMRPageAligned", func() error { _, err := pd.RegMR(buf, PageSize, PageSize, AccessLocalWrite); return err }, CmdRegMR,
 			append(Marshal(&RegMR{PDN: pd.Num(), Access: 1, IOVA: uint64(buf.Addr) + PageSize, Length: PageSize, PageShift: 12, NPages: 1}),
 				pages(uint64(buf.Addr)+PageSize, 1)...)},
@@ -189,6 +190,13 @@ func TestRegMRIndirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A guest-physical layout with no two adjacent pages contiguous (each
+	// pair swapped) forces 4 KiB pages, hence a long list.
+	table := make([]uint64, n/PageSize)
+	for i := range table {
+		table[i] = uint64(buf.Addr) + uint64(i^1)*PageSize
+	}
+	buf.dma.Pages = table
 	// Catch the page list while the command runs: the fake records the
 	// request; the list lives in fake memory until RegMR frees it.
 	mr, err := pd.RegMR(buf, 0, n, AccessLocalWrite)
@@ -203,20 +211,41 @@ func TestRegMRIndirect(t *testing.T) {
 	if err := Unmarshal(body, &req); err != nil {
 		t.Fatal(err)
 	}
-	if req.NPages != n/PageSize || req.PageList == 0 || req.IOVA != uint64(buf.Addr) || req.Length != n {
+	if req.NPages != n/PageSize || req.PageShift != PageShift || req.PageList == 0 || req.IOVA != uint64(buf.Addr)+PageSize || req.Length != n {
 		t.Fatalf("got %+v", req)
 	}
 	list := f.at(req.PageList, int(req.NPages)*8)
 	for i := range int(req.NPages) {
-		if got, want := binary.LittleEndian.Uint64(list[8*i:]), uint64(buf.Addr)+uint64(i)*PageSize; got != want {
+		if got, want := binary.LittleEndian.Uint64(list[8*i:]), table[i]; got != want {
 			t.Fatalf("page %d: got %#x, want %#x", i, got, want)
 		}
 	}
 	if _, ok := f.live[memmap.GPA(req.PageList)]; ok {
 		t.Error("indirect page list not freed after the command")
 	}
-	if mr.Addr != uint64(buf.Addr) || mr.Length != n || len(mr.Bytes()) != n {
+	if mr.Addr != req.IOVA || mr.Length != n || len(mr.Bytes()) != n {
 		t.Errorf("got MR %+v", mr)
+	}
+	// The same buffer, contiguous: one large page, the list inline.
+	buf.dma.Pages = nil
+	if _, err := pd.RegMR(buf, 0, n, AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	_, body = f.last()
+	if err := Unmarshal(body[:48], &req); err != nil {
+		t.Fatal(err)
+	}
+	if req.PageShift != 26 || req.PageList != 0 || req.NPages != 1 || len(body) != 56 ||
+		binary.LittleEndian.Uint64(body[48:]) != uint64(buf.Addr)&^(1<<26-1) {
+		t.Errorf("contiguous 40 MiB: got %+v and %d bytes", req, len(body))
+	}
+	// Capped at 4 KiB pages: the long list again.
+	c.SetMaxMRPageShift(PageShift)
+	if _, err := pd.RegMR(buf, 0, n, AccessLocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	if _, body = f.last(); len(body) != 48 || Unmarshal(body, &req) != nil || req.PageShift != PageShift || req.NPages != n/PageSize {
+		t.Errorf("capped: got %+v", req)
 	}
 }
 

@@ -40,6 +40,11 @@ func (f *Frontend) Exec(qi int, req []byte, respLen int, timeout time.Duration) 
 	if err := q.Notify(); err != nil {
 		return nil, err
 	}
+	spin := f.cfg.Spin
+	if spin == 0 {
+		spin = 20 * time.Microsecond
+	}
+	q.SpinUsed(spin)
 	h, n, err := q.WaitUsed(timeout)
 	if err != nil {
 		return nil, err

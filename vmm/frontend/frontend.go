@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"time"
 
@@ -38,6 +39,10 @@ type Config struct {
 	// instead of sending its message number AbortAfter+1: fault tests use
 	// it to disconnect at every step of start-up.
 	AbortAfter int
+	// Spin is how long Exec polls the used ring for the answer, yielding
+	// the processor between looks, before it sleeps on the call eventfd;
+	// zero means 20µs, a negative value not at all.
+	Spin time.Duration
 }
 
 // Frontend is one connected front-end.
@@ -580,6 +585,22 @@ func (q *Queue) Notify() error {
 
 // ErrTimeout is returned when the device did not answer in time.
 var ErrTimeout = errors.New("frontend: timed out waiting for the device")
+
+// SpinUsed polls q's used ring for up to d, yielding the processor between
+// looks, and reports whether a used element is there.
+func (q *Queue) SpinUsed(d time.Duration) bool {
+	if d <= 0 {
+		return q.HasUsed()
+	}
+	start := time.Now()
+	for !q.HasUsed() {
+		if time.Since(start) >= d {
+			return false
+		}
+		runtime.Gosched()
+	}
+	return true
+}
 
 // WaitUsed waits up to timeout for the next used element of q.
 func (q *Queue) WaitUsed(timeout time.Duration) (head uint16, written uint32, err error) {

@@ -255,7 +255,7 @@ func TestErrors(t *testing.T) {
 		}},
 		{name: "message above 2^31", wantStatus: abi.WCLocLenErr, setup: func(t *testing.T, e env) {
 			// A huge MR without backing pages is fine: lengths are checked before data moves.
-			m := NewMR(0x7705, testPD, abi.AccessAll, 0, 3<<30, make([]memmap.GPA, (3<<30)/abi.PageSize))
+			m := NewMR(0x7705, testPD, abi.AccessAll, 0, 3<<30, make([]memmap.GPA, (3<<30)/abi.PageSize), abi.PageShift)
 			e.a.d.AddMR(m)
 			send(e, abi.SendWQE{Opcode: abi.WROpRDMAWrite, RemoteAddr: mrIOVA, RKey: mrKey},
 				abi.SGE{Addr: 0, Length: 1 << 31, LKey: 0x7705}, abi.SGE{Addr: 0, Length: 1, LKey: 0x7705})

@@ -136,7 +136,7 @@ func (g *guest) newMR(tb testing.TB, key, pd, access uint32, iova, length uint64
 	} else {
 		ps = g.pages(tb, n)
 	}
-	return NewMR(key, pd, access, iova, length, ps)
+	return NewMR(key, pd, access, iova, length, ps, abi.PageShift)
 }
 
 // node is one device with one QP, its CQs and an MR, seen from its guest.

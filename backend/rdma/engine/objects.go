@@ -27,27 +27,32 @@ type extent struct {
 
 // MR is a registered memory region. Immutable after NewMR.
 type MR struct {
-	Key    uint32 // lkey and rkey
-	PD     uint32
-	Access uint32
-	IOVA   uint64
-	Length uint64
-	Pages  []memmap.GPA // page list as registered (pinned by the control path)
+	Key       uint32 // lkey and rkey
+	PD        uint32
+	Access    uint32
+	IOVA      uint64
+	Length    uint64
+	Pages     []memmap.GPA // page list as registered (pinned by the control path)
+	PageShift uint         // log2 of the size of the pages in Pages
 
 	extents []extent // the MR's bytes as contiguous guest-physical runs
 }
 
-// NewMR builds an MR over pages: the MR's first byte is at offset
-// iova mod PageSize of pages[0]. Preconditions (checked by the control
-// path): len(pages) == ceil((iova%PageSize + length)/PageSize), length > 0,
-// every page page-aligned.
-func NewMR(key, pd, access uint32, iova, length uint64, pages []memmap.GPA) *MR {
-	m := &MR{Key: key, PD: pd, Access: access, IOVA: iova, Length: length, Pages: pages}
-	first := iova % abi.PageSize
+// NewMR builds an MR over pages of 1<<shift bytes: the MR's first byte is
+// at offset iova mod (1<<shift) of pages[0], the following pages are used
+// whole, the last up to the MR's end. GPA-adjacent pages are merged into
+// one extent, so an MR over contiguous memory costs one extent whatever
+// its size. Preconditions (checked by the control path): 12 ≤ shift ≤ 63,
+// len(pages) == ceil((iova%(1<<shift) + length)/(1<<shift)), length > 0,
+// every page aligned to its size.
+func NewMR(key, pd, access uint32, iova, length uint64, pages []memmap.GPA, shift uint) *MR {
+	m := &MR{Key: key, PD: pd, Access: access, IOVA: iova, Length: length, Pages: pages, PageShift: shift}
+	size := uint64(1) << shift
+	first := iova & (size - 1)
 	var off uint64
 	for i, p := range pages {
 		start := p
-		n := uint64(abi.PageSize)
+		n := size
 		if i == 0 {
 			start += memmap.GPA(first)
 			n -= first
@@ -66,6 +71,18 @@ func NewMR(key, pd, access uint32, iova, length uint64, pages []memmap.GPA) *MR 
 		}
 	}
 	return m
+}
+
+// Extents calls fn for each guest-physically contiguous run of the MR's
+// bytes, in order (at most one per page; adjacent pages merged); fn's
+// error stops the walk and is returned.
+func (m *MR) Extents(fn func(gpa memmap.GPA, n uint64) error) error {
+	for _, e := range m.extents {
+		if err := fn(e.gpa, e.len); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Contains reports whether [addr, addr+n) lies within the MR's IOVA range.
