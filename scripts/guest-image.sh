@@ -25,56 +25,18 @@ CACHE="${HOME:-/root}/.cache/vrdma/guest"
 OUT="$ROOT/bin/guest"
 GO="${GO:-go}"
 command -v "$GO" >/dev/null 2>&1 || GO=/usr/local/go/bin/go
+IMAGE=guest-image
+# shellcheck source=scripts/lib-image.sh
+. "$ROOT/scripts/lib-image.sh"
 
-say() { printf 'guest-image: %s\n' "$*"; }
-die() { printf 'guest-image: %s\n' "$*" >&2; exit 1; }
-
-[ "$(id -u)" = 0 ] || die "run as root (dpkg -x keeps ownership and modes)"
+need_root
 mkdir -p "$CACHE/debs" "$OUT"
 
 # --- 1. Debian packages (cached) --------------------------------------------
 
-kernel_pkg() {
-	apt-cache search '^linux-image-6\.1\.0-[0-9]+-cloud-amd64$' | awk '{print $1}' | sort -V | tail -1
-}
-
-KPKG=$(kernel_pkg || true)
-if [ -z "$KPKG" ]; then
-	say "apt cache has no cloud kernel: apt-get update"
-	apt-get update -qq
-	KPKG=$(kernel_pkg || true)
-fi
-[ -n "$KPKG" ] || die "no linux-image-6.1.0-N-cloud-amd64 package in the apt sources"
-KVER=${KPKG#linux-image-}
-
-fetch_deb() { # package -> prints the cached .deb path
-	local pkg=$1 deb
-	deb=$(ls "$CACHE/debs/${pkg}"_*.deb 2>/dev/null | sort -V | tail -1 || true)
-	if [ -z "$deb" ]; then
-		say "apt-get download $pkg" >&2
-		(cd "$CACHE/debs" && apt-get download -q -o APT::Sandbox::User=root "$pkg" >&2) || {
-			apt-get update -qq >&2
-			(cd "$CACHE/debs" && apt-get download -q -o APT::Sandbox::User=root "$pkg" >&2)
-		}
-		deb=$(ls "$CACHE/debs/${pkg}"_*.deb 2>/dev/null | sort -V | tail -1 || true)
-		[ -n "$deb" ] || die "apt-get download $pkg left no .deb"
-	fi
-	printf '%s\n' "$deb"
-}
-
-KDEB=$(fetch_deb "$KPKG")
-BDEB=$(fetch_deb busybox-static)
-
-extract() { # deb dir
-	local deb=$1 dir=$2
-	if [ ! -f "$dir/.extracted" ] || [ "$(cat "$dir/.extracted")" != "$(basename "$deb")" ]; then
-		say "dpkg -x $(basename "$deb")"
-		rm -rf "$dir"
-		mkdir -p "$dir"
-		dpkg -x "$deb" "$dir"
-		basename "$deb" >"$dir/.extracted"
-	fi
-}
+newest_kernel cloud-amd64 cloud
+KDEB=$(fetch_deb "$CACHE/debs" "$KPKG")
+BDEB=$(fetch_deb "$CACHE/debs" busybox-static)
 extract "$KDEB" "$CACHE/kernel"
 extract "$BDEB" "$CACHE/busybox"
 
@@ -118,30 +80,14 @@ fi
 # --- 4. initramfs (rebuilt only when an input changed) ------------------------
 
 STAMP="$OUT/.initramfs.inputs"
-inputs=$(sha256sum "$BUSYBOX" "$ROOT/guest/init" "$GUEST_BIN" "${BASH_SOURCE[0]}" | awk '{print $1}' | tr '\n' ' ')
-if [ -f "$OUT/initramfs.img" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$inputs" ]; then
+inputs=$(input_hashes "$BUSYBOX" "$ROOT/guest/init" "$GUEST_BIN" "${BASH_SOURCE[0]}")
+if up_to_date "$OUT/initramfs.img" "$STAMP" "$inputs"; then
 	say "bin/guest/initramfs.img is up to date"
 	exit 0
 fi
 
-STAGE=$(mktemp -d "$CACHE/stage.XXXXXX")
-trap 'rm -rf "$STAGE"' EXIT
-mkdir -p "$STAGE"/{bin,sbin,usr/bin,usr/sbin,dev,proc,sys,tmp,run,etc,root,mnt/huge}
-cp "$BUSYBOX" "$STAGE/bin/busybox"
-# One link per applet, where busybox says it belongs (/bin/sh, /sbin/poweroff, ...).
-"$STAGE/bin/busybox" --list-full | while read -r applet; do
-	[ -e "$STAGE/$applet" ] || ln -s /bin/busybox "$STAGE/$applet"
-done
-install -m 0755 "$ROOT/guest/init" "$STAGE/init"
+new_stage "$BUSYBOX" bin sbin usr/bin usr/sbin dev proc sys tmp run etc root mnt/huge
 install -m 0755 "$GUEST_BIN" "$STAGE/bin/vrdma-guest"
-printf 'root:x:0:0:root:/root:/bin/sh\n' >"$STAGE/etc/passwd"
-printf 'root:x:0:\n' >"$STAGE/etc/group"
-# /dev/console must exist before devtmpfs is mounted, for the kernel to open
-# init's stdin/stdout; busybox mknod makes it inside the archive tree.
-"$BUSYBOX" mknod -m 600 "$STAGE/dev/console" c 5 1
-"$BUSYBOX" mknod -m 666 "$STAGE/dev/null" c 1 3
-
-(cd "$STAGE" && find . | "$BUSYBOX" cpio -o -H newc -R 0:0 2>/dev/null | gzip -1 >"$OUT/initramfs.img.tmp")
-mv "$OUT/initramfs.img.tmp" "$OUT/initramfs.img"
-printf '%s' "$inputs" >"$STAMP"
+stage_base "$ROOT/guest/init"
+pack_initramfs "$OUT/initramfs.img" "$STAMP" "$inputs"
 say "bin/guest/initramfs.img ($(du -h "$OUT/initramfs.img" | cut -f1)): busybox, /init, vrdma-guest; kernel $KVER"

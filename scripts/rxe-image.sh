@@ -20,11 +20,11 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE="${HOME:-/root}/.cache/vrdma/rxe"
 GUEST_CACHE="${HOME:-/root}/.cache/vrdma/guest"
 OUT="$ROOT/bin/rxe"
+IMAGE=rxe-image
+# shellcheck source=scripts/lib-image.sh
+. "$ROOT/scripts/lib-image.sh"
 
-say() { printf 'rxe-image: %s\n' "$*"; }
-die() { printf 'rxe-image: %s\n' "$*" >&2; exit 1; }
-
-[ "$(id -u)" = 0 ] || die "run as root (dpkg -x keeps ownership and modes)"
+need_root
 for tool in readelf xz dpkg-deb apt-get apt-cache od; do
 	command -v "$tool" >/dev/null 2>&1 || die "$tool is required"
 done
@@ -32,44 +32,7 @@ mkdir -p "$CACHE/debs" "$OUT" "$GUEST_CACHE/debs"
 
 # --- 1. Debian packages (cached) --------------------------------------------
 
-kernel_pkg() {
-	apt-cache search '^linux-image-6\.1\.0-[0-9]+-amd64$' | awk '{print $1}' | sort -V | tail -1
-}
-
-KPKG=$(kernel_pkg || true)
-if [ -z "$KPKG" ]; then
-	say "apt cache has no generic kernel: apt-get update"
-	apt-get update -qq
-	KPKG=$(kernel_pkg || true)
-fi
-[ -n "$KPKG" ] || die "no linux-image-6.1.0-N-amd64 package in the apt sources"
-KVER=${KPKG#linux-image-}
-
-fetch_deb() { # dir package -> prints the cached .deb path
-	local dir=$1 pkg=$2 deb
-	deb=$(ls "$dir/${pkg}"_*.deb 2>/dev/null | sort -V | tail -1 || true)
-	if [ -z "$deb" ]; then
-		say "apt-get download $pkg" >&2
-		(cd "$dir" && apt-get download -q -o APT::Sandbox::User=root "$pkg" >&2) || {
-			apt-get update -qq >&2
-			(cd "$dir" && apt-get download -q -o APT::Sandbox::User=root "$pkg" >&2)
-		}
-		deb=$(ls "$dir/${pkg}"_*.deb 2>/dev/null | sort -V | tail -1 || true)
-		[ -n "$deb" ] || die "apt-get download $pkg left no .deb"
-	fi
-	printf '%s\n' "$deb"
-}
-
-extract() { # deb dir
-	local deb=$1 dir=$2
-	if [ ! -f "$dir/.extracted" ] || [ "$(cat "$dir/.extracted")" != "$(basename "$deb")" ]; then
-		say "dpkg -x $(basename "$deb")"
-		rm -rf "$dir"
-		mkdir -p "$dir"
-		dpkg -x "$deb" "$dir"
-		basename "$deb" >"$dir/.extracted"
-	fi
-}
+newest_kernel amd64 generic
 
 KDEB=$(fetch_deb "$CACHE/debs" "$KPKG")
 BDEB=$(fetch_deb "$GUEST_CACHE/debs" busybox-static)
@@ -150,20 +113,14 @@ fi
 KMOD="$CACHE/kernel/lib/modules/$KVER"
 [ -f "$KMOD/modules.order" ] || die "$KDEB has no modules.order"
 STAMP="$OUT/.initramfs.inputs"
-inputs=$(sha256sum "$BUSYBOX" "$ROOT/guest/rxe-init" "${BASH_SOURCE[0]}" | awk '{print $1}' | tr '\n' ' ')
+inputs=$(input_hashes "$BUSYBOX" "$ROOT/guest/rxe-init" "${BASH_SOURCE[0]}")
 inputs="$inputs $(basename "$KDEB") $pool_key"
-if [ -f "$OUT/initramfs.img" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$inputs" ]; then
+if up_to_date "$OUT/initramfs.img" "$STAMP" "$inputs"; then
 	say "bin/rxe/initramfs.img is up to date"
 	exit 0
 fi
 
-STAGE=$(mktemp -d "$CACHE/stage.XXXXXX")
-trap 'rm -rf "$STAGE"' EXIT
-mkdir -p "$STAGE"/{bin,sbin,usr/bin,usr/sbin,dev,proc,sys,tmp,run,etc,root,lib/modules,lib64,lib/x86_64-linux-gnu}
-cp "$BUSYBOX" "$STAGE/bin/busybox"
-"$STAGE/bin/busybox" --list-full | while read -r applet; do
-	[ -e "$STAGE/$applet" ] || ln -s /bin/busybox "$STAGE/$applet"
-done
+new_stage "$BUSYBOX" bin sbin usr/bin usr/sbin dev proc sys tmp run etc root lib/modules lib64 lib/x86_64-linux-gnu
 
 # Modules: the wanted ones after their dependencies (from each .ko's
 # .modinfo "depends="; the package has no modules.dep, depmod makes it at
@@ -259,14 +216,7 @@ for f in ib_write_bw ib_write_lat ib_read_bw ib_send_lat; do
 	[ -x "$STAGE/usr/bin/$f" ] || die "image lacks $f"
 done
 
-install -m 0755 "$ROOT/guest/rxe-init" "$STAGE/init"
-printf 'root:x:0:0:root:/root:/bin/sh\n' >"$STAGE/etc/passwd"
-printf 'root:x:0:\n' >"$STAGE/etc/group"
+stage_base "$ROOT/guest/rxe-init"
 printf '127.0.0.1 localhost\n' >"$STAGE/etc/hosts"
-"$BUSYBOX" mknod -m 600 "$STAGE/dev/console" c 5 1
-"$BUSYBOX" mknod -m 666 "$STAGE/dev/null" c 1 3
-
-(cd "$STAGE" && find . | "$BUSYBOX" cpio -o -H newc -R 0:0 2>/dev/null | gzip -1 >"$OUT/initramfs.img.tmp")
-mv "$OUT/initramfs.img.tmp" "$OUT/initramfs.img"
-printf '%s' "$inputs" >"$STAMP"
+pack_initramfs "$OUT/initramfs.img" "$STAMP" "$inputs"
 say "bin/rxe/initramfs.img ($(du -h "$OUT/initramfs.img" | cut -f1)): busybox, /init, ${#ORDER[@]} modules, perftest, rdma; kernel $KVER"

@@ -1,21 +1,17 @@
 package tests
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/qemu"
 )
@@ -56,87 +52,38 @@ func needBinary(t testing.TB, name string) string {
 	return p
 }
 
-// vrdmad runs the built daemon binary with the given sockets and a control
-// socket, and stops it (SIGTERM, then it must exit cleanly) at cleanup.
+// vrdmadProc is the built daemon binary run by startVrdmad: a thin layer
+// over internal/vrdmadproc with the names the tests use.
 type vrdmadProc struct {
-	cmd     *exec.Cmd
-	control string
-	log     *strings.Builder
+	*vrdmadproc.Proc
+	control string // the control socket
 }
 
+// startVrdmad runs bin/vrdmad with a control socket in dir, --log-level
+// debug and args, waits for its control API, and stops it at cleanup
+// (SIGTERM; it must exit cleanly, else the test fails). The log is
+// printed when the test failed.
 func startVrdmad(t *testing.T, dir string, args ...string) *vrdmadProc {
 	t.Helper()
 	bin := needBinary(t, "vrdmad")
-	p := &vrdmadProc{control: filepath.Join(dir, "control.sock"), log: &strings.Builder{}}
-	p.cmd = exec.Command(bin, append([]string{"--control", p.control, "--log-level", "debug"}, args...)...)
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stderr, err := p.cmd.StderrPipe()
+	p, err := vrdmadproc.Start(context.Background(), vrdmadproc.Config{
+		Binary: bin, Dir: dir, Args: args, LogLevel: "debug", LogLimit: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	logDone := make(chan struct{})
-	go func() {
-		defer close(logDone)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			p.log.WriteString(sc.Text() + "\n")
-		}
-	}()
 	t.Cleanup(func() {
-		p.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { <-logDone; done <- p.cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("vrdmad exited with %v after SIGTERM", err)
-			}
-		case <-time.After(10 * time.Second):
-			p.cmd.Process.Kill()
-			t.Errorf("vrdmad did not exit within 10 s of SIGTERM")
-		}
-		if t.Failed() {
-			t.Logf("vrdmad log:\n%s", p.log.String())
+		if err := p.Stop(); err != nil {
+			t.Error(err) // the error holds the log
+		} else if t.Failed() {
+			t.Logf("vrdmad log:\n%s", p.Log())
 		}
 	})
-	// Ready when the control socket answers.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := p.devices(); err == nil {
-			return p
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("vrdmad did not come up: %s", p.log.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return &vrdmadProc{Proc: p, control: p.Control()}
 }
 
-func (p *vrdmadProc) client() *http.Client {
-	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", p.control)
-		},
-	}}
-}
+func (p *vrdmadProc) client() *http.Client { return p.Client() }
 
-func (p *vrdmadProc) devices() ([]daemon.DeviceInfo, error) {
-	resp, err := p.client().Get("http://vrdmad/v1/devices")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /v1/devices: %s", resp.Status)
-	}
-	var out []daemon.DeviceInfo
-	err = json.NewDecoder(resp.Body).Decode(&out)
-	return out, err
-}
+func (p *vrdmadProc) devices() ([]daemon.DeviceInfo, error) { return p.Devices() }
 
 // waitPCI polls query-pci until vendor:device shows up: a device behind a
 // PCIe root port is listed only once the firmware has numbered the

@@ -1,20 +1,15 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
@@ -147,22 +142,23 @@ func runRxe(ctx context.Context, o options, ws []Workload, runs int) ([]guestvm.
 
 // runVrdma runs one workload once between two vrdma guests on one vrdmad.
 func runVrdma(ctx context.Context, o options, w Workload) ([]guestvm.Result, string, error) {
-	d, err := startDaemon(o.vrdmad, "server", "client")
+	d, err := vrdmadproc.Start(ctx, vrdmadproc.Config{Binary: o.vrdmad, Devices: []string{"server", "client"}})
 	if err != nil {
 		return nil, "", err
 	}
-	defer d.stop()
+	// Stop's error is not reported: the guests' verified results decide.
+	defer d.Stop()
 	cfg := func(name string) guestvm.Config {
 		return guestvm.Config{
 			Name: name, QEMU: o.qemuBin, Kernel: o.kernel, Initrd: o.initrd,
 			MemoryMiB: o.memory, SMP: 1, Run: name, Args: w.VrdmaArgs(),
-			Devices: []qemu.VhostUserDevice{{ID: name, Socket: d.sockets[name], VirtioID: abi.DeviceID,
+			Devices: []qemu.VhostUserDevice{{ID: name, Socket: d.Socket(name), VirtioID: abi.DeviceID,
 				NumVQs: abi.FirstDoorbellQueue + 1, VQSize: 256, ConfigSize: abi.ConfigSize}},
 		}
 	}
 	p, err := guestvm.StartPair(ctx, cfg("server"), cfg("client"))
 	if err != nil {
-		return nil, d.Log(), err
+		return nil, daemonLog(d), err
 	}
 	res, err := p.Wait(ctx)
 	log := p.Log()
@@ -170,7 +166,7 @@ func runVrdma(ctx context.Context, o options, w Workload) ([]guestvm.Result, str
 		err = cerr
 	}
 	if err != nil {
-		return nil, log + d.Log(), err
+		return nil, log + daemonLog(d), err
 	}
 	if len(res.Server) == 0 {
 		return nil, log, errors.New("vrdma server printed no result")
@@ -183,91 +179,7 @@ func runVrdma(ctx context.Context, o options, w Workload) ([]guestvm.Result, str
 	return res.Client, log, nil
 }
 
-// daemonProc is a vrdmad this program started.
-type daemonProc struct {
-	cmd     *exec.Cmd
-	dir     string
-	control string
-	sockets map[string]string
-	mu      sync.Mutex
-	log     strings.Builder
-	logDone chan struct{}
-}
-
-func startDaemon(bin string, devices ...string) (*daemonProc, error) {
-	dir, err := os.MkdirTemp("", "vrdma-compare-")
-	if err != nil {
-		return nil, err
-	}
-	d := &daemonProc{dir: dir, control: filepath.Join(dir, "control.sock"), sockets: map[string]string{}, logDone: make(chan struct{})}
-	args := []string{"--control", d.control, "--log-level", "info"}
-	for _, id := range devices {
-		d.sockets[id] = filepath.Join(dir, id+".sock")
-		args = append(args, "--socket", id+"="+d.sockets[id])
-	}
-	d.cmd = exec.Command(bin, args...)
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	errPipe, err := d.cmd.StderrPipe()
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	if err := d.cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("start vrdmad: %w", err)
-	}
-	go func() {
-		defer close(d.logDone)
-		sc := bufio.NewScanner(errPipe)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			d.mu.Lock()
-			if d.log.Len() < 4<<20 {
-				d.log.WriteString(sc.Text() + "\n")
-			}
-			d.mu.Unlock()
-		}
-	}()
-	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var dl net.Dialer
-			return dl.DialContext(ctx, "unix", d.control)
-		},
-	}}
-	defer c.CloseIdleConnections()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if resp, err := c.Get("http://vrdmad/v1/devices"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return d, nil
-			}
-		}
-		if time.Now().After(deadline) {
-			d.stop()
-			return nil, errors.New("vrdmad did not answer on its control socket within 10 s: " + d.Log())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// Log is vrdmad's stderr so far.
-func (d *daemonProc) Log() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return "=== vrdmad log ===\n" + d.log.String()
-}
-
-// stop ends vrdmad (SIGTERM, then SIGKILL after 10 s) and removes its
-// sockets.
-func (d *daemonProc) stop() {
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { <-d.logDone; d.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		d.cmd.Process.Kill()
-		<-done
-	}
-	os.RemoveAll(d.dir)
+// daemonLog is vrdmad's log under a header, for the log file.
+func daemonLog(d *vrdmadproc.Proc) string {
+	return "=== vrdmad log ===\n" + d.Log()
 }

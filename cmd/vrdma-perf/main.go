@@ -111,12 +111,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	if o.json {
-		b, err := json.Marshal(res)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(stdout, "%s\n", b)
-		return err
+		return json.NewEncoder(stdout).Encode(res) // one line
 	}
 	printTable(stdout, o, res)
 	return nil

@@ -10,26 +10,15 @@ import (
 	"slices"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/perftest"
 	"github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
-// result is one measurement; the JSON keys are part of the tool's contract.
-type result struct {
-	Op         string  `json:"op"`
-	Size       uint64  `json:"size"`
-	Iters      int     `json:"iters"`
-	GBytesPerS float64 `json:"gbytes_per_s"`
-	Mops       float64 `json:"mops"`
-	LatP50     float64 `json:"lat_us_p50"`
-	LatP99     float64 `json:"lat_us_p99"`
-	Verified   bool    `json:"verified"`
-	LatAvg     float64 `json:"lat_us_avg"`
-	LatIters   int     `json:"lat_iters"`
-	Seconds    float64 `json:"seconds"`
-	TxDepth    int     `json:"tx_depth"`
-	Slots      int     `json:"buffers"`
-}
+// result is one measurement: perftest's, whose JSON keys vrdma-guest
+// prints too, so the tools share one contract. vrdma-perf leaves Role
+// empty (omitted from the JSON).
+type result = perftest.Result
 
 // Memory set aside in each front-end's guest memory for rings, the control
 // scratch and the event buffers.
@@ -243,14 +232,6 @@ func (bn *bench) slot(s *side, i uint64) []byte {
 	return s.mr.Bytes()[k*int(bn.o.size) : (k+1)*int(bn.o.size)]
 }
 
-// pattern fills b with bytes that depend on the operation number.
-func pattern(b []byte, i uint64) {
-	x := byte(i*131 + 7)
-	for j := range b {
-		b[j] = x + byte(j) + byte(j>>8)*3
-	}
-}
-
 // post posts the next operation.
 func (bn *bench) post() error {
 	i := bn.posted
@@ -266,17 +247,17 @@ func (bn *bench) post() error {
 	switch bn.o.op {
 	case "write":
 		if bn.o.verify {
-			pattern(bn.slot(a, i), i)
+			perftest.Pattern(bn.slot(a, i), i)
 		}
 		wr.Opcode, wr.RemoteAddr, wr.RKey = rdma.WROpRDMAWrite, b.mr.Addr+off, b.mr.RKey
 	case "read":
 		if bn.o.verify {
-			pattern(bn.slot(b, i), i)
+			perftest.Pattern(bn.slot(b, i), i)
 		}
 		wr.Opcode, wr.RemoteAddr, wr.RKey = rdma.WROpRDMARead, b.mr.Addr+off, b.mr.RKey
 	case "send":
 		if bn.o.verify {
-			pattern(bn.slot(a, i), i)
+			perftest.Pattern(bn.slot(a, i), i)
 		}
 		wr.Opcode = rdma.WROpSend
 	case "atomic":
@@ -409,12 +390,12 @@ func (bn *bench) check(wc *rdma.WC) error {
 		// Each buffer holds the operation's pattern on the source side;
 		// the destination must hold the same bytes.
 		src, dst := bn.slot(bn.a, i), bn.slot(bn.b, i)
-		ok = bytes.Equal(src, dst) && patternOK(src, i)
+		ok = bytes.Equal(src, dst) && perftest.PatternOK(src, i)
 	case "send":
 		if wc.ByteLen != uint32(bn.o.size) {
 			return fmt.Errorf("verify: receive %d got %d bytes, want %d", i, wc.ByteLen, bn.o.size)
 		}
-		ok = bytes.Equal(bn.slot(bn.a, i), bn.slot(bn.b, i)) && patternOK(bn.slot(bn.b, i), i)
+		ok = bytes.Equal(bn.slot(bn.a, i), bn.slot(bn.b, i)) && perftest.PatternOK(bn.slot(bn.b, i), i)
 	case "atomic":
 		ok = binary.LittleEndian.Uint64(bn.slot(bn.a, i)) == i
 		if !ok {
@@ -425,16 +406,4 @@ func (bn *bench) check(wc *rdma.WC) error {
 		return fmt.Errorf("verify: %s %d: bytes that arrived differ from the pattern sent", bn.o.op, i)
 	}
 	return nil
-}
-
-// patternOK checks that b holds operation i's pattern (so a stale buffer
-// that happens to equal its peer is caught too).
-func patternOK(b []byte, i uint64) bool {
-	x := byte(i*131 + 7)
-	for j := range b {
-		if b[j] != x+byte(j)+byte(j>>8)*3 {
-			return false
-		}
-	}
-	return true
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -144,4 +145,30 @@ func TestRun(t *testing.T) {
 			t.Error("a missing socket succeeded")
 		}
 	})
+}
+
+// TestResultJSON pins the JSON contract: these keys, no role (vrdma-perf
+// leaves it empty), one line.
+func TestResultJSON(t *testing.T) {
+	var out bytes.Buffer
+	if err := json.NewEncoder(&out).Encode(result{Op: "write", Size: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(out.String(), "\n"); n != 1 || !strings.HasSuffix(out.String(), "}\n") {
+		t.Errorf("got %q, want one line", out.String())
+	}
+	var m map[string]any
+	if err := json.Unmarshal(out.Bytes(), &m); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	want := []string{"buffers", "gbytes_per_s", "iters", "lat_iters", "lat_us_avg", "lat_us_p50", "lat_us_p99",
+		"mops", "op", "seconds", "size", "tx_depth", "verified"}
+	if !slices.Equal(keys, want) {
+		t.Errorf("got keys %q, want %q", keys, want)
+	}
 }

@@ -20,26 +20,19 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"sync"
 	"syscall"
 	"time"
 
-	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
@@ -190,11 +183,11 @@ func runPair(ctx context.Context, o options, args []string, stdout, stderr io.Wr
 	if err != nil {
 		return err
 	}
-	d, err := startDaemon(o, "server", "client")
+	d, err := startDaemon(ctx, o, "server", "client")
 	if err != nil {
 		return err
 	}
-	defer d.stop(o.verbose, stderr)
+	defer stopDaemon(d, o.verbose, stderr)
 
 	server := guestConfig(o, d, "server", "server", pf.args())
 	client := guestConfig(o, d, "client", "client", pf.args())
@@ -223,11 +216,11 @@ func runPair(ctx context.Context, o options, args []string, stdout, stderr io.Wr
 }
 
 func runSingle(ctx context.Context, o options, scenario string, stdout, stderr io.Writer) error {
-	d, err := startDaemon(o, "vm1")
+	d, err := startDaemon(ctx, o, "vm1")
 	if err != nil {
 		return err
 	}
-	defer d.stop(o.verbose, stderr)
+	defer stopDaemon(d, o.verbose, stderr)
 	fmt.Fprintf(stdout, "vrdma-vmtest: booting one VM (%d MiB, TCG) for %s\n", o.memory, scenario)
 	g, err := guestvm.Boot(ctx, guestConfig(o, d, "vm1", scenario, nil))
 	if err != nil {
@@ -248,11 +241,11 @@ func runSingle(ctx context.Context, o options, scenario string, stdout, stderr i
 	return err
 }
 
-func guestConfig(o options, d *daemonProc, dev, run string, args []string) guestvm.Config {
+func guestConfig(o options, d *vrdmadproc.Proc, dev, run string, args []string) guestvm.Config {
 	return guestvm.Config{
 		Name: dev, QEMU: o.qemuBin, Kernel: o.kernel, Initrd: o.initrd,
 		MemoryMiB: o.memory, HugePages: o.hugepages, Run: run, Args: args,
-		Devices: []qemu.VhostUserDevice{device(dev, d.sockets[dev])},
+		Devices: []qemu.VhostUserDevice{device(dev, d.Socket(dev))},
 	}
 }
 
@@ -313,108 +306,19 @@ func summary(w io.Writer, pf pairFlags, res guestvm.PairResult) {
 		pf.op, pf.size, pf.iters, c.GBytesPerS, c.Mops, c.LatP50, c.LatP99)
 }
 
-// daemonProc is a vrdmad this program started.
-type daemonProc struct {
-	cmd     *exec.Cmd
-	dir     string
-	control string
-	sockets map[string]string
-	logMu   sync.Mutex
-	log     strings.Builder
-	logDone chan struct{}
+// startDaemon starts vrdmad (o.vrdmad) with the named devices, each on a
+// socket in a temporary directory, and waits for its control API.
+func startDaemon(ctx context.Context, o options, devices ...string) (*vrdmadproc.Proc, error) {
+	return vrdmadproc.Start(ctx, vrdmadproc.Config{Binary: o.vrdmad, Devices: devices})
 }
 
-func startDaemon(o options, devices ...string) (*daemonProc, error) {
-	dir, err := os.MkdirTemp("", "vrdma-vmtest-")
-	if err != nil {
-		return nil, err
+// stopDaemon stops vrdmad (SIGTERM, then SIGKILL after 10 s), which removes
+// its sockets, and prints its log when it did not exit cleanly or verbose
+// is set.
+func stopDaemon(d *vrdmadproc.Proc, verbose bool, w io.Writer) {
+	if err := d.Stop(); err != nil {
+		fmt.Fprintf(w, "vrdma-vmtest: %v\n", err) // the error holds the log
+	} else if verbose {
+		fmt.Fprintf(w, "=== vrdmad log ===\n%s", d.Log())
 	}
-	d := &daemonProc{dir: dir, control: filepath.Join(dir, "control.sock"), sockets: map[string]string{}, logDone: make(chan struct{})}
-	args := []string{"--control", d.control, "--log-level", "info"}
-	for _, id := range devices {
-		d.sockets[id] = filepath.Join(dir, id+".sock")
-		args = append(args, "--socket", id+"="+d.sockets[id])
-	}
-	d.cmd = exec.Command(o.vrdmad, args...)
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	errPipe, err := d.cmd.StderrPipe()
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	if err := d.cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("start vrdmad: %w", err)
-	}
-	go func() {
-		defer close(d.logDone)
-		sc := bufio.NewScanner(errPipe)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			d.logMu.Lock()
-			if d.log.Len() < 4<<20 {
-				d.log.WriteString(sc.Text() + "\n")
-			}
-			d.logMu.Unlock()
-		}
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := d.Devices(); err == nil {
-			return d, nil
-		}
-		if time.Now().After(deadline) {
-			d.stop(true, os.Stderr)
-			return nil, errors.New("vrdmad did not answer on its control socket within 10 s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// Devices asks the daemon's control API for its devices.
-func (d *daemonProc) Devices() ([]daemon.DeviceInfo, error) {
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var dl net.Dialer
-			return dl.DialContext(ctx, "unix", d.control)
-		},
-	}}
-	defer c.CloseIdleConnections()
-	resp, err := c.Get("http://vrdmad/v1/devices")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /v1/devices: %s", resp.Status)
-	}
-	var out []daemon.DeviceInfo
-	err = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&out)
-	return out, err
-}
-
-// stop ends vrdmad (SIGTERM, then SIGKILL after 10 s) and removes its
-// sockets.
-func (d *daemonProc) stop(printLog bool, w io.Writer) {
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { <-d.logDone; done <- d.cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			fmt.Fprintf(w, "vrdma-vmtest: vrdmad exited with %v\n", err)
-			printLog = true
-		}
-	case <-time.After(10 * time.Second):
-		d.cmd.Process.Kill()
-		<-done
-		fmt.Fprintln(w, "vrdma-vmtest: vrdmad did not stop within 10 s of SIGTERM; killed")
-		printLog = true
-	}
-	if printLog {
-		d.logMu.Lock()
-		fmt.Fprintf(w, "=== vrdmad log ===\n%s", d.log.String())
-		d.logMu.Unlock()
-	}
-	os.RemoveAll(d.dir)
 }

@@ -12,23 +12,20 @@ import (
 	"github.com/vrdma/vrdma/vmm/guestvm"
 )
 
-func TestParsePair(t *testing.T) {
-	tests := []struct {
-		args []string
-		want pairFlags
-		ok   bool
-	}{
-		{nil, pairFlags{"write", 65536, 1000}, true},
-		{[]string{"--op", "atomic", "--size", "8", "--iters", "5"}, pairFlags{"atomic", 8, 5}, true},
-		{[]string{"--op", "nop"}, pairFlags{}, false},
-		{[]string{"--size", "0"}, pairFlags{}, false},
-		{[]string{"--iters", "-1"}, pairFlags{}, false},
-		{[]string{"extra"}, pairFlags{}, false},
-		{[]string{"--bogus"}, pairFlags{}, false},
-	}
+// parseCase is one row of a table for a scenario's flag parser.
+type parseCase[T comparable] struct {
+	args []string
+	want T
+	ok   bool
+}
+
+// testParse runs parse on every case: a good one must give want, a bad one
+// errUsage.
+func testParse[T comparable](t *testing.T, parse func([]string, io.Writer) (T, error), tests []parseCase[T]) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
-			got, err := parsePair(tt.args, io.Discard)
+			got, err := parse(tt.args, io.Discard)
 			if (err == nil) != tt.ok {
 				t.Fatalf("got error %v, want ok=%v", err, tt.ok)
 			}
@@ -40,6 +37,18 @@ func TestParsePair(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestParsePair(t *testing.T) {
+	testParse(t, parsePair, []parseCase[pairFlags]{
+		{nil, pairFlags{"write", 65536, 1000}, true},
+		{[]string{"--op", "atomic", "--size", "8", "--iters", "5"}, pairFlags{"atomic", 8, 5}, true},
+		{[]string{"--op", "nop"}, pairFlags{}, false},
+		{[]string{"--size", "0"}, pairFlags{}, false},
+		{[]string{"--iters", "-1"}, pairFlags{}, false},
+		{[]string{"extra"}, pairFlags{}, false},
+		{[]string{"--bogus"}, pairFlags{}, false},
+	})
 	if got := (pairFlags{"send", 64, 7}).args(); strings.Join(got, " ") != "--op send --size 64 --iters 7" {
 		t.Fatalf("got %q", got)
 	}

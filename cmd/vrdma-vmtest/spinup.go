@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 )
 
@@ -63,12 +64,12 @@ func runSpinup(ctx context.Context, o options, sf spinupFlags, stdout, stderr io
 	if _, err := os.Stat(o.vrdmactl); err != nil {
 		return fmt.Errorf("vrdmactl: %w (make build)", err)
 	}
-	d, err := startDaemon(o)
+	d, err := startDaemon(ctx, o)
 	if err != nil {
 		return err
 	}
-	defer d.stop(o.verbose, stderr)
-	qmpSock := filepath.Join(d.dir, "qmp.sock")
+	defer stopDaemon(d, o.verbose, stderr)
+	qmpSock := filepath.Join(d.Dir(), "qmp.sock")
 	cfg := guestvm.Config{
 		Name: "spinup", QEMU: o.qemuBin, Kernel: o.kernel, Initrd: o.initrd,
 		MemoryMiB: o.memory, HugePages: o.hugepages,
@@ -98,19 +99,14 @@ func runSpinup(ctx context.Context, o options, sf spinupFlags, stdout, stderr io
 		return err
 	}
 	if sf.json {
-		b, err := json.Marshal(res)
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintf(stdout, "%s\n", b)
-		return err
+		return json.NewEncoder(stdout).Encode(res) // one line
 	}
 	fmt.Fprintf(stdout, "vrdma-vmtest: spin-up over %d rounds: attach (device add to probed in guest) %.3f s, detach (vm detach to device rm done) %.3f s\n",
 		res.Rounds, res.AttachS, res.DetachS)
 	return nil
 }
 
-func spinupRounds(ctx context.Context, o options, d *daemonProc, g *guestvm.Guest, qmpSock string, rounds int, info io.Writer) (spinupResult, error) {
+func spinupRounds(ctx context.Context, o options, d *vrdmadproc.Proc, g *guestvm.Guest, qmpSock string, rounds int, info io.Writer) (spinupResult, error) {
 	res := spinupResult{Rounds: rounds}
 	lines := g.Lines()
 	next := func(want string, round int) error {
@@ -145,7 +141,7 @@ func spinupRounds(ctx context.Context, o options, d *daemonProc, g *guestvm.Gues
 		}
 	}
 	ctl := func(args ...string) error {
-		cmd := exec.CommandContext(ctx, o.vrdmactl, append([]string{"--control", d.control}, args...)...)
+		cmd := exec.CommandContext(ctx, o.vrdmactl, append([]string{"--control", d.Control()}, args...)...)
 		var errb bytes.Buffer
 		cmd.Stderr = &errb
 		if err := cmd.Run(); err != nil {
@@ -159,7 +155,7 @@ func spinupRounds(ctx context.Context, o options, d *daemonProc, g *guestvm.Gues
 			return res, err
 		}
 		start := time.Now()
-		if err := ctl("device", "add", "spin0", "--socket", filepath.Join(d.dir, "spin0.sock")); err != nil {
+		if err := ctl("device", "add", "spin0", "--socket", filepath.Join(d.Dir(), "spin0.sock")); err != nil {
 			return res, err
 		}
 		if err := ctl("vm", "attach", "--qmp", qmpSock, "--device", "spin0"); err != nil {

@@ -144,7 +144,7 @@ func (c *client) post() error {
 	remote := c.peer.Addr + (i%uint64(c.slots))*c.cfg.Size
 	switch c.cfg.Op {
 	case "write":
-		pattern(c.slot(i), i)
+		Pattern(c.slot(i), i)
 		wr.Opcode, wr.RemoteAddr, wr.RKey = rdma.WROpRDMAWrite, remote, c.peer.RKey
 	case "read":
 		if c.cfg.Verify {
@@ -152,7 +152,7 @@ func (c *client) post() error {
 		}
 		wr.Opcode, wr.RemoteAddr, wr.RKey = rdma.WROpRDMARead, remote, c.peer.RKey
 	case "send":
-		pattern(c.slot(i), i)
+		Pattern(c.slot(i), i)
 		wr.Opcode = rdma.WROpSend
 	case "atomic":
 		wr.Opcode, wr.RemoteAddr, wr.RKey, wr.CompareAdd = rdma.WROpAtomicFetchAdd, c.peer.Addr, c.peer.RKey, 1
@@ -194,7 +194,7 @@ func (c *client) check(i uint64) error {
 	switch c.cfg.Op {
 	case "read":
 		k := i % uint64(c.slots)
-		if !patternOK(c.slot(i), k) {
+		if !PatternOK(c.slot(i), k) {
 			return fmt.Errorf("verify: read %d: bytes differ from the server's pattern", i)
 		}
 	case "atomic":

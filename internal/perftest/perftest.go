@@ -169,7 +169,7 @@ func NewSide(c *rdma.Context, cfg Config, server bool) (*Side, error) {
 	}
 	if server && cfg.Op == "read" {
 		for k := range s.slots {
-			pattern(s.slot(uint64(k)), uint64(k))
+			Pattern(s.slot(uint64(k)), uint64(k))
 		}
 	}
 	return s, nil
@@ -216,16 +216,18 @@ func (s *Side) ctrlBuf(j int) []byte {
 	return s.mr.Bytes()[o : o+ctrlSize]
 }
 
-// pattern fills b with bytes that depend on the operation number.
-func pattern(b []byte, i uint64) {
+// Pattern fills b with operation i's bytes, the data --verify checks
+// (vrdma-perf and vrdma-guest fill and check the same pattern).
+func Pattern(b []byte, i uint64) {
 	x := byte(i*131 + 7)
 	for j := range b {
 		b[j] = x + byte(j) + byte(j>>8)*3
 	}
 }
 
-// patternOK checks that b holds operation i's pattern.
-func patternOK(b []byte, i uint64) bool {
+// PatternOK checks that b holds operation i's pattern (so a stale buffer
+// that happens to equal its peer is caught too).
+func PatternOK(b []byte, i uint64) bool {
 	x := byte(i*131 + 7)
 	for j := range b {
 		if b[j] != x+byte(j)+byte(j>>8)*3 {

@@ -119,3 +119,20 @@ func TestConfigAndMessages(t *testing.T) {
 		t.Error("a bad GID parsed")
 	}
 }
+
+func TestPattern(t *testing.T) {
+	for _, n := range []int{1, 255, 256, 4096 + 3} {
+		b := make([]byte, n)
+		Pattern(b, 42)
+		if !PatternOK(b, 42) {
+			t.Fatalf("%d bytes: PatternOK rejects Pattern's own bytes", n)
+		}
+		if PatternOK(b, 43) {
+			t.Errorf("%d bytes: operation 42's pattern passes for 43", n)
+		}
+		b[n-1]++
+		if PatternOK(b, 42) {
+			t.Errorf("%d bytes: a changed last byte passes", n)
+		}
+	}
+}

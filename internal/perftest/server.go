@@ -76,7 +76,7 @@ func (s *Side) Serve(peer Endpoint) (Result, error) {
 				if wc.WRID != dataRecvd {
 					return Result{}, fmt.Errorf("receive %d completed, want %d (out of order)", wc.WRID, dataRecvd)
 				}
-				if s.cfg.Verify && bad == "" && (wc.ByteLen != uint32(s.cfg.Size) || !patternOK(s.slot(dataRecvd), dataRecvd)) {
+				if s.cfg.Verify && bad == "" && (wc.ByteLen != uint32(s.cfg.Size) || !PatternOK(s.slot(dataRecvd), dataRecvd)) {
 					bad = fmt.Sprintf("message %d: %d bytes, pattern mismatch", dataRecvd, wc.ByteLen)
 				}
 				dataRecvd++
@@ -131,13 +131,13 @@ func (s *Side) verify(count, recvd uint64) string {
 				break
 			}
 			last := k + n*((count-1-k)/n)
-			if !patternOK(s.slot(k), last) {
+			if !PatternOK(s.slot(k), last) {
 				return fmt.Sprintf("buffer %d does not hold write %d's pattern", k, last)
 			}
 		}
 	case "read":
 		for k := range n {
-			if !patternOK(s.slot(k), k) {
+			if !PatternOK(s.slot(k), k) {
 				return fmt.Sprintf("buffer %d changed under reads", k)
 			}
 		}

@@ -1,0 +1,378 @@
+package vrdmadproc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vrdma/vrdma/internal/daemon"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultLogLevel     = "info"
+	DefaultLogLimit     = 4 << 20
+	DefaultReadyTimeout = 10 * time.Second
+	DefaultStopTimeout  = 10 * time.Second
+)
+
+const (
+	// pollInterval is the pause between two probes of the control API.
+	pollInterval = 20 * time.Millisecond
+	// requestTimeout bounds one control-API request of Client.
+	requestTimeout = 5 * time.Second
+	// waitDelay bounds how long Wait keeps reading standard error once
+	// vrdmad has exited (a descendant may still hold the pipe).
+	waitDelay = 5 * time.Second
+	// maxListBytes bounds the GET /v1/devices body Devices decodes.
+	maxListBytes = 1 << 20
+)
+
+var (
+	// ErrNotReady means the control API did not answer within
+	// Config.ReadyTimeout.
+	ErrNotReady = errors.New("control socket did not answer")
+	// ErrExited means vrdmad exited before it was ready, or exited with a
+	// failure status after SIGTERM.
+	ErrExited = errors.New("exited")
+	// ErrStopTimeout means vrdmad was still running Config.StopTimeout
+	// after SIGTERM and was killed.
+	ErrStopTimeout = errors.New("did not exit after SIGTERM; killed")
+)
+
+// Error is a failed start or stop, with vrdmad's log up to that point.
+// errors.Is matches Err and what it wraps (ErrNotReady, ErrExited,
+// ErrStopTimeout, a context error).
+type Error struct {
+	Op  string // "start", "stop" or "kill"
+	Err error
+	Log string // vrdmad's standard error
+}
+
+func (e *Error) Error() string {
+	s := "vrdmad " + e.Op + ": " + e.Err.Error()
+	if e.Log != "" {
+		s += "\n=== vrdmad log ===\n" + e.Log
+	}
+	return s
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Config says how to run vrdmad.
+type Config struct {
+	// Binary is the vrdmad executable. Required.
+	Binary string
+	// Dir holds the control socket (control.sock) and the sockets of
+	// Devices (ID.sock). Empty: Start makes a temporary directory and
+	// Stop removes it; a directory given here is left in place.
+	Dir string
+	// Control is the control socket's path; empty means Dir/control.sock.
+	Control string
+	// Devices are served from the start: each adds --socket ID=Dir/ID.sock.
+	// An ID is not empty and has no '=' or '/'.
+	Devices []string
+	// Args are further vrdmad arguments, after the ones above.
+	Args []string
+	// LogLevel is vrdmad's --log-level; empty means DefaultLogLevel.
+	LogLevel string
+	// LogLimit bounds the log kept, in bytes; what comes beyond it is
+	// counted, not kept. Zero means DefaultLogLimit.
+	LogLimit int
+	// ReadyTimeout bounds the wait for the control API; zero means
+	// DefaultReadyTimeout.
+	ReadyTimeout time.Duration
+	// StopTimeout is how long Stop waits after SIGTERM before it kills
+	// vrdmad; zero means DefaultStopTimeout.
+	StopTimeout time.Duration
+}
+
+// Proc is a running vrdmad started by Start.
+type Proc struct {
+	cmd          *exec.Cmd         // immutable after Start
+	dir          string            // immutable
+	ownDir       bool              // immutable: Stop and Kill remove dir
+	control      string            // immutable
+	sockets      map[string]string // immutable: device ID -> socket path
+	client       *http.Client      // immutable; safe for concurrent use
+	log          *logBuffer        // has its own mutex
+	readyTimeout time.Duration     // immutable
+	stopTimeout  time.Duration     // immutable
+
+	exited  chan struct{} // closed once cmd.Wait has returned
+	waitErr error         // written before exited is closed, read after
+
+	stopOnce sync.Once
+	stopErr  error // written inside stopOnce
+}
+
+// Start runs vrdmad as cfg says and returns once its control API answers
+// GET /v1/devices. ctx bounds only that wait: vrdmad keeps running until
+// Stop. When vrdmad exits first, does not answer within cfg.ReadyTimeout,
+// or ctx ends, Start stops it and returns an *Error with the log.
+func Start(ctx context.Context, cfg Config) (*Proc, error) {
+	p, err := launch(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.waitReady(ctx, p.readyTimeout); err != nil {
+		p.Stop() // err says what went wrong; the log has the rest
+		return nil, &Error{Op: "start", Err: err, Log: p.log.String()}
+	}
+	return p, nil
+}
+
+// launch checks cfg and starts the process, without waiting for it.
+func launch(cfg Config) (*Proc, error) {
+	if cfg.Binary == "" {
+		return nil, errors.New("vrdmadproc: Config.Binary is empty")
+	}
+	seen := make(map[string]bool, len(cfg.Devices))
+	for _, id := range cfg.Devices {
+		if id == "" || strings.ContainsAny(id, "=/") || seen[id] {
+			return nil, fmt.Errorf("vrdmadproc: device ID %q: want unique, non-empty, without '=' or '/'", id)
+		}
+		seen[id] = true
+	}
+	level := cfg.LogLevel
+	if level == "" {
+		level = DefaultLogLevel
+	}
+	limit := cfg.LogLimit
+	if limit <= 0 {
+		limit = DefaultLogLimit
+	}
+	p := &Proc{dir: cfg.Dir, sockets: make(map[string]string, len(cfg.Devices)),
+		log: &logBuffer{limit: limit}, readyTimeout: cfg.ReadyTimeout, stopTimeout: cfg.StopTimeout,
+		exited: make(chan struct{})}
+	if p.readyTimeout <= 0 {
+		p.readyTimeout = DefaultReadyTimeout
+	}
+	if p.stopTimeout <= 0 {
+		p.stopTimeout = DefaultStopTimeout
+	}
+	if p.dir == "" {
+		dir, err := os.MkdirTemp("", "vrdmad-")
+		if err != nil {
+			return nil, fmt.Errorf("vrdmadproc: %w", err)
+		}
+		p.dir, p.ownDir = dir, true
+	}
+	p.control = cfg.Control
+	if p.control == "" {
+		p.control = filepath.Join(p.dir, "control.sock")
+	}
+	p.client = unixClient(p.control)
+	args := []string{"--control", p.control, "--log-level", level}
+	for _, id := range cfg.Devices {
+		p.sockets[id] = filepath.Join(p.dir, id+".sock")
+		args = append(args, "--socket", id+"="+p.sockets[id])
+	}
+	args = append(args, cfg.Args...)
+
+	p.cmd = exec.Command(cfg.Binary, args...)
+	p.cmd.Stderr = p.log
+	p.cmd.WaitDelay = waitDelay
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		if p.ownDir {
+			os.RemoveAll(p.dir)
+		}
+		return nil, &Error{Op: "start", Err: err}
+	}
+	go func() {
+		p.waitErr = p.cmd.Wait()
+		close(p.exited)
+	}()
+	return p, nil
+}
+
+// waitReady polls the control API until it answers, vrdmad exits, timeout
+// passes or ctx ends.
+func (p *Proc) waitReady(ctx context.Context, timeout time.Duration) error {
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	for {
+		_, err := p.devices(wctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-p.exited:
+			return fmt.Errorf("%w before its control socket answered", exitError(p.waitErr))
+		case <-wctx.Done():
+			if cerr := ctx.Err(); cerr != nil {
+				return fmt.Errorf("wait for the control socket: %w", cerr)
+			}
+			return fmt.Errorf("%w within %v (last: %v)", ErrNotReady, timeout, err)
+		case <-tick.C:
+		}
+	}
+}
+
+// exitError describes how cmd.Wait ended as an ErrExited.
+func exitError(err error) error {
+	if err == nil {
+		return fmt.Errorf("%w with status 0", ErrExited)
+	}
+	return fmt.Errorf("%w with %w", ErrExited, err)
+}
+
+// Stop sends vrdmad SIGTERM and waits for it to exit, killing it after
+// Config.StopTimeout; then it removes the directory Start made. It
+// returns nil for an exit with status 0, else an *Error (ErrExited,
+// ErrStopTimeout) with the log. Later calls return the first result.
+func (p *Proc) Stop() error {
+	p.stopOnce.Do(func() {
+		p.stopErr = p.terminate()
+		p.release()
+	})
+	return p.stopErr
+}
+
+// Kill ends vrdmad with SIGKILL, as a crash would (its sockets stay
+// behind), waits for it and removes the directory Start made. It returns
+// nil when SIGKILL ended it, else an *Error (ErrExited: it had exited
+// already). Kill and Stop end the process once: a later call of either
+// returns the first result.
+func (p *Proc) Kill() error {
+	p.stopOnce.Do(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		var ee *exec.ExitError
+		if errors.As(p.waitErr, &ee) {
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+				p.release()
+				return
+			}
+		}
+		p.stopErr = &Error{Op: "kill", Err: exitError(p.waitErr), Log: p.log.String()}
+		p.release()
+	})
+	return p.stopErr
+}
+
+// release frees what the process left to this side, once it has exited.
+func (p *Proc) release() {
+	p.client.CloseIdleConnections()
+	if p.ownDir {
+		os.RemoveAll(p.dir)
+	}
+}
+
+func (p *Proc) terminate() error {
+	// An error here means vrdmad has exited already; Wait tells how.
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(p.stopTimeout)
+	defer t.Stop()
+	select {
+	case <-p.exited:
+		if p.waitErr != nil {
+			return &Error{Op: "stop", Err: exitError(p.waitErr), Log: p.log.String()}
+		}
+		return nil
+	case <-t.C:
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+		return &Error{Op: "stop", Err: fmt.Errorf("%w within %v", ErrStopTimeout, p.stopTimeout), Log: p.log.String()}
+	}
+}
+
+// Dir is the directory of the sockets.
+func (p *Proc) Dir() string { return p.dir }
+
+// Control is the control socket's path.
+func (p *Proc) Control() string { return p.control }
+
+// Socket is the vhost-user socket of a device named in Config.Devices, or
+// "" for another ID.
+func (p *Proc) Socket(id string) string { return p.sockets[id] }
+
+// Pid is vrdmad's process ID.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Log is what vrdmad wrote to standard error so far (all of it once Stop
+// has returned), up to Config.LogLimit bytes.
+func (p *Proc) Log() string { return p.log.String() }
+
+// Client is an HTTP client whose every request goes to the control socket
+// (any host name; "http://vrdmad/v1/..." by convention), with a 5 s
+// timeout. It is shared: callers must not change it.
+func (p *Proc) Client() *http.Client { return p.client }
+
+// Devices lists the daemon's devices (GET /v1/devices).
+func (p *Proc) Devices() ([]daemon.DeviceInfo, error) {
+	return p.devices(context.Background())
+}
+
+func (p *Proc) devices(ctx context.Context) ([]daemon.DeviceInfo, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://vrdmad/v1/devices", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /v1/devices: %s", resp.Status)
+	}
+	var out []daemon.DeviceInfo
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxListBytes)).Decode(&out); err != nil {
+		return nil, fmt.Errorf("GET /v1/devices: %w", err)
+	}
+	return out, nil
+}
+
+func unixClient(path string) *http.Client {
+	return &http.Client{Timeout: requestTimeout, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+	}}
+}
+
+// logBuffer keeps the first limit bytes written to it and counts the rest.
+type logBuffer struct {
+	limit   int // immutable
+	mu      sync.Mutex
+	b       []byte // protected by mu
+	dropped int64  // protected by mu
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := min(max(l.limit-len(l.b), 0), len(p))
+	l.b = append(l.b, p[:n]...)
+	l.dropped += int64(len(p) - n)
+	return len(p), nil
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dropped == 0 {
+		return string(l.b)
+	}
+	s := string(l.b)
+	if !strings.HasSuffix(s, "\n") {
+		s += "\n"
+	}
+	return s + fmt.Sprintf("[%d more bytes of the log dropped]\n", l.dropped)
+}
