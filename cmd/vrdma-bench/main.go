@@ -230,11 +230,11 @@ func suite(o options, w io.Writer) ([]section, []bwPoint, error) {
 	}
 	if o.want("control") {
 		progress(w, "control path")
-		pairs, regs, null, err := control(s, p)
+		cr, err := control(s, p)
 		if err != nil {
 			return nil, nil, err
 		}
-		secs = append(secs, controlSection(pairs, regs, null))
+		secs = append(secs, controlSection(cr))
 	}
 	if p != nil {
 		p.close()

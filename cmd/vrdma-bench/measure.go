@@ -304,11 +304,20 @@ func memAvailable() (uint64, error) {
 	return 0, errors.New("no MemAvailable in /proc/meminfo")
 }
 
-// control measures create+destroy QP pairs per second and REG_MR of 4 KiB
-// per second beside the rate of a bare control round trip (QUERY_PORT).
-func control(s settings, p *pair) (pairs, regs, null float64, err error) {
+// controlResult holds the control-path rates, per second.
+type controlResult struct {
+	qp   float64 // CREATE_QP + DESTROY_QP of one QP
+	qp2  float64 // a QP on each of two devices created, then both destroyed
+	regs float64 // REG_MR 4 KiB (warm map cache)
+	null float64 // QUERY_PORT: the bare round trip
+}
+
+// control measures the control path: create+destroy of a QP, the same
+// for a QP on each device of the pair, and REG_MR of 4 KiB, beside the
+// rate of a bare control round trip (QUERY_PORT).
+func control(s settings, p *pair) (r controlResult, err error) {
 	a, b := p.a, p.b
-	null, err = s.repeat(func() (float64, error) {
+	r.null, err = s.repeat(func() (float64, error) {
 		n, start := 0, time.Now()
 		for ; n < 100 || time.Since(start) < s.rowTime; n++ {
 			if _, err := a.c.QueryPort(); err != nil {
@@ -318,12 +327,28 @@ func control(s settings, p *pair) (pairs, regs, null float64, err error) {
 		return float64(n) / time.Since(start).Seconds(), nil
 	})
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("query port: %w", err)
+		return r, fmt.Errorf("query port: %w", err)
 	}
 	qattr := func(cq *abi.CQ) abi.QPInitAttr {
 		return abi.QPInitAttr{SendCQ: cq, RecvCQ: cq, Cap: abi.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}}
 	}
-	pairs, err = s.repeat(func() (float64, error) {
+	r.qp, err = s.repeat(func() (float64, error) {
+		n, start := 0, time.Now()
+		for ; n < 50 || time.Since(start) < s.rowTime; n++ {
+			q, err := a.pd.CreateQP(qattr(a.cq))
+			if err != nil {
+				return 0, err
+			}
+			if err := q.Destroy(); err != nil {
+				return 0, err
+			}
+		}
+		return float64(n) / time.Since(start).Seconds(), nil
+	})
+	if err != nil {
+		return r, fmt.Errorf("qp create+destroy: %w", err)
+	}
+	r.qp2, err = s.repeat(func() (float64, error) {
 		n, start := 0, time.Now()
 		for ; n < 50 || time.Since(start) < s.rowTime; n++ {
 			q1, err := a.pd.CreateQP(qattr(a.cq))
@@ -344,13 +369,13 @@ func control(s settings, p *pair) (pairs, regs, null float64, err error) {
 		return float64(n) / time.Since(start).Seconds(), nil
 	})
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("qp pairs: %w", err)
+		return r, fmt.Errorf("qp pairs: %w", err)
 	}
 	const pool = 64
 	bufs := make([]*abi.Buffer, pool)
 	for i := range bufs {
 		if bufs[i], err = a.c.AllocBuffer(4096); err != nil {
-			return 0, 0, 0, err
+			return r, err
 		}
 	}
 	defer func() {
@@ -358,7 +383,7 @@ func control(s settings, p *pair) (pairs, regs, null float64, err error) {
 			b.Free()
 		}
 	}()
-	regs, err = s.repeat(func() (float64, error) {
+	r.regs, err = s.repeat(func() (float64, error) {
 		var in time.Duration
 		n := 0
 		for start := time.Now(); n < 50 || time.Since(start) < s.rowTime; n++ {
@@ -375,9 +400,9 @@ func control(s settings, p *pair) (pairs, regs, null float64, err error) {
 		return float64(n) / in.Seconds(), nil
 	})
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("reg mr 4 KiB: %w", err)
+		return r, fmt.Errorf("reg mr 4 KiB: %w", err)
 	}
-	return pairs, regs, null, nil
+	return r, nil
 }
 
 // scaling measures aggregate 64 KiB WRITE bandwidth of the first n pairs
