@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -23,19 +24,19 @@ const cmdTimeout = 5 * time.Second
 // gave back everything it took.
 func hygiene(t *testing.T) {
 	t.Helper()
-	fds, gs, maps := countFds(t), runtime.NumGoroutine(), guestMaps(t)
+	fds, gs, maps, lck := countFds(t), runtime.NumGoroutine(), guestMaps(t), lockedKB(t)
 	t.Cleanup(func() {
 		deadline := time.Now().Add(5 * time.Second)
 		for {
-			nf, ng, nm := countFds(t), runtime.NumGoroutine(), guestMaps(t)
-			if nf <= fds && ng <= gs && nm <= maps {
+			nf, ng, nm, nl := countFds(t), runtime.NumGoroutine(), guestMaps(t), lockedKB(t)
+			if nf <= fds && ng <= gs && nm <= maps && nl <= lck {
 				return
 			}
 			if time.Now().After(deadline) {
 				buf := make([]byte, 1<<20)
 				buf = buf[:runtime.Stack(buf, true)]
-				t.Errorf("leak: fds %d -> %d, goroutines %d -> %d, guest-memory mappings %d -> %d\n%s\n%s",
-					fds, nf, gs, ng, maps, nm, listFds(), buf)
+				t.Errorf("leak: fds %d -> %d, goroutines %d -> %d, guest-memory mappings %d -> %d, locked (pinned) kB %d -> %d\n%s\n%s",
+					fds, nf, gs, ng, maps, nm, lck, nl, listFds(), buf)
 				return
 			}
 			time.Sleep(10 * time.Millisecond)
@@ -43,9 +44,25 @@ func hygiene(t *testing.T) {
 	})
 }
 
+// lockedKB is this process's locked memory (VmLck, kB): what the
+// in-process daemons pinned, map caches included.
+func lockedKB(t *testing.T) int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		var kb int
+		if n, _ := fmt.Sscanf(l, "VmLck: %d kB", &kb); n == 1 {
+			return kb
+		}
+	}
+	t.Fatal("no VmLck in /proc/self/status")
+	return 0
+}
+
 // guestMaps counts this process's mappings of memfd files: guest memory,
-// as the in-process daemon and the Go front-ends map it. (Pinned bytes go
-// back to zero too: tests that pin check the daemon's counters.)
+// as the in-process daemon and the Go front-ends map it.
 func guestMaps(t *testing.T) int {
 	b, err := os.ReadFile("/proc/self/maps")
 	if err != nil {
