@@ -36,7 +36,12 @@ const (
 //
 // Spec: "When pi − ci equals cqe the CQ is full: a completion that finds it
 // full is lost, the CQ is in overrun".
-func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited bool) (fire bool, outcome int) {
+//
+// With lazy, the record's pi is not stored unless the CQ fires (an event
+// must find its entry visible): the caller publishes it with publish
+// before it lets go of the table, once for a batch of completions, so the
+// driver polling pi sees one cache-line write per batch, not per CQE.
+func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited, lazy bool) (fire bool, outcome int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.dead || c.overrun || t == nil {
@@ -59,12 +64,36 @@ func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited bool) (fire bool, outco
 	}
 	putCQE(slot, e)
 	c.pi++
-	memmap.StoreUint32(rec, abi.CQRecordPI, c.pi)
 	if c.armed && (!c.solicitedOnly || solicited || e.Status != abi.WCSuccess) {
 		c.armed = false
 		fire = true
 	}
+	if lazy && !fire {
+		c.unpublished = true
+	} else {
+		memmap.StoreUint32(rec, abi.CQRecordPI, c.pi)
+		c.unpublished = false
+	}
 	return fire, pushOK
+}
+
+// publish stores the CQ's pi into its record if lazy pushes advanced it.
+// t is the table of c.Dev.
+func (c *CQ) publish(t *memmap.Table) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.publishLocked(t)
+}
+
+// publishLocked is publish with c.mu held.
+func (c *CQ) publishLocked(t *memmap.Table) {
+	if !c.unpublished || c.dead || t == nil {
+		return
+	}
+	c.unpublished = false
+	if rec, err := t.Slice(c.Record, abi.CQRecordSize); err == nil {
+		memmap.StoreUint32(rec, abi.CQRecordPI, c.pi)
+	}
 }
 
 // Arm applies REQ_NOTIFY_CQ: the next completion written to the CQ (only a
@@ -90,6 +119,7 @@ func (c *CQ) Arm(solicitedOnly bool) {
 		if t == nil {
 			return
 		}
+		c.publishLocked(t)
 		rec, err := t.Slice(c.Record, abi.CQRecordSize)
 		if err != nil {
 			return
@@ -109,13 +139,18 @@ func (c *CQ) Arm(solicitedOnly bool) {
 // CQ_ERROR event and every QP using c moving to ERR. It counts error
 // completions. Called with no CQ lock held.
 func (cd *Device) complete(c *CQ, t *memmap.Table, e *abi.CQE, solicited bool) {
+	cd.completeLazy(c, t, e, solicited, false)
+}
+
+// completeLazy is complete with push's lazy publication of pi (see push).
+func (cd *Device) completeLazy(c *CQ, t *memmap.Table, e *abi.CQE, solicited, lazy bool) {
 	if e.Status != abi.WCSuccess && int(e.Status) < maxWCStatus {
 		cd.wcErrors[e.Status].Add(1)
 	}
 	if c == nil {
 		return
 	}
-	fire, outcome := c.push(t, e, solicited)
+	fire, outcome := c.push(t, e, solicited, lazy)
 	if fire {
 		cd.postEvent(abi.EventCQCompletion, c.Num)
 	}

@@ -319,9 +319,7 @@ func (d *Device) Reset() {
 			// The send WQEs posted now are the outstanding ones.
 			end, haveEnd := uint32(0), false
 			if pt != nil {
-				if rec, err := pt.Slice(pq.Record, abi.QPRecordSize); err == nil {
-					end, haveEnd = memmap.LoadUint32(rec, abi.QPRecordSQPI), true
-				}
+				end, haveEnd = loadSQPI(pt, pq) // guarded: fault.go
 			}
 			pq.mu.Lock()
 			hit := !pq.dead && pq.peer == d && byNum[pq.attr.DestQPNum] &&

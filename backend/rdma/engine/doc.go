@@ -38,6 +38,23 @@
 // advances sq_ci; rq_ci is advanced by whoever consumes a receive WQE, under
 // rqMu.
 //
+// # Faults in guest memory
+//
+// A front-end can make its guest memory fault under the engine (it shrinks
+// the file behind a region: SIGBUS). Poll runs under the caller's
+// memmap.Guard, so a fault in the memory of Poll's own device aborts the
+// pass and breaks that doorbell queue. The responder side of an operation
+// touches the peer device's memory too, and a fault there is the peer's:
+// respondContained (fault.go) recovers it, tells it from the requester's
+// own by the faulting address (memmap.FaultAddr; Table.MapsHost of the
+// peer's table and not of the requester's, so a loopback QP's faults stay
+// its own device's), completes the WR with REM_OP_ERR and moves the peer
+// QP to ERR with QP_FATAL. The peer's doorbell queue breaks only when its
+// own engine touches the vanished memory (flushing that QP, say). Any other
+// panic is raised again unchanged. The deferred closure is open-coded: no
+// allocation per WQE. Device.Reset, which runs on no engine and under no
+// Guard, reads peers' records through a guarded load (loadSQPI).
+//
 // # Invariants
 //
 //   - Guest structures are copied once and validated as copies; ring and
@@ -48,6 +65,11 @@
 //     the QP to ERR with QP_FATAL and is never used as a loop bound.
 //   - CQEs are written into slot pi mod depth before pi advances; a full CQ
 //     drops the CQE, enters overrun (CQ_ERROR) and moves its QPs to ERR.
+//   - A requester's pass publishes once, when it ends (QP.publish): sq_ci,
+//     the send CQ's pi (its CQEs were pushed lazily) and the counters, so
+//     the driver polling those words sees one store per batch. A CQE that
+//     fires an armed CQ publishes pi at once, and REQ_NOTIFY_CQ publishes
+//     before it compares pi with ci, so an event never precedes its entry.
 //   - After RemoveQP returns, no engine touches the QP's rings, record or
 //     CQs: it takes sqMu (the requester's pass) and rqMu (responders).
 //     RemoveMR does not wait: an operation that resolved the key before

@@ -158,6 +158,7 @@ type CQ struct {
 	solicitedOnly bool   // protected by mu
 	overrun       bool   // protected by mu
 	dead          bool   // destroyed (protected by mu)
+	unpublished   bool   // pi advanced past the record's (lazy push; protected by mu)
 }
 
 // QP is an RC queue pair. The exported fields are immutable after AddQP.
@@ -196,6 +197,13 @@ type QP struct {
 	retryExc bool        // send WQEs before retryEnd complete with RETRY_EXC_ERR (peer lost)
 	retryEnd uint32      // see retryExc
 	sc       *scratch    // per-QP scratch, allocated on first use
+
+	// Published once per poll pass rather than per WQE (protected by
+	// sqMu): the record's sq_ci, the send CQ's pi and the device counters.
+	sqCIPub   uint32    // sq_ci as last stored in the record
+	cqPending bool      // the send CQ has lazily pushed entries
+	opsPend   [7]uint32 // successful WQEs by opcode, not yet in Device.ops
+	bytesPend uint64    // bytes moved, not yet in Device.bytesMoved
 
 	// Responder side: the receive queue is consumed by peers' engines, and
 	// every remote operation targeting this QP runs under rqMu, so that
