@@ -68,7 +68,11 @@ func (r *vring) start() {
 	rings, err := r.translate(t)
 	var vq *virtio.DeviceQueue
 	if err == nil {
-		vq, err = virtio.NewDeviceQueue(cfg, rings)
+		// NewDeviceQueue reads the used index: guest memory, which the
+		// front-end may have truncated under us (SIGBUS, contained).
+		if gerr := memmap.Guard(func() { vq, err = virtio.NewDeviceQueue(cfg, rings) }); gerr != nil {
+			vq, err = nil, gerr
+		}
 	}
 	r.gen = r.s.mem.Generation()
 	t.Release()

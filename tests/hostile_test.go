@@ -190,6 +190,28 @@ func TestShrunkMemory(t *testing.T) {
 	q := f.Queue(abi.ControlQueue)
 	q.Kick.Signal()
 	waitRingError(t, d, "dev0", q)
+	f.Close()
+
+	// Starting a ring reads its used index, on the session goroutine:
+	// rings set up, stopped, the memory truncated, the ring started again.
+	// The ring breaks; the daemon lives.
+	f = dial(t, socks[0], frontend.Config{MemorySize: 16 << 20, QueueSize: 64, NoSeal: true})
+	if err := f.Start(abi.ControlQueue); err != nil {
+		t.Fatal(err)
+	}
+	if _, st, err := queryDevice(f); err != nil || st != abi.StatusOK {
+		t.Fatalf("QUERY_DEVICE: %v %v", st, err)
+	}
+	if _, err := f.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Ftruncate(f.MemFd(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Start(abi.ControlQueue); err != nil {
+		t.Fatal(err)
+	}
+	waitRingError(t, d, "dev0", f.Queue(abi.ControlQueue))
 	bystanderOK(t, socks[1])
 }
 

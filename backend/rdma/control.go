@@ -44,6 +44,8 @@ type resources struct {
 	qps map[uint32]*qpEntry
 	ahs map[uint32]*ahEntry
 	seq uint32 // handle sequence (the upper 24 bits of new handles)
+
+	mrExtents int // extents of all MRs (Limits.MaxMRExtents)
 }
 
 func newResources() *resources {
@@ -301,10 +303,14 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 	// The MR's bytes as contiguous runs (one for contiguous memory, however
 	// large its pages); the device pins the 4 KiB pages holding them.
 	mr := engine.NewMR(0, m.PDN, m.Access, m.IOVA, m.Length, pages, uint(m.PageShift))
+	r := d.res
+	if r.mrExtents+mr.NumExtents() > int(d.cfg.Limits.MaxMRExtents) {
+		return nil, errStatus(abi.StatusNoResources)
+	}
 	if err := d.pinMR(t, mr); err != nil {
 		return nil, err
 	}
-	r := d.res
+	r.mrExtents += mr.NumExtents()
 	key := r.newHandle(func(h uint32) bool { return r.mrs[h] != nil })
 	mr.Key = key
 	r.mrs[key] = &mrEntry{mr: mr}
@@ -321,6 +327,7 @@ func (d *Device) deregMR(key uint32) error {
 	d.eng.RemoveMR(key)
 	delete(d.res.mrs, key)
 	d.res.pds[e.mr.PD].users--
+	d.res.mrExtents -= e.mr.NumExtents()
 	d.unpinMR(e.mr)
 	return nil
 }

@@ -31,6 +31,11 @@ type Limits struct {
 	MaxPD         uint32
 	MaxAH         uint32
 	MaxMRSize     uint64
+	// MaxMRExtents bounds the guest-physically contiguous runs all of a
+	// device's MRs are kept as together (an RNIC's translation table):
+	// host memory a driver can make the device hold with page lists that
+	// never repeat a neighbour. Not in config space.
+	MaxMRExtents uint32
 	MaxInlineData uint32
 	MaxQPRdAtom   uint32
 }
@@ -39,7 +44,7 @@ type Limits struct {
 func DefaultLimits() Limits {
 	return Limits{
 		MaxQP: 1024, MaxQPWR: 4096, MaxSGE: 16, MaxCQ: 1024, MaxCQE: 65536,
-		MaxMR: 4096, MaxPD: 256, MaxAH: 1024, MaxMRSize: 1 << 32,
+		MaxMR: 4096, MaxPD: 256, MaxAH: 1024, MaxMRSize: 1 << 32, MaxMRExtents: 1 << 20,
 		MaxInlineData: 256, MaxQPRdAtom: 16,
 	}
 }
@@ -56,6 +61,7 @@ func (l Limits) WithDefaults(base Limits) Limits {
 	l.MaxCQ, l.MaxCQE, l.MaxMR = pick(l.MaxCQ, base.MaxCQ), pick(l.MaxCQE, base.MaxCQE), pick(l.MaxMR, base.MaxMR)
 	l.MaxPD, l.MaxAH = pick(l.MaxPD, base.MaxPD), pick(l.MaxAH, base.MaxAH)
 	l.MaxInlineData, l.MaxQPRdAtom = pick(l.MaxInlineData, base.MaxInlineData), pick(l.MaxQPRdAtom, base.MaxQPRdAtom)
+	l.MaxMRExtents = pick(l.MaxMRExtents, base.MaxMRExtents)
 	if l.MaxMRSize == 0 {
 		l.MaxMRSize = base.MaxMRSize
 	}

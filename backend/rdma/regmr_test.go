@@ -70,6 +70,29 @@ func TestRegMRLargePages(t *testing.T) {
 		t.Fatalf("DEREG_MR: %v", st)
 	}
 
+	// The translation budget: one page listed eight times is eight runs.
+	d.cfg.Limits.MaxMRExtents = 10
+	same := []uint64{0x5000, 0x5000, 0x5000, 0x5000, 0x5000, 0x5000, 0x5000, 0x5000}
+	out, st = d.command(abi.CmdRegMR, regMRReq(pdn, 0x5000, 8*4096, 12, same...), tbl)
+	if st != abi.StatusOK {
+		t.Fatalf("REG_MR of a repeated page: %v", st)
+	}
+	if _, st := d.command(abi.CmdRegMR, regMRReq(pdn, 0x5000, 8*4096, 12, same...), tbl); st != abi.StatusNoResources {
+		t.Errorf("REG_MR beyond the extent budget: %v, want NO_RESOURCES", st)
+	}
+	if got := d.Stats(); got.MRs != 1 || got.Pin.PinnedBytes != 0x1000 {
+		t.Errorf("after the refused REG_MR: %d MRs, %#x bytes pinned", got.MRs, got.Pin.PinnedBytes)
+	}
+	if _, st := d.command(abi.CmdDeregMR, abi.Marshal(&abi.Handle{Handle: binary.LittleEndian.Uint32(out)}), tbl); st != abi.StatusOK {
+		t.Fatalf("DEREG_MR: %v", st)
+	}
+	if _, st := d.command(abi.CmdRegMR, regMRReq(pdn, 0x5000, 8*4096, 12, same...), tbl); st != abi.StatusOK {
+		t.Errorf("REG_MR after DEREG_MR gave the budget back: %v", st)
+	}
+	d.Reset()
+	out, _ = d.command(abi.CmdCreatePD, nil, tbl)
+	pdn = binary.LittleEndian.Uint32(out)
+
 	for _, tt := range []struct {
 		name string
 		req  []byte

@@ -32,8 +32,7 @@ type MR struct {
 	Access    uint32
 	IOVA      uint64
 	Length    uint64
-	Pages     []memmap.GPA // page list as registered (pinned by the control path)
-	PageShift uint         // log2 of the size of the pages in Pages
+	PageShift uint // log2 of the size of the registered pages
 
 	extents []extent // the MR's bytes as contiguous guest-physical runs
 }
@@ -46,7 +45,7 @@ type MR struct {
 // len(pages) == ceil((iova%(1<<shift) + length)/(1<<shift)), length > 0,
 // every page aligned to its size.
 func NewMR(key, pd, access uint32, iova, length uint64, pages []memmap.GPA, shift uint) *MR {
-	m := &MR{Key: key, PD: pd, Access: access, IOVA: iova, Length: length, Pages: pages, PageShift: shift}
+	m := &MR{Key: key, PD: pd, Access: access, IOVA: iova, Length: length, PageShift: shift}
 	size := uint64(1) << shift
 	first := iova & (size - 1)
 	var off uint64
@@ -72,6 +71,10 @@ func NewMR(key, pd, access uint32, iova, length uint64, pages []memmap.GPA, shif
 	}
 	return m
 }
+
+// NumExtents returns the number of guest-physically contiguous runs the
+// MR is kept as (what it costs the device: the page list is not kept).
+func (m *MR) NumExtents() int { return len(m.extents) }
 
 // Extents calls fn for each guest-physically contiguous run of the MR's
 // bytes, in order (at most one per page; adjacent pages merged); fn's
