@@ -35,13 +35,14 @@ type DeviceQueue struct {
 	maxBytes uint64
 
 	// Owned by the worker that calls the methods.
-	rings      Rings
-	lastAvail  uint16 // next available-ring slot to process
-	usedIdx    uint16 // shadow of used.idx (the device is its only writer)
-	oldUsed    uint16 // usedIdx at the last NeedsNotify
-	usedFlags  uint16 // shadow of used.flags
-	err        error  // sticky: non-nil once broken
-	inIndirect bool   // walk state, only meaningful inside Pop
+	rings       Rings
+	lastAvail   uint16 // next available-ring slot to process
+	usedIdx     uint16 // shadow of used.idx (the device is its only writer)
+	oldUsed     uint16 // usedIdx at the last NeedsNotify
+	usedFlags   uint16 // shadow of used.flags
+	flagsStored bool   // usedFlags was stored into these rings
+	err         error  // sticky: non-nil once broken
+	inIndirect  bool   // walk state, only meaningful inside Pop
 }
 
 // NewDeviceQueue returns the device side of a split virtqueue over r.
@@ -82,6 +83,7 @@ func (q *DeviceQueue) SetRings(r Rings) error {
 		return fmt.Errorf("queue %d: %w", q.index, err)
 	}
 	q.rings = r
+	q.flagsStored = false
 	return nil
 }
 
@@ -375,13 +377,20 @@ func (q *DeviceQueue) DisableNotify() {
 // ring's flags whether or not EVENT_IDX was negotiated. Device types whose
 // queues carry no buffers (vrdma's doorbell queues) use the flag as their
 // own "engine is polling" signal; see docs/spec.md.
+//
+// It stores only when the flag changes: a polling engine calls it on every
+// pass, and the driver reads the word on every doorbell, so a store each
+// time would bounce the cache line between their cores.
 func (q *DeviceQueue) SetUsedFlagNoNotify(on bool) {
+	f := q.usedFlags &^ UsedFNoNotify
 	if on {
-		q.usedFlags |= UsedFNoNotify
-	} else {
-		q.usedFlags &^= UsedFNoNotify
+		f |= UsedFNoNotify
 	}
-	memmap.StoreUint16(q.rings.Used, ringFlagsOff, q.usedFlags)
+	if f == q.usedFlags && q.flagsStored {
+		return
+	}
+	q.usedFlags, q.flagsStored = f, true
+	memmap.StoreUint16(q.rings.Used, ringFlagsOff, f)
 }
 
 // Chain is one descriptor chain popped by DeviceQueue.Pop. It is reused across

@@ -2,6 +2,7 @@ package virtio
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"testing"
@@ -573,5 +574,42 @@ func BenchmarkPopPush(b *testing.B) {
 		if _, _, ok, err := e.drv.Used(); !ok || err != nil {
 			b.Fatal(ok, err)
 		}
+	}
+}
+
+// TestUsedFlagStoredOnChange: SetUsedFlagNoNotify writes the used ring's
+// flags only when the flag changes (and once after the rings are set), so
+// an engine calling it on every pass does not keep writing the cache line
+// the driver reads.
+func TestUsedFlagStoredOnChange(t *testing.T) {
+	ram := alignedBytes(1<<20, 4096)
+	r := ringsIn(ram, 8)
+	q, err := NewDeviceQueue(DeviceQueueConfig{Size: 8}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags := func() uint16 { return binary.LittleEndian.Uint16(r.Used[0:]) }
+	q.SetUsedFlagNoNotify(false) // first call: stored even though the shadow agrees
+	r.Used[0] = 0xee             // the driver scribbles the word
+	q.SetUsedFlagNoNotify(false)
+	if flags() != 0xee {
+		t.Errorf("unchanged flag stored again: %#x", flags())
+	}
+	q.SetUsedFlagNoNotify(true)
+	if flags() != UsedFNoNotify {
+		t.Errorf("changed flag: %#x, want %#x", flags(), UsedFNoNotify)
+	}
+	r.Used[0] = 0
+	q.SetUsedFlagNoNotify(true)
+	if flags() != 0 {
+		t.Errorf("unchanged flag stored again: %#x", flags())
+	}
+	// New rings (a memory table change): stored once more.
+	if err := q.SetRings(r); err != nil {
+		t.Fatal(err)
+	}
+	q.SetUsedFlagNoNotify(true)
+	if flags() != UsedFNoNotify {
+		t.Errorf("after SetRings: %#x, want %#x", flags(), UsedFNoNotify)
 	}
 }
