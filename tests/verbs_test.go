@@ -2,7 +2,6 @@ package tests
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"errors"
 	"testing"
@@ -27,39 +26,12 @@ type peer struct {
 
 const peerBuf = 64 << 10
 
+// openPeer opens a verbs context on the device at sock (memSize bytes of
+// guest memory; zero: the default) with a PD, a CQ, an RC QP and a
+// registered buffer of peerBuf bytes.
 func openPeer(t *testing.T, sock string, memSize uint64) *peer {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	c, f, err := frontend.OpenRDMA(ctx, sock, memSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.Close()
-		f.Close()
-	})
-	p := &peer{ctx: c, f: f}
-	if p.gid, err = c.QueryGID(); err != nil {
-		t.Fatal(err)
-	}
-	if p.pd, err = c.AllocPD(); err != nil {
-		t.Fatal(err)
-	}
-	if p.cq, err = c.CreateCQ(64); err != nil {
-		t.Fatal(err)
-	}
-	if p.qp, err = p.pd.CreateQP(rdma.QPInitAttr{SendCQ: p.cq, RecvCQ: p.cq,
-		Cap: rdma.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 4, MaxRecvSGE: 4, MaxInlineData: 64}}); err != nil {
-		t.Fatal(err)
-	}
-	if p.buf, err = c.AllocBuffer(peerBuf); err != nil {
-		t.Fatal(err)
-	}
-	if p.mr, err = p.pd.RegMR(p.buf, 0, peerBuf, rdma.AccessAll); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return openPeerCfg(t, sock, frontend.Config{MemorySize: memSize})
 }
 
 // teardown destroys p's objects in dependency order; every step must
