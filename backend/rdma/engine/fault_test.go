@@ -21,39 +21,14 @@ type cutGuest struct {
 
 func newCutGuest(tb testing.TB, size uint64) *cutGuest {
 	tb.Helper()
-	half := size / 2
-	cg := &cutGuest{half: half}
-	var regions []*memmap.Region
-	for i := range 2 {
-		fd, err := memmap.NewMemfd("cut", half)
-		if err != nil {
-			tb.Fatalf("NewMemfd: %v", err)
-		}
+	cg := &cutGuest{half: size / 2}
+	cg.guest = newGuestFds(tb, "cut", size, func(i, fd int) {
+		var err error
 		if cg.fds[i], err = unix.Dup(fd); err != nil {
 			tb.Fatal(err)
 		}
-		r, err := memmap.MapRegion(fd, memmap.RegionSpec{
-			GuestAddr: memmap.GPA(guestBase + uint64(i)*half), Size: half,
-			UserAddr: memmap.UVA(0x7f0000000000 + uint64(i)*half),
-		})
-		if err != nil {
-			tb.Fatalf("MapRegion: %v", err)
-		}
-		regions = append(regions, r)
-	}
-	t, err := memmap.NewTable(regions)
-	if err != nil {
-		tb.Fatalf("NewTable: %v", err)
-	}
-	for _, r := range regions {
-		r.Release()
-	}
-	m := memmap.NewMemory()
-	m.Swap(t)
-	cg.guest = &guest{mem: m, tbl: m.Acquire(), next: guestBase, end: memmap.GPA(guestBase + size)}
+	})
 	tb.Cleanup(func() {
-		cg.tbl.Release()
-		m.Close()
 		unix.Close(cg.fds[0])
 		unix.Close(cg.fds[1])
 	})

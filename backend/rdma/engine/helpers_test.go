@@ -26,12 +26,22 @@ type guest struct {
 
 func newGuest(tb testing.TB, name string, size uint64) *guest {
 	tb.Helper()
+	return newGuestFds(tb, name, size, nil)
+}
+
+// newGuestFds is newGuest calling keep, if not nil, with each region's
+// memfd before it is mapped (the mapping takes ownership of fd).
+func newGuestFds(tb testing.TB, name string, size uint64, keep func(i, fd int)) *guest {
+	tb.Helper()
 	half := size / 2
 	var regions []*memmap.Region
 	for i := range 2 {
 		fd, err := memmap.NewMemfd(name, half)
 		if err != nil {
 			tb.Fatalf("NewMemfd: %v", err)
+		}
+		if keep != nil {
+			keep(i, fd)
 		}
 		r, err := memmap.MapRegion(fd, memmap.RegionSpec{
 			GuestAddr: memmap.GPA(guestBase + uint64(i)*half), Size: half,
