@@ -7,6 +7,16 @@
 //	vrdma-guest server   [--device ADDR] --op OP --size N --iters N [--lat-iters N] [--tx-depth N]
 //	vrdma-guest client   [--device ADDR] --op OP --size N --iters N [--lat-iters N] [--tx-depth N]
 //	vrdma-guest hotplug  [--rounds N] [--timeout D] [--ack]
+//	vrdma-guest restart  [--device ADDR] [--rounds N] [--timeout D] [--ack]
+//
+// restart is the guest's side of a vrdmad restart under a reconnecting
+// QEMU (restart.go): it verifies traffic on a loopback pair, prints
+// "VRDMA-RESULT {role: restart, event: ready}", then per round waits for
+// DEVICE_FATAL, checks that an old handle answers NOT_FOUND, resets and
+// re-initialises the device, verifies traffic again and prints the events
+// device_fatal, not_found, reset and recovered; with --ack it waits for a
+// "VRDMA-NEXT" line on stdin after each recovery, so the host can look at
+// the re-created objects before the guest goes on (or exits).
 //
 // hotplug is the guest's side of a hot-plug test: each round rescans the
 // PCI bus until the device appears, probes it and runs the selftest,
@@ -105,7 +115,7 @@ func (e *env) result(v any) error {
 
 func (e *env) run(args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: vrdma-guest probe|selftest|server|client|hotplug [flags]")
+		return errors.New("usage: vrdma-guest probe|selftest|server|client|hotplug|restart [flags]")
 	}
 	cmd, args := args[0], args[1:]
 	fs := flag.NewFlagSet("vrdma-guest "+cmd, flag.ContinueOnError)
@@ -118,6 +128,11 @@ func (e *env) run(args []string) error {
 		fs.BoolVar(ack, "ack", false, "after each round wait for a VRDMA-NEXT line on stdin (the host finished its detach)")
 		fs.IntVar(rounds, "rounds", 1, "attach/detach rounds")
 		fs.DurationVar(timeout, "timeout", 60*time.Second, "longest wait for the device to appear or go")
+	}
+	if cmd == "restart" {
+		fs.BoolVar(ack, "ack", false, "after each recovery wait for a VRDMA-NEXT line on stdin (the host checked the device)")
+		fs.IntVar(rounds, "rounds", 1, "restarts of vrdmad to live through")
+		fs.DurationVar(timeout, "timeout", 5*time.Minute, "longest wait for each DEVICE_FATAL")
 	}
 	if cmd == "server" || cmd == "client" {
 		fs.StringVar(&cfg.Op, "op", "write", "operation: write, read, send or atomic")
@@ -146,6 +161,14 @@ func (e *env) run(args []string) error {
 			return errors.New("hotplug finds the device itself: no --device")
 		}
 		return e.hotplug(*rounds, *timeout, *ack)
+	case "restart":
+		if *rounds < 1 || *rounds > 1000 {
+			return fmt.Errorf("--rounds %d: want 1..1000", *rounds)
+		}
+		if *timeout <= 0 || *timeout > 24*time.Hour {
+			return fmt.Errorf("--timeout %v: want (0, 24h]", *timeout)
+		}
+		return e.restart(*device, *rounds, *timeout, *ack)
 	case "server", "client":
 		n, err := units.ParseBytes(size)
 		if err != nil {
@@ -156,7 +179,7 @@ func (e *env) run(args []string) error {
 			return err
 		}
 	default:
-		return fmt.Errorf("unknown subcommand %q: want probe, selftest, server, client or hotplug", cmd)
+		return fmt.Errorf("unknown subcommand %q: want probe, selftest, server, client, hotplug or restart", cmd)
 	}
 	c, closeDev, err := e.open(*device, e.log)
 	if err != nil {

@@ -147,6 +147,18 @@ func (d *Device) DMA() *DMA { return d.dma }
 
 func (d *Device) status() uint8 { return d.common.Read8(ccDeviceStatus) }
 
+// DeviceStatus reads the device_status register (virtio.Status* bits): what
+// the device says about itself, e.g. NEEDS_RESET, after a surprise such as a
+// DEVICE_FATAL event. It fails with ErrClosed after Close.
+func (d *Device) DeviceStatus() (uint8, error) {
+	d.cmdMu.Lock()
+	defer d.cmdMu.Unlock()
+	if d.closed {
+		return 0, ErrClosed
+	}
+	return d.status(), nil
+}
+
 func (d *Device) setStatus(s uint8) { d.common.Write8(ccDeviceStatus, s) }
 
 // fail sets FAILED ("something went wrong in the guest, and it has given

@@ -267,8 +267,21 @@ func TestInit(t *testing.T) {
 		t.Error("ReadConfig past the end succeeded")
 	}
 
+	// DeviceStatus reads the register as it is, NEEDS_RESET included.
+	want := virtio.StatusAcknowledge | virtio.StatusDriver | virtio.StatusFeaturesOK | virtio.StatusDriverOK
+	if st, err := d.DeviceStatus(); err != nil || st != want {
+		t.Errorf("DeviceStatus: got %#x, %v, want %#x", st, err, want)
+	}
+	fd.status |= virtio.StatusNeedsReset
+	if st, err := d.DeviceStatus(); err != nil || st != want|virtio.StatusNeedsReset {
+		t.Errorf("DeviceStatus with NEEDS_RESET: got %#x, %v, want %#x", st, err, want|virtio.StatusNeedsReset)
+	}
+
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := d.DeviceStatus(); !errors.Is(err, ErrClosed) {
+		t.Errorf("DeviceStatus after Close: got %v, want ErrClosed", err)
 	}
 	if fd.status != 0 || len(src.mapped) != 0 {
 		t.Errorf("after Close: status %#x, %d mappings left", fd.status, len(src.mapped))

@@ -26,6 +26,8 @@ const (
 	MaxNumVQs     = 1024
 	MaxVQSize     = 1024
 	MaxConfigSize = 256
+	// MaxReconnectMs bounds VhostUserDevice.ReconnectMs (one hour).
+	MaxReconnectMs = 3600 * 1000
 	// MaxPCIePorts bounds root ports (free ones plus one per device) on
 	// pcie.0, which has 32 slots of which q35 uses some.
 	MaxPCIePorts = 24
@@ -64,6 +66,17 @@ type VhostUserDevice struct {
 	// ConfigSize is the size of the device config space in bytes; zero
 	// means none (then QEMU does not ask the back-end for config).
 	ConfigSize int
+	// ReconnectMs makes the chardev of a device on the command line
+	// reconnect: when the back-end's connection drops (vrdmad restarted),
+	// QEMU tries to connect again every ReconnectMs milliseconds
+	// ("reconnect-ms", QEMU 9.2 and later). Zero means no reconnect: the
+	// device stays without a back-end. With the project's QEMU patch
+	// (patches/0002-vhost-user-base-reconnect.patch) QEMU waits for the
+	// back-end at start-up and restarts a running driver's rings on the new
+	// connection; see docs/spec.md, "Reset and disconnect". Hot-plugged
+	// devices (AttachVhostUser) always reconnect every second and ignore
+	// this field.
+	ReconnectMs int
 }
 
 // Config describes a QEMU q35 virtual machine with guest RAM in a shared
@@ -135,6 +148,9 @@ func (d VhostUserDevice) validate(field string) error {
 	if d.ConfigSize < 0 || d.ConfigSize > MaxConfigSize {
 		return configErr(field+".ConfigSize", "%d out of range [0, %d]", d.ConfigSize, MaxConfigSize)
 	}
+	if d.ReconnectMs < 0 || d.ReconnectMs > MaxReconnectMs {
+		return configErr(field+".ReconnectMs", "%d out of range [0, %d] (0: no reconnect)", d.ReconnectMs, MaxReconnectMs)
+	}
 	return nil
 }
 
@@ -152,6 +168,16 @@ func (d VhostUserDevice) deviceValue(deviceName, bus string) string {
 	b.WriteString(",vq_size=" + strconv.Itoa(d.VQSize))
 	b.WriteString(",config_size=" + strconv.Itoa(d.ConfigSize))
 	return b.String()
+}
+
+// chardevValue returns the "-chardev" value for d: a unix socket client,
+// reconnecting when d.ReconnectMs is set.
+func (d VhostUserDevice) chardevValue() string {
+	v := "socket,id=" + d.ID + chrSuffix + ",path=" + optEscape(d.Socket)
+	if d.ReconnectMs > 0 {
+		v += ",reconnect-ms=" + strconv.Itoa(d.ReconnectMs)
+	}
+	return v
 }
 
 // validateID checks a QEMU id as QEMU's id_wellformed does, bounded.
@@ -329,7 +355,7 @@ func (c Config) Args(deviceName string) ([]string, error) {
 		port := d.ID + portSuffix
 		args = append(args,
 			"-device", "pcie-root-port,id="+port+",bus=pcie.0,chassis="+strconv.Itoa(chassis),
-			"-chardev", "socket,id="+d.ID+chrSuffix+",path="+optEscape(d.Socket),
+			"-chardev", d.chardevValue(),
 			"-device", d.deviceValue(deviceName, port))
 		chassis++
 	}

@@ -96,6 +96,18 @@ func TestArgs(t *testing.T) {
 			},
 			tail: []string{"-accel", "kvm"},
 		},
+		{
+			name: "reconnecting device",
+			cfg: Config{
+				Devices: []VhostUserDevice{{ID: "rdma0", Socket: "/r,s.sock", ReconnectMs: 250}},
+			},
+			want: map[string][]string{
+				"-chardev": {
+					"stdio,id=serial0,signal=off",
+					"socket,id=rdma0-chr,path=/r,,s.sock,reconnect-ms=250",
+				},
+			},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -170,6 +182,8 @@ func TestArgsInvalid(t *testing.T) {
 		{"vq size too big", withDev(func(d *VhostUserDevice) { d.VQSize = 2048 }), DeviceNameGeneric, "Devices[0].VQSize"},
 		{"config too big", withDev(func(d *VhostUserDevice) { d.ConfigSize = 257 }), DeviceNameGeneric, "Devices[0].ConfigSize"},
 		{"negative config", withDev(func(d *VhostUserDevice) { d.ConfigSize = -1 }), DeviceNameGeneric, "Devices[0].ConfigSize"},
+		{"negative reconnect", withDev(func(d *VhostUserDevice) { d.ReconnectMs = -1 }), DeviceNameGeneric, "Devices[0].ReconnectMs"},
+		{"reconnect too slow", withDev(func(d *VhostUserDevice) { d.ReconnectMs = MaxReconnectMs + 1 }), DeviceNameGeneric, "Devices[0].ReconnectMs"},
 		{"duplicate ids", Config{Devices: []VhostUserDevice{okDev, okDev}}, DeviceNameGeneric, "Devices[1].ID"},
 		{"id collides with free port", Config{RootPorts: 1, Devices: []VhostUserDevice{{ID: "vrdma-rp0", Socket: "/s"}}}, DeviceNameGeneric, "Devices[0].ID"},
 		{"id collides with other chardev", Config{Devices: []VhostUserDevice{okDev, {ID: "d0-chr", Socket: "/s"}}}, DeviceNameGeneric, "Devices[1].ID"},

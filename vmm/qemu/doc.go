@@ -15,7 +15,12 @@
 // Upstream QEMU 10.0 hides the generic device (not user-creatable) and has
 // no virtio name for ID 42; scripts/qemu-build.sh (`make qemu`) builds
 // Debian's QEMU 10.0.2 with patches/0001-vhost-user-device-user-creatable.patch
-// and leaves bin/qemu-system-x86_64; FindBinary finds it.
+// and leaves bin/qemu-system-x86_64; FindBinary finds it. Upstream's
+// generic device also cannot live through a back-end restart (a
+// reconnect-ms chardev fails realize; a reconnect aborts QEMU in
+// vhost_dev_start): patches/0002-vhost-user-base-reconnect.patch makes
+// realize wait for the back-end and re-initialises vhost on reconnect, so
+// VhostUserDevice.ReconnectMs works (docs/spec.md, "Reset and disconnect").
 //
 // Non-goals: this package does not speak vhost-user (the back-end is
 // vrdmad, the front-end here is QEMU), does not build guest images, does

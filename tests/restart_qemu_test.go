@@ -1,0 +1,407 @@
+package tests
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/vmm/guestvm"
+	"github.com/vrdma/vrdma/vmm/qemu"
+)
+
+// restartEvent is what the guest's restart program prints per step
+// (cmd/vrdma-guest/restart.go).
+type restartEvent struct {
+	Role     string   `json:"role"`
+	Round    int      `json:"round"`
+	Event    string   `json:"event"`
+	Status   string   `json:"status"`
+	Command  string   `json:"command"`
+	Answer   string   `json:"answer"`
+	WaitS    float64  `json:"wait_s"`
+	RecoverS float64  `json:"recover_s"`
+	QPs      []uint32 `json:"qps"`
+	Verified bool     `json:"verified"`
+}
+
+// TestRestartQEMU is a vrdmad restart as a guest under QEMU lives through
+// it (docs/spec.md, "Reset and disconnect"): a guest whose device's
+// chardev reconnects (reconnect-ms on the command line) sets up a
+// loopback pair and verifies traffic; vrdmad is SIGKILLed and started
+// again on the same socket; QEMU reconnects and restarts the rings; the
+// guest gets DEVICE_FATAL, its old QP answers NOT_FOUND, it resets the
+// device (status 0), initialises it again, re-creates its objects and
+// verifies traffic. Then the same with a graceful stop (SIGTERM). QEMU and
+// the VM stay up throughout, and each new vrdmad shows the device attached
+// with the re-created objects in its control API and its metrics (the
+// guest waits for VRDMA-NEXT after each recovery, so they are looked at
+// while it holds them).
+func TestRestartQEMU(t *testing.T) {
+	env := needGuestImage(t)
+	bin := needBinary(t, "vrdmad")
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "rs0.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*e2eWait)
+	defer cancel()
+
+	first := launchVrdmad(t, bin, dir, "a", "--socket", restartID+"="+sock)
+	dev := e2eDevice(restartID, sock)
+	dev.ReconnectMs = 500
+	env.vms.Add(1)
+	rg := &restartGuest{t: t, ctx: ctx, g: boot(t, ctx, guestvm.Config{Name: "restart", QEMU: env.qemu,
+		Kernel: env.kernel, Initrd: env.initrd, Run: "restart",
+		Args: []string{"--rounds", "2", "--timeout", "150s", "--ack"}, Devices: []qemu.VhostUserDevice{dev}})}
+	rg.lines = rg.g.Lines()
+
+	ready := rg.next("ready", 0)
+	if !ready.Verified {
+		t.Fatalf("guest ready without verified traffic: %+v", ready)
+	}
+	rg.attached("before the restarts", first.control, "")
+	rg.alive("before the restarts")
+
+	// Round 1: SIGKILL, as a crash would. Round 2: SIGTERM, as systemctl
+	// restart does; the guest must see the same in both.
+	cur := first
+	for r, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+		round := r + 1
+		if err := cur.stop(sig); sig == syscall.SIGTERM && err != nil {
+			t.Fatalf("round %d: vrdmad after SIGTERM: %v\n%s", round, err, cur.logText())
+		}
+		metrics := filepath.Join(dir, fmt.Sprintf("metrics%d.sock", round))
+		var control string
+		if round < 2 {
+			cur = launchVrdmad(t, bin, dir, fmt.Sprintf("b%d", round), "--socket", restartID+"="+sock, "--metrics", "unix:"+metrics)
+			control = cur.control
+		} else {
+			// The last one as every other test starts vrdmad: its cleanup
+			// checks that it stops cleanly.
+			control = startVrdmad(t, dir, "--socket", restartID+"="+sock, "--metrics", "unix:"+metrics).control
+		}
+		rg.round(round, sig.String(), control, metrics)
+	}
+	if _, err := rg.g.WaitResult(ctx); err != nil {
+		t.Fatalf("guest: %v", err)
+	}
+	if s := rg.g.VM().Stderr(); s != "" {
+		t.Logf("QEMU stderr:\n%s", s)
+	}
+}
+
+// TestRestartQEMUHotplug is the same restart for a device hot-plugged the
+// way vrdmactl vm attach does it (chardev-add with reconnect-ms=1000, then
+// device_add): the guest starts paused, the device is attached, the guest
+// runs; vrdmad is SIGKILLed and started again.
+func TestRestartQEMUHotplug(t *testing.T) {
+	env := needGuestImage(t)
+	bin := needBinary(t, "vrdmad")
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "rs0.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*e2eWait)
+	defer cancel()
+
+	first := launchVrdmad(t, bin, dir, "a", "--socket", restartID+"="+sock)
+	env.vms.Add(1)
+	rg := &restartGuest{t: t, ctx: ctx, g: boot(t, ctx, guestvm.Config{Name: "restart-hp", QEMU: env.qemu,
+		Kernel: env.kernel, Initrd: env.initrd, Run: "restart", Args: []string{"--timeout", "150s", "--ack"},
+		ExtraQEMUArgs: []string{"-S", "-device", "pcie-root-port,id=vrdma-rp0,bus=pcie.0,chassis=9"}})}
+	if err := rg.g.VM().AttachVhostUser(ctx, e2eDevice(restartID, sock), "vrdma-rp0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rg.g.VM().QMP().Run([]byte(`{"execute":"cont"}`)); err != nil {
+		t.Fatal(err)
+	}
+	rg.lines = rg.g.Lines()
+	if ready := rg.next("ready", 0); !ready.Verified {
+		t.Fatalf("guest ready without verified traffic: %+v", ready)
+	}
+	first.stop(syscall.SIGKILL)
+	metrics := filepath.Join(dir, "metrics.sock")
+	rg.round(1, syscall.SIGKILL.String(), startVrdmad(t, dir, "--socket", restartID+"="+sock, "--metrics", "unix:"+metrics).control, metrics)
+	if _, err := rg.g.WaitResult(ctx); err != nil {
+		t.Fatalf("guest: %v", err)
+	}
+}
+
+// restartID is the device of the restart tests.
+const restartID = "rs0"
+
+// restartGuest follows a guest running vrdma-guest restart --ack.
+type restartGuest struct {
+	t     *testing.T
+	ctx   context.Context
+	g     *guestvm.Guest
+	lines <-chan string
+}
+
+// next returns the guest's next restart result, which must be event want
+// of round.
+func (rg *restartGuest) next(want string, round int) restartEvent {
+	t := rg.t
+	t.Helper()
+	for {
+		select {
+		case s, ok := <-rg.lines:
+			if !ok {
+				t.Fatalf("guest console closed while waiting for %s of round %d", want, round)
+			}
+			kind, payload := guestvm.Classify(s)
+			if kind == guestvm.KindError {
+				t.Fatalf("guest: VRDMA-ERROR %s", payload)
+			}
+			if kind != guestvm.KindResult {
+				continue
+			}
+			var ev restartEvent
+			if err := json.Unmarshal([]byte(payload), &ev); err != nil {
+				t.Fatalf("guest result %q: %v", payload, err)
+			}
+			if ev.Role != "restart" {
+				continue
+			}
+			if ev.Event != want || ev.Round != round {
+				t.Fatalf("guest: got %s of round %d, want %s of round %d", ev.Event, ev.Round, want, round)
+			}
+			return ev
+		case <-rg.ctx.Done():
+			t.Fatalf("no %s of round %d from the guest: %v", want, round, rg.ctx.Err())
+		}
+	}
+}
+
+// round follows one restart, vrdmad already started again with control
+// and metrics sockets: DEVICE_FATAL with the status unchanged, NOT_FOUND
+// for the old QP, reset, recovered; then QEMU must run, the daemon must
+// show the re-created objects, and the guest is told to go on.
+func (rg *restartGuest) round(round int, how, control, metrics string) {
+	t := rg.t
+	t.Helper()
+	fatal := rg.next("device_fatal", round)
+	// QEMU does not tell the guest (no NEEDS_RESET, no config interrupt):
+	// the status is still ACKNOWLEDGE|DRIVER|FEATURES_OK|DRIVER_OK, and
+	// DEVICE_FATAL is the news.
+	if fatal.Status != "0x0f" {
+		t.Errorf("round %d: device_status %q at DEVICE_FATAL, want 0x0f", round, fatal.Status)
+	}
+	nf := rg.next("not_found", round)
+	if nf.Command != "QUERY_QP" || nf.Answer != "NOT_FOUND" {
+		t.Errorf("round %d: old QP: got %s answering %s, want QUERY_QP answering NOT_FOUND", round, nf.Command, nf.Answer)
+	}
+	rg.next("reset", round)
+	rec := rg.next("recovered", round)
+	if !rec.Verified {
+		t.Errorf("round %d: recovered without verified traffic: %+v", round, rec)
+	}
+	when := fmt.Sprintf("round %d (%s)", round, how)
+	rg.alive(when)
+	rg.attached(when, control, metrics)
+	// The guest keeps its objects until told to go on.
+	if err := rg.g.WriteLine("VRDMA-NEXT"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s: DEVICE_FATAL %.2f s after the guest began to wait, device_status %s; traffic verified again %.2f s after it",
+		when, fatal.WaitS, fatal.Status, rec.RecoverS)
+}
+
+// alive checks that QEMU runs and the VM is running.
+func (rg *restartGuest) alive(when string) {
+	t := rg.t
+	t.Helper()
+	select {
+	case <-rg.g.VM().Exited():
+		t.Fatalf("%s: QEMU exited: %s", when, rg.g.VM().Stderr())
+	default:
+	}
+	raw, err := rg.g.VM().QMP().Run([]byte(`{"execute":"query-status"}`))
+	if err != nil {
+		t.Fatalf("%s: query-status: %v", when, err)
+	}
+	var st struct {
+		Return struct {
+			Status string `json:"status"`
+		} `json:"return"`
+	}
+	if err := json.Unmarshal(raw, &st); err != nil || st.Return.Status != "running" {
+		t.Fatalf("%s: VM status %s, want running", when, raw)
+	}
+}
+
+// attached checks the daemon's control API and (unless metrics is empty)
+// its metrics: QEMU is connected and the guest's loopback pair is there.
+func (rg *restartGuest) attached(when string, control, metrics string) {
+	t := rg.t
+	t.Helper()
+	info := restartDeviceInfo(t, control, restartID)
+	if !info.Connected || info.PDs != 1 || info.CQs != 2 || info.QPs != 2 || info.MRs != 2 || info.BytesMoved == 0 || info.RingErrors != 0 {
+		t.Errorf("%s: control API shows %+v, want connected with 1 PD, 2 CQs, 2 QPs, 2 MRs, bytes moved and no ring errors", when, info)
+	}
+	if metrics == "" {
+		return
+	}
+	m := scrapeUnix(t, metrics)
+	for _, want := range []string{
+		`vrdma_vhost_user_connected{device="` + restartID + `"} 1`,
+		`vrdma_resources{device="` + restartID + `",type="qp"} 2`,
+	} {
+		if !strings.Contains(m, want+"\n") {
+			t.Errorf("%s: metrics lack %q", when, want)
+		}
+	}
+}
+
+// vrdmadProc-like process of the restart test that the test may kill: the
+// shared startVrdmad stops its daemon with SIGTERM at cleanup and wants a
+// clean exit, which a SIGKILLed daemon cannot give.
+type killableVrdmad struct {
+	cmd     *exec.Cmd
+	control string
+	mu      sync.Mutex
+	log     strings.Builder // protected by mu
+	done    chan struct{}   // closed once the process was reaped
+	err     error           // its exit; written before done closes
+}
+
+// launchVrdmad starts bin with a control socket of its own (named after
+// name) and args, and returns once the control API answers. The process is
+// killed at cleanup if it still runs.
+func launchVrdmad(t *testing.T, bin, dir, name string, args ...string) *killableVrdmad {
+	t.Helper()
+	p := &killableVrdmad{control: filepath.Join(dir, "control-"+name+".sock"), done: make(chan struct{})}
+	p.cmd = exec.Command(bin, append([]string{"--control", p.control, "--log-level", "debug"}, args...)...)
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 4096), 1<<20)
+		for sc.Scan() {
+			p.mu.Lock()
+			if p.log.Len() < 4<<20 {
+				p.log.WriteString(sc.Text() + "\n")
+			}
+			p.mu.Unlock()
+		}
+		io.Copy(io.Discard, stderr)
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.stop(syscall.SIGKILL)
+		if t.Failed() {
+			t.Logf("vrdmad %s log:\n%s", name, p.logText())
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := restartDevices(p.control); err == nil {
+			return p
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("vrdmad %s exited at start: %v\n%s", name, p.err, p.logText())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("vrdmad %s did not come up:\n%s", name, p.logText())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop sends sig (if the process still runs) and waits for the exit; it
+// returns the exit error (nil for a clean exit).
+func (p *killableVrdmad) stop(sig syscall.Signal) error {
+	select {
+	case <-p.done:
+		return p.err
+	default:
+	}
+	p.cmd.Process.Signal(sig)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("no exit within 10 s of %v", sig)
+	}
+	return p.err
+}
+
+func (p *killableVrdmad) logText() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// unixClient is an HTTP client whose every connection goes to the unix
+// socket path.
+func unixClient(path string) *http.Client {
+	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+	}}
+}
+
+// restartDevices is GET /v1/devices on the control socket.
+func restartDevices(control string) ([]daemon.DeviceInfo, error) {
+	resp, err := unixClient(control).Get("http://vrdmad/v1/devices")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET /v1/devices: %s", resp.Status)
+	}
+	var out []daemon.DeviceInfo
+	err = json.NewDecoder(resp.Body).Decode(&out)
+	return out, err
+}
+
+func restartDeviceInfo(t *testing.T, control, id string) daemon.DeviceInfo {
+	t.Helper()
+	devs, err := restartDevices(control)
+	if err != nil {
+		t.Fatalf("control API: %v", err)
+	}
+	for _, dv := range devs {
+		if dv.ID == id {
+			return dv
+		}
+	}
+	t.Fatalf("control API has no device %q: %+v", id, devs)
+	return daemon.DeviceInfo{}
+}
+
+// scrapeUnix fetches /metrics from a unix socket.
+func scrapeUnix(t *testing.T, path string) string {
+	t.Helper()
+	resp, err := unixClient(path).Get("http://vrdmad/metrics")
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("metrics: %s, %v", resp.Status, err)
+	}
+	return string(b)
+}
