@@ -1,22 +1,20 @@
 package tests
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
 )
@@ -261,16 +259,12 @@ func (rg *restartGuest) attached(when string, control, metrics string) {
 	}
 }
 
-// vrdmadProc-like process of the restart test that the test may kill: the
-// shared startVrdmad stops its daemon with SIGTERM at cleanup and wants a
-// clean exit, which a SIGKILLed daemon cannot give.
+// killableVrdmad is a vrdmad the restart test may kill: the shared
+// startVrdmad stops its daemon with SIGTERM at cleanup and wants a clean
+// exit, which a SIGKILLed daemon cannot give.
 type killableVrdmad struct {
-	cmd     *exec.Cmd
+	*vrdmadproc.Proc
 	control string
-	mu      sync.Mutex
-	log     strings.Builder // protected by mu
-	done    chan struct{}   // closed once the process was reaped
-	err     error           // its exit; written before done closes
 }
 
 // launchVrdmad starts bin with a control socket of its own (named after
@@ -278,77 +272,32 @@ type killableVrdmad struct {
 // killed at cleanup if it still runs.
 func launchVrdmad(t *testing.T, bin, dir, name string, args ...string) *killableVrdmad {
 	t.Helper()
-	p := &killableVrdmad{control: filepath.Join(dir, "control-"+name+".sock"), done: make(chan struct{})}
-	p.cmd = exec.Command(bin, append([]string{"--control", p.control, "--log-level", "debug"}, args...)...)
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stderr, err := p.cmd.StderrPipe()
+	control := filepath.Join(dir, "control-"+name+".sock")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := vrdmadproc.Start(ctx, vrdmadproc.Config{Binary: bin, Dir: dir, Control: control, Args: args, LogLevel: "debug"})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("vrdmad %s: %v", name, err)
 	}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 4096), 1<<20)
-		for sc.Scan() {
-			p.mu.Lock()
-			if p.log.Len() < 4<<20 {
-				p.log.WriteString(sc.Text() + "\n")
-			}
-			p.mu.Unlock()
-		}
-		io.Copy(io.Discard, stderr)
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
 	t.Cleanup(func() {
-		p.stop(syscall.SIGKILL)
+		p.Kill()
 		if t.Failed() {
-			t.Logf("vrdmad %s log:\n%s", name, p.logText())
+			t.Logf("vrdmad %s log:\n%s", name, p.Log())
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := restartDevices(p.control); err == nil {
-			return p
-		}
-		select {
-		case <-p.done:
-			t.Fatalf("vrdmad %s exited at start: %v\n%s", name, p.err, p.logText())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("vrdmad %s did not come up:\n%s", name, p.logText())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return &killableVrdmad{Proc: p, control: control}
 }
 
-// stop sends sig (if the process still runs) and waits for the exit; it
-// returns the exit error (nil for a clean exit).
+// stop ends the process with sig (SIGKILL or SIGTERM) and returns how it
+// went: nil for a clean exit after SIGTERM or an end by SIGKILL.
 func (p *killableVrdmad) stop(sig syscall.Signal) error {
-	select {
-	case <-p.done:
-		return p.err
-	default:
+	if sig == syscall.SIGKILL {
+		return p.Kill()
 	}
-	p.cmd.Process.Signal(sig)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.done
-		return fmt.Errorf("no exit within 10 s of %v", sig)
-	}
-	return p.err
+	return p.Stop()
 }
 
-func (p *killableVrdmad) logText() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
-}
+func (p *killableVrdmad) logText() string { return p.Log() }
 
 // unixClient is an HTTP client whose every connection goes to the unix
 // socket path.
