@@ -49,8 +49,11 @@
 //
 // # Lock order
 //
-// There are no mutexes. Memory.cur, Memory.gen and the reference counts are
-// atomics; tables and regions are otherwise immutable. Release of a table
+// Tables, regions and Memory have no mutexes: Memory.cur, Memory.gen and
+// the reference counts are atomics; tables and regions are otherwise
+// immutable. A Pinner has one mutex, Pinner.mu (see pin.go): under it it
+// takes region references and updates its Accounting, both atomics, and
+// nothing else. Release of a table
 // releases its regions after its own count reached zero; nothing acquires
 // in the opposite direction.
 package memmap

@@ -5,29 +5,29 @@ package memmap
 // # What is pinned
 //
 // A Pinner locks (mlock) the backend's own mapping of guest pages, so they
-// stay resident while the device may DMA into them: the pages a REG_MR page
-// list or a queue ring names (Pin, PinPages), or, with PinConfig.All, every
-// page of every region as soon as SetTable sees it (the VFIO/SR-IOV
-// baseline). A page is PageSize bytes of guest-physical space, identified by
-// its GPA; in a region whose ends are not page aligned, the first and last
-// page are only the part inside the region, and a page split between two
-// GPA-adjacent regions is one page of each (two host pages, counted and
-// locked separately). mlock also faults the pages in:
-// a MAP_SHARED memfd page is allocated and zeroed on first touch, and
-// mlock's populate step does that once, here, instead of on the data path.
+// stay resident while the device may DMA into them: the pages a REG_MR names
+// (Pin, once per guest-physically contiguous run of the MR, however large
+// its pages; PinPages for 4 KiB page lists such as queue rings), or, with
+// PinConfig.All, every page of every region as soon as SetTable sees it (the
+// VFIO/SR-IOV baseline). A page is PageSize bytes of guest-physical space,
+// identified by its GPA; in a region whose ends are not page aligned, the
+// first and last page are only the part inside the region, and a page split
+// between two GPA-adjacent regions is one page of each (two host pages,
+// counted and locked separately). mlock also faults the pages in: a
+// MAP_SHARED memfd page is allocated and zeroed on first touch, and mlock's
+// populate step does that once, here, instead of on the data path.
 //
-// Pages are tracked per region (regionPins), keyed by the *Region, in
-// chunks of 512 pages allocated on first touch, so a call costs
-// O(pages touched) and a huge, mostly unpinned guest costs nothing. A
-// tracked region carries one reference on its Region: its mapping (and the
-// host addresses munlock is given) cannot go away, nor be reused by another
-// mmap, while any of its pages is pinned or cached. A region is tracked from
-// the first Pin (or pin=all SetTable) that touches it until a SetTable whose
-// table no longer holds it, or Close: then all its pages are munlocked with
-// one call, forgotten, and the reference released. Unpin of a forgotten
-// region does nothing. Regions are identified by *Region, so a
-// SET_MEM_TABLE that maps the same memory anew as new Regions drops the pins
-// of the old ones: the caller re-pins what it still needs.
+// A tracked region (regionPins, keyed by its *Region) carries one reference
+// on its Region: its mapping (and the host addresses munlock is given)
+// cannot go away, nor be reused by another mmap, while any of its pages is
+// pinned or cached. A region is tracked from the first Pin (or pin=all
+// SetTable) that touches it until a SetTable whose table no longer holds
+// it, or Close: then all its pages are munlocked with one call, forgotten,
+// and the reference released. Unpin of a forgotten region does nothing.
+// Regions are identified by *Region, so a SET_MEM_TABLE that maps the same
+// memory anew as new Regions drops the pins of the old ones: the caller
+// re-pins what it still needs. At most maxTracked regions are tracked at
+// once (ErrTooManyRegions).
 //
 // A region is pinnable only if its guest-physical and host addresses are
 // congruent modulo PageSize (GuestAddr ≡ MmapOffset), so that each guest
@@ -43,19 +43,58 @@ package memmap
 // ignored). A page whose count goes 0→1 is taken from the map cache if it is
 // there (a hit: no system call), else locked (a miss). Misses are coalesced
 // into one mlock per run of contiguous pages inside a region. Pin is all or
-// nothing: on an error (translation, quota, mlock) every count, the cache
-// membership of the hits (they go back to the cache, as most recently
-// released) and the accounting are restored, and the runs this call locked
-// are munlocked.
+// nothing: on an error (translation, count overflow, quota, mlock) every
+// count, the cache membership and LRU order of every cached page, and the
+// accounting are as before the call, and the runs this call locked are
+// munlocked; only the evictions it made to fit a quota stay.
+//
+// # Extents
+//
+// The state is kept per extent, never per page, so that Pin and Unpin of a
+// range that was pinned or released as a whole cost O(extents touched · log
+// n), independent of its size: a 1 GiB REG_MR served by the map cache
+// touches one extent. Each tracked region holds an interval map of extents
+// (extent, pin_extent.go): maximal runs [first, last] of its pages (indices
+// from the region's first page) with one pin count; count > 0 is pinned,
+// count == 0 is in the map cache, a page in no extent is unlocked. Extents
+// are disjoint, in a treap keyed by their first page (random priorities:
+// O(log n) expected depth whatever order a driver pins in) and in a list in
+// address order. An operation splits extents at its run bounds, updates the
+// extents inside and fills the gaps, and merges back neighbours that are
+// equal: adjacent pinned extents never have the same count, and an adjacent
+// pair of cached extents is never consecutive in the LRU list in address
+// order (that pair would be one extent). Every extent boundary therefore
+// lies at an end of a run some live pin or cache release made: a region
+// holds at most about two extents per live pinned run plus one per cached
+// release, and never more extents than locked pages. A hostile driver that
+// scatters 4 KiB pages over MaxMR (4096) MRs and its rings creates one
+// extent per run it names, as many as the pages it may lock (bounded by
+// MaxMRSize, the quotas and the cache size); with a treap that costs
+// O(log n) per run and no memmove (a sorted slice would move O(n) entries
+// per insertion in the worst order, O(n²) for n scattered pages).
+//
+// Pin works in phases so that failure needs no undo log: plan (split at the
+// run bounds, check counts for overflow, mark the cached extents inside the
+// runs held, collect the gaps as misses), reserve (quota, evicting unheld
+// cache), mlock the misses, then commit (hits leave the cache, counts grow,
+// gaps become extents, neighbours merge). Until commit nothing changed but
+// the splits and held marks, which a failure reverts by merging at the same
+// bounds. Freed extents are kept for reuse (maxSpare), so a steady
+// register/deregister cycle allocates nothing.
 //
 // # Map cache
 //
 // A page whose count drops to 0 stays locked in the map cache, an LRU list
-// ordered by release time (pages released by one call in address order), so
+// of cached extents ordered by release time (pages released by one call in
+// address order; pages of one extent are in address order), so
 // re-registering the same buffer costs no system call. Beyond
-// PinConfig.CacheBytes the least recently released pages are munlocked, again
-// one munlock per contiguous run. CacheBytes == 0 (or below PageSize)
-// munlocks released pages at once.
+// PinConfig.CacheBytes the least recently released pages are munlocked:
+// whole extents from the old end, and the low part of the last one if only
+// part of it has to go, one munlock per extent. CacheBytes == 0 (or below
+// PageSize) munlocks released pages at once. Removing an extent from the
+// list may make its older neighbour consecutive with an address successor:
+// fixup merges such pairs at the end of each call. Hits, misses and
+// evictions are counted in pages (PinStats).
 //
 // # Quota
 //
@@ -63,21 +102,21 @@ package memmap
 // (Accounting) bound the bytes a device keeps locked, pinned and cached
 // alike: a cached page holds memory exactly as a pinned one does. A Pin that
 // would go over either first evicts this Pinner's cache (oldest first, never
-// the pages the Pin itself takes from the cache) and then, if still over,
-// fails with a *QuotaError (ErrQuota) having pinned nothing. The global limit
-// is reserved with a compare-and-swap, so concurrent devices never exceed it
-// together. mlock's own failures (RLIMIT_MEMLOCK without CAP_IPC_LOCK,
-// vm.max_map_count reached by VMAs split around scattered locked runs) are
-// returned wrapped, not as ErrQuota.
+// the held pages the Pin itself takes from the cache) and then, if still
+// over, fails with a *QuotaError (ErrQuota) having pinned nothing. The
+// global limit is reserved with a compare-and-swap, so concurrent devices
+// never exceed it together. mlock's own failures (RLIMIT_MEMLOCK without
+// CAP_IPC_LOCK, vm.max_map_count reached by VMAs split around scattered
+// locked runs) are returned wrapped, not as ErrQuota.
 //
 // # Lock order
 //
-// Pinner.mu protects all of a Pinner's state and is held across the mlock
-// and munlock calls (pinning is control path). Under it the Pinner takes
-// region references (atomic) and updates its Accounting (atomic); it takes
-// no other lock, and nothing calls into a Pinner while holding one of its
-// own. Pinners never call each other, so a Pinner cannot evict another
-// device's cache to make room under the global limit.
+// Pinner.mu protects all of a Pinner's state, extents included, and is held
+// across the mlock and munlock calls (pinning is control path). Under it the
+// Pinner takes region references (atomic) and updates its Accounting
+// (atomic); it takes no other lock, and nothing calls into a Pinner while
+// holding one of its own. Pinners never call each other, so a Pinner cannot
+// evict another device's cache to make room under the global limit.
 
 import (
 	"errors"
@@ -95,15 +134,13 @@ import (
 const PageSize = 4096
 
 const (
-	pageShift  = 12
-	pageMask   = PageSize - 1
-	chunkShift = 9 // 512 pages (2 MiB) per chunk
-	chunkPages = 1 << chunkShift
-	chunkMask  = chunkPages - 1
+	pageShift = 12
+	pageMask  = PageSize - 1
 
-	slotShift = 48 // pageID: slot<<48 | page index in the region
-	maxSlots  = 1 << 16
-	idxMask   = 1<<slotShift - 1
+	// maxTracked bounds the regions a Pinner tracks at once. SetTable
+	// forgets the regions of old tables, so only a caller that pins
+	// through many tables without SetTable can reach it.
+	maxTracked = 1 << 16
 )
 
 var (
@@ -196,55 +233,19 @@ type PinStats struct {
 	Evictions   uint64 // cached pages munlocked to respect CacheBytes or a quota
 }
 
-// pageID names a page of a tracked region: its slot<<slotShift | index.
-type pageID uint64
-
-const noPage = ^pageID(0)
-
-// pageState is one page of a tracked region. A page is pinned (count > 0),
-// cached (count == 0, cached, linked in the LRU list) or unlocked.
-type pageState struct {
-	count  uint32
-	cached bool
-	fresh  bool   // locked by the Pin in progress (a miss); false between calls
-	prev   pageID // LRU links; valid while cached
-	next   pageID
-}
-
-type pageChunk [chunkPages]pageState
-
-// regionPins is the pin state of one tracked region. Protected by
-// Pinner.mu.
+// regionPins is the pin state of one tracked region: its extent map.
+// Protected by Pinner.mu.
 type regionPins struct {
 	r      *Region // one reference, held while tracked
-	slot   uint64  // index in Pinner.slots
 	start  uint64  // region's first guest-physical byte
 	end    uint64  // one past its last (no overflow: RegionSpec.validate)
 	first  uint64  // guest page number of page index 0
-	chunks map[uint64]*pageChunk
-	all    bool   // pinned wholly by pin=all
-	pinned uint64 // pages with count > 0
-	cached uint64 // pages in the cache
-}
-
-// chunk returns the chunk holding page idx, allocating it if asked (else
-// nil if it was never touched).
-func (rp *regionPins) chunk(idx uint64, alloc bool) *pageChunk {
-	c := rp.chunks[idx>>chunkShift]
-	if c == nil && alloc {
-		c = new(pageChunk)
-		rp.chunks[idx>>chunkShift] = c
-	}
-	return c
-}
-
-// page returns the state of page idx, or nil if its chunk was never
-// touched.
-func (rp *regionPins) page(idx uint64) *pageState {
-	if c := rp.chunks[idx>>chunkShift]; c != nil {
-		return &c[idx&chunkMask]
-	}
-	return nil
+	root   *extent // treap of the extents, keyed by first page
+	head   *extent // lowest extent; the address list follows next
+	exts   uint64  // number of extents
+	all    bool    // pinned wholly by pin=all
+	pinned uint64  // pages with count > 0
+	cached uint64  // pages in the cache
 }
 
 // holdsPage reports whether the page at guest-physical g lies wholly in
@@ -253,8 +254,8 @@ func (rp *regionPins) holdsPage(g uint64) bool {
 	return g >= rp.start && g < rp.end && rp.end-g >= PageSize
 }
 
-// id returns the pageID of page idx.
-func (rp *regionPins) id(idx uint64) pageID { return pageID(rp.slot<<slotShift | idx) }
+// lastPage returns the index of the region's last page.
+func (rp *regionPins) lastPage() uint64 { return (rp.end-1)>>pageShift - rp.first }
 
 // hostRun returns the host bytes of pages [a, b] (indices, inclusive),
 // clipped to the region.
@@ -266,7 +267,8 @@ func (rp *regionPins) hostRun(a, b uint64) []byte {
 }
 
 // pinRun is a run of pages [first, last] of one region, each pinned or
-// unpinned mult times.
+// unpinned mult times. The runs of one call are sorted by guest-physical
+// address and disjoint; those of one region are consecutive in the list.
 type pinRun struct {
 	rp          *regionPins
 	first, last uint64
@@ -281,16 +283,18 @@ type Pinner struct {
 	mu       sync.Mutex
 	closed   bool                    // protected by mu
 	byRegion map[*Region]*regionPins // protected by mu
-	slots    []*regionPins           // protected by mu; nil entries are free
-	free     []uint64                // protected by mu; free slot indices
-	lruHead  pageID                  // protected by mu; least recently released
-	lruTail  pageID                  // protected by mu; most recently released
+	oldest   *extent                 // protected by mu; LRU list: least recently released
+	newest   *extent                 // protected by mu; most recently released
+	lruLen   uint64                  // protected by mu; extents in the LRU list
 	locked   uint64                  // protected by mu; pages pinned or cached
 	cached   uint64                  // protected by mu; pages cached
 	stats    PinStats                // protected by mu; counters only
+	work     uint64                  // protected by mu; extents and runs visited (tests)
+	spare    []*extent               // protected by mu; freed extents for reuse
 	scratch  struct {
 		runs, misses []pinRun
 		pages        []GPA
+		held, fix    []*extent
 	} // protected by mu; reused buffers
 }
 
@@ -300,17 +304,16 @@ func NewPinner(cfg PinConfig) *Pinner {
 		cfg:        cfg,
 		cachePages: cfg.CacheBytes / PageSize,
 		byRegion:   make(map[*Region]*regionPins),
-		lruHead:    noPage,
-		lruTail:    noPage,
 	}
 }
 
 // Pin pins every page of guest-physical [gpa, gpa+n) in t (see the design
 // notes above). The whole range must be mapped; it may span GPA-adjacent
-// regions. n == 0 pins nothing. Errors: *RangeError (ErrNotMapped,
+// regions. n == 0 pins nothing. Its cost does not depend on n but on the
+// extents the range touches. Errors: *RangeError (ErrNotMapped,
 // ErrOverflow), *RegionError (ErrBadRegion: a region whose addresses are
-// not page-congruent), *QuotaError (ErrQuota), ErrClosed, or a wrapped
-// mlock error; on any error nothing was pinned.
+// not page-congruent; ErrTooManyRegions), *QuotaError (ErrQuota),
+// ErrClosed, or a wrapped mlock error; on any error nothing was pinned.
 //
 // The caller holds a reference on t for the duration of the call.
 func (p *Pinner) Pin(t *Table, gpa GPA, n uint64) error {
@@ -327,8 +330,8 @@ func (p *Pinner) Pin(t *Table, gpa GPA, n uint64) error {
 	return p.pinRuns(runs)
 }
 
-// PinPages pins the pages whose guest-physical addresses are listed (as
-// REG_MR's page list gives them): each must be page aligned
+// PinPages pins the pages whose guest-physical addresses are listed (as a
+// 4 KiB REG_MR page list or a ring gives them): each must be page aligned
 // (*RangeError with ErrUnaligned) and mapped wholly, possibly across two
 // GPA-adjacent regions. A page listed k times is pinned k times. It is all
 // or nothing, as Pin. The list is copied; the caller keeps it.
@@ -399,7 +402,7 @@ func (p *Pinner) UnpinPages(t *Table, pages []GPA) {
 
 // SetTable is called after every table swap with the new table (the caller
 // holds a reference on it during the call; the Pinner keeps none on the
-// table, only on the regions it tracks). Regions of no longer present are
+// table, only on the regions it tracks). Regions no longer present are
 // forgotten: their pages are munlocked and their counts dropped. With
 // PinConfig.All, every region of t not yet pinned wholly is pinned wholly;
 // the first failure is returned (the table is still adopted, and the
@@ -419,6 +422,7 @@ func (p *Pinner) SetTable(t *Table) error {
 			p.forget(rp)
 		}
 	}
+	p.fixup()
 	if !p.cfg.All {
 		return nil
 	}
@@ -430,7 +434,7 @@ func (p *Pinner) SetTable(t *Table) error {
 		if rp.all {
 			continue
 		}
-		run := pinRun{rp: rp, first: 0, last: (rp.end-1)>>pageShift - rp.first, mult: 1}
+		run := pinRun{rp: rp, first: 0, last: rp.lastPage(), mult: 1}
 		if err := p.pinRuns([]pinRun{run}); err != nil {
 			return fmt.Errorf("pin all gpa %#x+%#x: %w", rp.start, rp.end-rp.start, err)
 		}
@@ -451,6 +455,8 @@ func (p *Pinner) Close() {
 	for _, rp := range p.byRegion {
 		p.forget(rp)
 	}
+	p.fixup()
+	p.spare = nil
 	p.closed = true
 }
 
@@ -475,44 +481,36 @@ func (p *Pinner) track(r *Region) (*regionPins, error) {
 		return nil, &RegionError{Spec: s,
 			Err: fmt.Errorf("guest address and file offset differ modulo %d: %w", PageSize, ErrBadRegion)}
 	}
-	if len(p.free) == 0 && len(p.slots) >= maxSlots {
-		return nil, &RegionError{Spec: s, Err: fmt.Errorf("%d regions tracked: %w", len(p.slots), ErrTooManyRegions)}
+	if len(p.byRegion) >= maxTracked {
+		return nil, &RegionError{Spec: s, Err: fmt.Errorf("%d regions tracked: %w", len(p.byRegion), ErrTooManyRegions)}
 	}
 	if !r.tryRef() {
 		return nil, &RegionError{Spec: s, Err: fmt.Errorf("already released: %w", ErrBadRegion)}
 	}
 	rp := &regionPins{
-		r:      r,
-		start:  uint64(s.GuestAddr),
-		end:    uint64(s.GuestAddr) + s.Size, // validated: no overflow
-		first:  uint64(s.GuestAddr) >> pageShift,
-		chunks: make(map[uint64]*pageChunk),
-	}
-	if n := len(p.free); n > 0 {
-		rp.slot = p.free[n-1]
-		p.free = p.free[:n-1]
-		p.slots[rp.slot] = rp
-	} else {
-		rp.slot = uint64(len(p.slots))
-		p.slots = append(p.slots, rp)
+		r:     r,
+		start: uint64(s.GuestAddr),
+		end:   uint64(s.GuestAddr) + s.Size, // validated: no overflow
+		first: uint64(s.GuestAddr) >> pageShift,
 	}
 	p.byRegion[r] = rp
 	return rp, nil
 }
 
-// forget munlocks all of rp's pages, drops it from the cache and the
-// accounting, releases its region reference and frees its slot.
+// forget munlocks all of rp's pages with one call, drops its extents from
+// the cache and the accounting, and releases its region reference. The
+// caller runs fixup afterwards.
 func (p *Pinner) forget(rp *regionPins) {
-	if rp.cached > 0 {
-		for ci, c := range rp.chunks {
-			for j := range c {
-				if c[j].cached {
-					p.lruUnlink(rp.id(ci<<chunkShift|uint64(j)), c)
-					c[j].cached = false
-				}
-			}
+	for e := rp.head; e != nil; { // bounded by rp.exts
+		p.work++
+		next := e.next
+		if e.count == 0 {
+			p.lruRemove(e)
 		}
+		p.freeExtent(e)
+		e = next
 	}
+	rp.root, rp.head, rp.exts = nil, nil, 0
 	if n := rp.pinned + rp.cached; n > 0 {
 		// One call for the whole region: we hold the mapping, so munlock
 		// cannot fail but on kernel bugs, and nothing can be done then.
@@ -521,11 +519,9 @@ func (p *Pinner) forget(rp *regionPins) {
 		p.cached -= rp.cached
 		p.unaccount(n)
 	}
+	rp.pinned, rp.cached = 0, 0
 	delete(p.byRegion, rp.r)
-	p.slots[rp.slot] = nil
-	p.free = append(p.free, rp.slot)
 	rp.r.Release()
-	rp.chunks = nil
 }
 
 // unaccount returns n pages to the global accounting.
@@ -654,53 +650,69 @@ func (p *Pinner) lookupRuns(t *Table, g GPA, runs []pinRun) []pinRun {
 	return runs
 }
 
-// pinRuns pins the pages of runs, all or nothing. Runs are disjoint.
+// continued reports whether runs[i+1] starts right after runs[i] in the
+// same region: the extent after runs[i] is then not final until runs[i+1]
+// is done.
+func continued(runs []pinRun, i int) bool {
+	return i+1 < len(runs) && runs[i+1].rp == runs[i].rp && runs[i+1].first == runs[i].last+1
+}
+
+// pinRuns pins the pages of runs, all or nothing (see the design notes:
+// plan, reserve, mlock, commit).
 func (p *Pinner) pinRuns(runs []pinRun) error {
-	// Phase 1: count. Hits leave the cache; misses are collected.
+	held := p.scratch.held[:0]
 	misses := p.scratch.misses[:0]
-	defer func() { p.scratch.misses = misses[:0] }()
+	defer func() {
+		clear(held)
+		p.scratch.held = held[:0]
+		p.scratch.misses = misses[:0]
+	}()
+	// Plan: split at the run bounds, so that every extent lies wholly
+	// inside or outside the runs; hold the cached extents inside; collect
+	// the gaps as misses.
 	var hits, nmiss uint64
-	for ri, run := range runs {
-		var c *pageChunk
-		for idx := run.first; idx <= run.last; idx++ {
-			if c == nil || idx&chunkMask == 0 {
-				c = run.rp.chunk(idx, true)
-			}
-			ps := &c[idx&chunkMask]
-			if ps.count > math.MaxUint32-run.mult {
-				p.rollback(runs[:ri], run.rp, run.first, idx, run.mult)
-				return &RangeError{Space: SpaceGuest, Addr: (run.rp.first + idx) << pageShift, Len: PageSize,
-					Err: fmt.Errorf("pin count: %w", ErrOverflow)}
-			}
-			old := ps.count
-			ps.count += run.mult
-			if old != 0 {
+	for i, r := range runs {
+		rp := r.rp
+		p.splitAt(rp, r.first)
+		p.splitAt(rp, r.last+1)
+		e := rp.lowerBound(r.first)
+		for pos := r.first; pos <= r.last; { // bounded by the extents in the run
+			p.work++
+			if e != nil && e.first == pos {
+				if e.count > math.MaxUint32-r.mult {
+					p.unplan(runs[:i+1], held)
+					p.fixup()
+					return &RangeError{Space: SpaceGuest, Addr: (rp.first + pos) << pageShift, Len: PageSize,
+						Err: fmt.Errorf("pin count: %w", ErrOverflow)}
+				}
+				if e.count == 0 {
+					e.held = true
+					held = append(held, e)
+					hits += e.pages()
+				}
+				pos, e = e.last+1, e.next
 				continue
 			}
-			run.rp.pinned++
-			if ps.cached {
-				p.lruUnlink(run.rp.id(idx), c)
-				ps.cached = false
-				run.rp.cached--
-				p.cached--
-				hits++
-				continue
+			end := r.last
+			if e != nil && e.first <= r.last {
+				end = e.first - 1
 			}
-			ps.fresh = true
-			nmiss++
-			if k := len(misses) - 1; k >= 0 && misses[k].rp == run.rp && misses[k].last+1 == idx {
-				misses[k].last = idx
+			if k := len(misses) - 1; k >= 0 && misses[k].rp == rp && misses[k].last+1 == pos {
+				misses[k].last = end
 			} else {
-				misses = append(misses, pinRun{rp: run.rp, first: idx, last: idx})
+				misses = append(misses, pinRun{rp: rp, first: pos, last: end})
 			}
+			nmiss += end - pos + 1
+			pos = end + 1
 		}
 	}
-	// Phase 2: quota, evicting the cache first.
-	if err := p.reserve(nmiss); err != nil {
-		p.rollback(runs, nil, 0, 0, 0)
+	// Reserve: quota, evicting the unheld cache first.
+	if err := p.reserve(nmiss, hits); err != nil {
+		p.unplan(runs, held)
+		p.fixup()
 		return err
 	}
-	// Phase 3: lock the misses.
+	// Lock the misses.
 	for k, m := range misses {
 		if err := unix.Mlock(m.rp.hostRun(m.first, m.last)); err != nil {
 			// A failed mlock may leave its range marked locked: undo it too.
@@ -709,62 +721,82 @@ func (p *Pinner) pinRuns(runs []pinRun) error {
 			}
 			p.locked -= nmiss
 			p.unaccount(nmiss)
-			p.rollback(runs, nil, 0, 0, 0)
+			p.unplan(runs, held)
+			p.fixup()
 			return fmt.Errorf("mlock gpa %#x+%#x: %w", (m.rp.first+m.first)<<pageShift,
 				(m.last-m.first+1)<<pageShift, err)
 		}
 	}
-	for _, m := range misses {
-		var c *pageChunk
-		for idx := m.first; idx <= m.last; idx++ {
-			if c == nil || idx&chunkMask == 0 {
-				c = m.rp.chunk(idx, false)
-			}
-			c[idx&chunkMask].fresh = false
-		}
+	// Commit.
+	for i, r := range runs {
+		p.commitRun(r, continued(runs, i))
 	}
+	p.fixup()
 	p.stats.CacheHits += hits
 	p.stats.CacheMisses += nmiss
 	return nil
 }
 
-// rollback undoes phase 1 of pinRuns for the complete runs done and, if
-// part is not nil, for pages [from, to) of the run in progress of part.
-// Hits go back to the cache as most recently released.
-func (p *Pinner) rollback(done []pinRun, part *regionPins, from, to uint64, mult uint32) {
-	undo := func(rp *regionPins, idx uint64, mult uint32) {
-		c := rp.chunk(idx, false)
-		ps := &c[idx&chunkMask]
-		ps.count -= mult
-		if ps.count != 0 {
-			return
-		}
-		rp.pinned--
-		if ps.fresh {
-			ps.fresh = false
-			return
-		}
-		ps.cached = true
-		rp.cached++
-		p.cached++
-		p.lruPush(rp.id(idx), c)
+// unplan reverts the plan of runs: the held extents are released and the
+// splits at the run bounds merged back.
+func (p *Pinner) unplan(runs []pinRun, held []*extent) {
+	for _, e := range held {
+		e.held = false
 	}
-	for _, run := range done {
-		for idx := run.first; idx <= run.last; idx++ {
-			undo(run.rp, idx, run.mult)
-		}
+	for _, r := range runs {
+		p.work++
+		p.mergeAt(r.rp, r.first)
+		p.mergeAt(r.rp, r.last+1)
 	}
-	if part != nil {
-		for idx := from; idx < to; idx++ {
-			undo(part, idx, mult)
+}
+
+// commitRun applies a planned run: held extents leave the cache, every
+// extent inside gains r.mult pins, gaps become extents, and each extent
+// merges with its predecessor (already final), the last one also with its
+// successor unless the next run continues there.
+func (p *Pinner) commitRun(r pinRun, cont bool) {
+	rp := r.rp
+	prev, e := rp.around(r.first) // no extent straddles r.first after the plan
+	var cur *extent
+	for pos := r.first; pos <= r.last; { // bounded by the extents in the run
+		p.work++
+		if e != nil && e.first == pos {
+			cur, e = e, e.next
+			if cur.count == 0 { // a hit
+				n := cur.pages()
+				p.lruRemove(cur)
+				cur.held = false
+				rp.cached -= n
+				rp.pinned += n
+				p.cached -= n
+			}
+			cur.count += r.mult
+		} else {
+			end := r.last
+			if e != nil && e.first <= r.last {
+				end = e.first - 1
+			}
+			cur = p.newExtent()
+			cur.first, cur.last, cur.count = pos, end, r.mult
+			rp.link(cur, prev)
+			rp.pinned += end - pos + 1
 		}
+		pos = cur.last + 1
+		if pv := cur.prev; p.tryMerge(pv, cur) {
+			cur = pv
+		}
+		prev = cur
+	}
+	if cur != nil && !cont {
+		p.tryMerge(cur, cur.next)
 	}
 }
 
 // reserve accounts n more locked pages against the device quota and the
-// global limit, evicting the cache to make room; on failure nothing is
-// reserved (the evictions stay).
-func (p *Pinner) reserve(n uint64) error {
+// global limit, evicting the cache (but for the hits pages the Pin in
+// progress holds) to make room; on failure nothing is reserved (the
+// evictions stay).
+func (p *Pinner) reserve(n, hits uint64) error {
 	if n == 0 {
 		return nil
 	}
@@ -772,7 +804,7 @@ func (p *Pinner) reserve(n uint64) error {
 	if q := p.cfg.MaxPinned; q != 0 {
 		quota := q / PageSize
 		if p.locked+n > quota {
-			p.evict(min(p.locked+n-quota, p.cached))
+			p.evict(min(p.locked+n-quota, p.cached-hits))
 		}
 		if p.locked+n > quota {
 			return &QuotaError{Want: want, Locked: p.locked * PageSize, Limit: q}
@@ -780,9 +812,11 @@ func (p *Pinner) reserve(n uint64) error {
 	}
 	if a := p.cfg.Accounting; a != nil && !a.reserve(want) {
 		if a.limit != 0 {
-			if cur := a.locked.Load(); cur+want > a.limit {
-				short := (cur + want - a.limit + pageMask) / PageSize
-				p.evict(min(short, p.cached))
+			cur := a.locked.Load()
+			if s, ok := add(cur, want); !ok {
+				p.evict(p.cached - hits)
+			} else if s > a.limit {
+				p.evict(min((s-a.limit+pageMask)/PageSize, p.cached-hits))
 			}
 		}
 		if !a.reserve(want) {
@@ -793,43 +827,58 @@ func (p *Pinner) reserve(n uint64) error {
 	return nil
 }
 
-// unpinRuns drops the pins of runs; pages reaching zero go to the cache or
-// are munlocked, and the cache is trimmed to its bound.
+// unpinRuns drops the pins of runs; pages reaching zero go to the cache (as
+// most recently released, in run order) or are munlocked, and the cache is
+// trimmed to its bound.
 func (p *Pinner) unpinRuns(runs []pinRun) {
 	unlock := p.scratch.misses[:0]
 	defer func() { p.scratch.misses = unlock[:0] }()
 	var nunlock uint64
-	for _, run := range runs {
-		var c *pageChunk
-		for idx := run.first; idx <= run.last; idx++ {
-			if idx == run.first || idx&chunkMask == 0 {
-				c = run.rp.chunk(idx, false)
-			}
-			if c == nil {
-				continue // never pinned
-			}
-			ps := &c[idx&chunkMask]
-			if ps.count == 0 {
-				continue // a surplus unpin
-			}
-			ps.count -= min(ps.count, run.mult)
-			if ps.count != 0 {
+	for i, r := range runs {
+		rp := r.rp
+		var cur *extent                                                   // the last extent this run left in the map
+		for e := rp.lowerBound(r.first); e != nil && e.first <= r.last; { // bounded by the extents in the run
+			p.work++
+			if e.count == 0 {
+				e = e.next // cached: a surplus unpin
 				continue
 			}
-			run.rp.pinned--
-			if p.cachePages > 0 {
-				ps.cached = true
-				run.rp.cached++
-				p.cached++
-				p.lruPush(run.rp.id(idx), c)
-				continue
+			if e.first < r.first {
+				e = p.split(e, r.first)
 			}
-			nunlock++
-			if k := len(unlock) - 1; k >= 0 && unlock[k].rp == run.rp && unlock[k].last+1 == idx {
-				unlock[k].last = idx
-			} else {
-				unlock = append(unlock, pinRun{rp: run.rp, first: idx, last: idx})
+			if e.last > r.last {
+				p.split(e, r.last+1)
 			}
+			next := e.next
+			e.count -= min(e.count, r.mult)
+			if e.count == 0 {
+				n := e.pages()
+				rp.pinned -= n
+				if p.cachePages > 0 {
+					p.lruPush(e)
+					rp.cached += n
+					p.cached += n
+				} else {
+					if k := len(unlock) - 1; k >= 0 && unlock[k].rp == rp && unlock[k].last+1 == e.first {
+						unlock[k].last = e.last
+					} else {
+						unlock = append(unlock, pinRun{rp: rp, first: e.first, last: e.last})
+					}
+					nunlock += n
+					rp.unlink(e)
+					p.freeExtent(e)
+					e = nil
+				}
+			}
+			if e != nil {
+				if pv := e.prev; p.tryMerge(pv, e) {
+					e = pv
+				}
+			}
+			cur, e = e, next
+		}
+		if cur != nil && !continued(runs, i) {
+			p.tryMerge(cur, cur.next)
 		}
 	}
 	for _, u := range unlock {
@@ -840,77 +889,39 @@ func (p *Pinner) unpinRuns(runs []pinRun) {
 	if p.cached > p.cachePages {
 		p.evict(p.cached - p.cachePages)
 	}
+	p.fixup()
 }
 
-// evict munlocks the n least recently released cached pages, one munlock
-// per run of pages adjacent in the list and in the region.
+// evict munlocks the n least recently released cached pages that no Pin in
+// progress holds: whole extents from the old end of the list, then the low
+// part of the next one, one munlock per extent. The caller runs fixup.
 func (p *Pinner) evict(n uint64) {
-	var (
-		run   pinRun
-		have  bool
-		count uint64
-	)
-	flush := func() {
-		if have {
-			_ = unix.Munlock(run.rp.hostRun(run.first, run.last))
-		}
-	}
-	for ; count < n && p.lruHead != noPage; count++ {
-		id := p.lruHead
-		rp := p.slots[uint64(id)>>slotShift]
-		idx := uint64(id) & idxMask
-		c := rp.chunk(idx, false)
-		p.lruUnlink(id, c)
-		c[idx&chunkMask].cached = false
-		rp.cached--
-		if have && run.rp == rp && run.last+1 == idx {
-			run.last = idx
+	var count uint64
+	for e := p.oldest; e != nil && count < n; { // bounded by the cached extents
+		p.work++
+		next := e.newer
+		if e.held {
+			e = next
 			continue
 		}
-		flush()
-		run, have = pinRun{rp: rp, first: idx, last: idx}, true
+		rp := e.rp
+		size := e.pages()
+		if size <= n-count {
+			_ = unix.Munlock(rp.hostRun(e.first, e.last))
+			p.lruRemove(e)
+			rp.unlink(e)
+			p.freeExtent(e)
+		} else {
+			size = n - count
+			_ = unix.Munlock(rp.hostRun(e.first, e.first+size-1))
+			e.first += size // stays between its neighbours: the treap order holds
+		}
+		rp.cached -= size
+		count += size
+		e = next
 	}
-	flush()
 	p.cached -= count
 	p.locked -= count
 	p.unaccount(count)
 	p.stats.Evictions += count
-}
-
-// node returns the state of page id; c is the chunk of page near, used
-// without a map lookup when id is in it too.
-func (p *Pinner) node(id, near pageID, c *pageChunk) *pageState {
-	if uint64(id)>>chunkShift == uint64(near)>>chunkShift {
-		return &c[uint64(id)&chunkMask]
-	}
-	return p.slots[uint64(id)>>slotShift].page(uint64(id) & idxMask)
-}
-
-// lruPush appends page id (in chunk c, not in the list) as most recently
-// released.
-func (p *Pinner) lruPush(id pageID, c *pageChunk) {
-	ps := &c[uint64(id)&chunkMask]
-	ps.prev, ps.next = p.lruTail, noPage
-	if p.lruTail != noPage {
-		p.node(p.lruTail, id, c).next = id
-	} else {
-		p.lruHead = id
-	}
-	p.lruTail = id
-}
-
-// lruUnlink removes page id (in chunk c) from the list.
-func (p *Pinner) lruUnlink(id pageID, c *pageChunk) {
-	ps := &c[uint64(id)&chunkMask]
-	if ps.prev != noPage {
-		p.node(ps.prev, id, c).next = ps.next
-	} else {
-		p.lruHead = ps.next
-	}
-	if ps.next != noPage {
-		p.node(ps.next, id, c).prev = ps.prev
-	} else {
-		p.lruTail = ps.prev
-	}
-	ps.prev, ps.next = noPage, noPage
 }

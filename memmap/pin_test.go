@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,35 +77,97 @@ func (w *lockWatch) expect(what string, bytes uint64) {
 	}
 }
 
-// checkPinner verifies the Pinner's internal invariants: per-region and
-// total counters match the page states, the LRU list holds exactly the
-// cached pages, no page is left fresh, and the accounting (if any, and not
-// shared) equals the locked bytes.
+// checkPinner verifies the Pinner's internal invariants: every tracked
+// region's extents are ordered, disjoint, inside the region, merged (no
+// adjacent pinned pair with equal counts, no adjacent cached pair
+// consecutive in the LRU list in address order), none held; the treap holds
+// exactly the address list with the heap order of priorities; per-region and
+// total counters equal the sums over the extents; the LRU list is a
+// consistent doubly linked list of exactly the cached extents of tracked
+// regions; the cache respects its bound and the quota; no fixup is pending;
+// and the accounting (if any) equals the locked bytes.
 func checkPinner(t testing.TB, p *Pinner) {
+	t.Helper()
+	checkPinnerShared(t, p, 0)
+}
+
+// checkPinnerShared is checkPinner for a Pinner whose Accounting other
+// Pinners share, locking others bytes.
+func checkPinnerShared(t testing.TB, p *Pinner, others uint64) {
 	t.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var pinned, cached uint64
+	cachedExts := map[*extent]bool{}
 	for r, rp := range p.byRegion {
-		if rp.r != r || p.slots[rp.slot] != rp {
-			t.Fatalf("region %p: tracking maps disagree", r)
+		if rp.r != r {
+			t.Fatalf("region %p: tracked under %p", rp.r, r)
 		}
-		var rpin, rcache uint64
-		for _, c := range rp.chunks {
-			for i := range c {
-				ps := &c[i]
-				if ps.fresh {
-					t.Errorf("page left fresh")
+		if r.refs.Load() < 1 {
+			t.Errorf("region gpa %#x: tracked with %d references", rp.start, r.refs.Load())
+		}
+		var rpin, rcache, n uint64
+		var prev *extent
+		var list []*extent
+		for e := rp.head; e != nil; prev, e = e, e.next {
+			if n++; n > rp.exts+1 || n > 1<<24 {
+				t.Fatalf("region gpa %#x: address list longer than %d extents (cycle?)", rp.start, rp.exts)
+			}
+			list = append(list, e)
+			switch {
+			case e.rp != rp:
+				t.Fatalf("extent [%d, %d] of region gpa %#x names another region", e.first, e.last, rp.start)
+			case e.prev != prev:
+				t.Fatalf("extent [%d, %d]: bad prev link", e.first, e.last)
+			case e.first > e.last || e.last > rp.lastPage():
+				t.Fatalf("extent [%d, %d] of a region of %d pages", e.first, e.last, rp.lastPage()+1)
+			case prev != nil && prev.last >= e.first:
+				t.Fatalf("extents [%d, %d] and [%d, %d] overlap or are out of order", prev.first, prev.last, e.first, e.last)
+			case e.held:
+				t.Errorf("extent [%d, %d] left held", e.first, e.last)
+			}
+			if prev != nil && prev.last+1 == e.first && prev.count == e.count && (e.count != 0 || prev.newer == e) {
+				t.Errorf("region gpa %#x: extents [%d, %d] and [%d, %d] (count %d) not merged",
+					rp.start, prev.first, prev.last, e.first, e.last, e.count)
+			}
+			if e.count > 0 {
+				rpin += e.pages()
+				if e.older != nil || e.newer != nil || p.oldest == e {
+					t.Errorf("pinned extent [%d, %d] linked in the LRU list", e.first, e.last)
 				}
-				if ps.count > 0 {
-					rpin++
-					if ps.cached {
-						t.Errorf("pinned page marked cached")
-					}
-				} else if ps.cached {
-					rcache++
+			} else {
+				rcache += e.pages()
+				cachedExts[e] = true
+			}
+		}
+		if n != rp.exts {
+			t.Errorf("region gpa %#x: %d extents listed, counter says %d", rp.start, n, rp.exts)
+		}
+		var inorder []*extent
+		var walk func(e *extent, lo, hi uint64, depth int) // keys in [lo, hi]
+		walk = func(e *extent, lo, hi uint64, depth int) {
+			if e == nil {
+				return
+			}
+			if depth > 1000 || e.first < lo || e.first > hi {
+				t.Fatalf("region gpa %#x: treap out of order at extent [%d, %d]", rp.start, e.first, e.last)
+			}
+			for _, c := range []*extent{e.left, e.right} {
+				if c != nil && c.prio > e.prio {
+					t.Errorf("region gpa %#x: treap heap order broken under [%d, %d]", rp.start, e.first, e.last)
 				}
 			}
+			if e.first > 0 {
+				walk(e.left, lo, e.first-1, depth+1)
+			} else if e.left != nil {
+				t.Fatalf("extent at page 0 has a left child")
+			}
+			inorder = append(inorder, e)
+			walk(e.right, e.first+1, hi, depth+1)
+		}
+		walk(rp.root, 0, math.MaxUint64, 0)
+		if !slices.Equal(inorder, list) {
+			t.Errorf("region gpa %#x: treap holds %d extents, address list %d, or another order", rp.start, len(inorder), len(list))
 		}
 		if rpin != rp.pinned || rcache != rp.cached {
 			t.Errorf("region gpa %#x: got %d pinned, %d cached pages, counters say %d, %d",
@@ -117,30 +180,36 @@ func checkPinner(t testing.TB, p *Pinner) {
 		t.Errorf("got %d pinned + %d cached pages, counters say locked %d, cached %d", pinned, cached, p.locked, p.cached)
 	}
 	n := uint64(0)
-	prev := noPage
-	for id := p.lruHead; id != noPage; n++ {
-		if n > cached {
-			t.Fatalf("LRU list longer than %d cached pages (cycle?)", cached)
+	var prev *extent
+	for e := p.oldest; e != nil; prev, e = e, e.newer {
+		if n++; n > uint64(len(cachedExts)) {
+			t.Fatalf("LRU list longer than the %d cached extents (cycle or stray extent?)", len(cachedExts))
 		}
-		rp := p.slots[uint64(id)>>slotShift]
-		ps := rp.page(uint64(id) & idxMask)
-		if ps == nil || !ps.cached || ps.count != 0 || ps.prev != prev {
-			t.Fatalf("LRU node %#x: bad state %+v (prev want %#x)", uint64(id), ps, uint64(prev))
+		if !cachedExts[e] || e.older != prev {
+			t.Fatalf("LRU node [%d, %d] count %d: not a cached extent of a tracked region, or bad older link", e.first, e.last, e.count)
 		}
-		prev, id = id, ps.next
 	}
-	if n != cached || p.lruTail != prev {
-		t.Errorf("LRU list has %d nodes, want %d; tail %#x, want %#x", n, cached, uint64(p.lruTail), uint64(prev))
+	if n != uint64(len(cachedExts)) || p.newest != prev || n != p.lruLen {
+		t.Errorf("LRU list has %d extents (counter %d), want %d; newest %p, want %p", n, p.lruLen, len(cachedExts), p.newest, prev)
+	}
+	if p.cached > p.cachePages {
+		t.Errorf("%d pages cached, bound %d", p.cached, p.cachePages)
+	}
+	if q := p.cfg.MaxPinned; q != 0 && p.locked*PageSize > q {
+		t.Errorf("%d bytes locked, quota %d", p.locked*PageSize, q)
+	}
+	if len(p.scratch.fix) != 0 || len(p.scratch.held) != 0 {
+		t.Errorf("%d fixups and %d held extents left over", len(p.scratch.fix), len(p.scratch.held))
 	}
 	if a := p.cfg.Accounting; a != nil {
-		if got := a.Pinned(); got != p.locked*PageSize {
-			t.Errorf("accounting says %d bytes, pinner locks %d", got, p.locked*PageSize)
+		if got := a.Pinned(); got != p.locked*PageSize+others {
+			t.Errorf("accounting says %d bytes, pinner locks %d, others %d", got, p.locked*PageSize, others)
 		}
 	}
 }
 
 // pageCount returns the pin count of guest page gpa in the region holding
-// it in t (0 if untracked).
+// it in t (0 if untracked, unlocked or cached).
 func pageCount(t testing.TB, p *Pinner, tab *Table, gpa GPA) uint32 {
 	t.Helper()
 	i := find(tab.byGPA, uint64(gpa))
@@ -153,11 +222,40 @@ func pageCount(t testing.TB, p *Pinner, tab *Table, gpa GPA) uint32 {
 	if rp == nil {
 		return 0
 	}
-	ps := rp.page(uint64(gpa)>>pageShift - rp.first)
-	if ps == nil {
-		return 0
+	idx := uint64(gpa)>>pageShift - rp.first
+	if e := rp.lowerBound(idx); e != nil && e.first <= idx {
+		return e.count
 	}
-	return ps.count
+	return 0
+}
+
+// lruPage names a cached page: its region and guest page number.
+type lruPage struct {
+	r   *Region
+	gpn uint64
+}
+
+// lruPages lists the cached pages from the least recently released.
+func lruPages(p *Pinner) []lruPage {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var l []lruPage
+	for e := p.oldest; e != nil; e = e.newer {
+		for i := e.first; i <= e.last; i++ {
+			l = append(l, lruPage{e.rp.r, e.rp.first + i})
+		}
+	}
+	return l
+}
+
+// extents returns the number of extents tracked for r.
+func extents(p *Pinner, r *Region) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if rp := p.byRegion[r]; rp != nil {
+		return rp.exts
+	}
+	return 0
 }
 
 // testTable maps the given specs over one memfd of fileSize bytes each and
@@ -372,7 +470,11 @@ func TestPinRollbackCountOverflow(t *testing.T) {
 	// Drive page 0x13000's count to the maximum by hand.
 	p.mu.Lock()
 	rp := p.byRegion[tab.regions[0]]
-	rp.page(3).count = math.MaxUint32
+	if e := rp.lowerBound(3); e == nil || e.first != 3 || e.last != 3 {
+		t.Fatalf("page 3 is not an extent of its own")
+	} else {
+		e.count = math.MaxUint32
+	}
 	p.mu.Unlock()
 	err := p.Pin(tab, 0x10000, 8*pg)
 	if !errors.Is(err, ErrOverflow) {
@@ -774,205 +876,4 @@ func TestPinConcurrent(t *testing.T) {
 		t.Errorf("got stats %+v, want nothing pinned and at most 32 pages cached", s)
 	}
 	w.expect("after concurrent use", s.CachedBytes)
-}
-
-// pinModel is the fuzz target's model: pin counts per (region, page).
-type pinModel map[[2]uint64]uint32
-
-// FuzzPinner runs a decoded sequence of Pin, PinPages, Unpin, UnpinPages
-// and SetTable calls on real memfd regions and checks, after each, the
-// pinner's invariants, that VmLck matches what it says it locks, that a
-// failed pin changed no count, and that a successful one changed the counts
-// exactly as a per-byte model says.
-func FuzzPinner(f *testing.F) {
-	needMlock(f, 1<<20)
-	// Regions: A [0x10000, 0x15800), B [0x15800, 0x18000) (adjacent, the
-	// boundary inside a page), C [0x20000, 0x24000).
-	specs := []RegionSpec{
-		{GuestAddr: 0x10000, Size: 0x5800},
-		{GuestAddr: 0x15800, Size: 0x2800, MmapOffset: 0x5800},
-		{GuestAddr: 0x20000, Size: 0x4000},
-	}
-	tab, regions := testTable(f, 0x8000, specs...)
-	noC, err := tab.Without(regions[2].Spec())
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(noC.Release)
-
-	f.Add([]byte{
-		0x03, 0x18, // config: cache 3 pages, quota 8 pages, accounting
-		0x00, 0x00, 0x05, 0x00, 0x02, 0x00, // Pin 0x15000+0x2000 (A and B)
-		0x02, 0x03, 0x10, 0x15, 0x15, // PinPages 0x10000, 0x15000, 0x15000
-		0x01, 0x00, 0x05, 0x00, 0x02, 0x00, // Unpin 0x15000+0x2000
-		0x04, 0x01, // SetTable without C
-		0x03, 0x02, 0x10, 0x15, // UnpinPages 0x10000, 0x15000
-	})
-
-	f.Fuzz(func(t *testing.T, data []byte) {
-		r := &fuzzReader{b: data}
-		base := vmLck(t)
-		cfg := PinConfig{CacheBytes: uint64(r.u8()%8) * pg}
-		mode := r.u8()
-		if q := mode & 0x0f; q != 0 {
-			cfg.MaxPinned = uint64(q) * pg
-		}
-		if mode&0x10 != 0 {
-			cfg.Accounting = NewAccounting(0)
-		}
-		cfg.All = mode&0x20 != 0
-		p := NewPinner(cfg)
-		defer func() {
-			p.Close()
-			if got := vmLck(t); got != base {
-				t.Errorf("after Close: VmLck %d, want %d", got, base)
-			}
-			if a := cfg.Accounting; a != nil && a.Pinned() != 0 {
-				t.Errorf("after Close: accounting %d, want 0", a.Pinned())
-			}
-		}()
-		cur := tab
-		snapshot := func() pinModel {
-			m := pinModel{}
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			for i, rg := range regions {
-				rp := p.byRegion[rg]
-				if rp == nil {
-					continue
-				}
-				for ci, c := range rp.chunks {
-					for j := range c {
-						if c[j].count != 0 {
-							m[[2]uint64{uint64(i), ci<<chunkShift | uint64(j)}] = c[j].count
-						}
-					}
-				}
-			}
-			return m
-		}
-		// expectPin returns the model counts after pinning [gpa, gpa+n)
-		// mult times, or false if that range is not wholly mapped in cur.
-		expectPin := func(m pinModel, gpa, n uint64, mult uint32) bool {
-			end, ok := add(gpa, n)
-			if !ok {
-				return false
-			}
-			specs := cur.Regions()
-			for a := gpa; a < end; {
-				i := modelFind(specs, false, a)
-				if i < 0 {
-					return false
-				}
-				a = uint64(specs[i].GuestAddr) + specs[i].Size
-			}
-			for i, s := range specs {
-				ri := 0
-				for k, rg := range regions {
-					if rg.Spec() == s {
-						ri = k
-					}
-				}
-				lo, hi := max(gpa, uint64(s.GuestAddr)), min(end, uint64(s.GuestAddr)+s.Size)
-				_ = i
-				if lo >= hi {
-					continue
-				}
-				for pgn := lo >> pageShift; pgn <= (hi-1)>>pageShift; pgn++ {
-					m[[2]uint64{uint64(ri), pgn - uint64(s.GuestAddr)>>pageShift}] += mult
-				}
-			}
-			return true
-		}
-		if cfg.All {
-			if err := p.SetTable(cur); err != nil && !errors.Is(err, ErrQuota) {
-				t.Fatalf("SetTable: %v", err)
-			}
-		}
-		for ops := 0; !r.empty() && ops < 64; ops++ {
-			before := snapshot()
-			var err error
-			want := pinModel{}
-			for k, v := range before {
-				want[k] = v
-			}
-			wantOK := true
-			pinning := false
-			switch op := r.u8() % 5; op {
-			case 0, 1:
-				gpa := 0x10000 + uint64(r.u16())<<4
-				n := uint64(r.u16()) << 4
-				if r.u8()&1 != 0 {
-					gpa, n = r.u64(), r.u64()
-				}
-				if op == 0 {
-					pinning = true
-					wantOK = expectPin(want, gpa, n, 1)
-					err = p.Pin(cur, GPA(gpa), n)
-				} else {
-					p.Unpin(cur, GPA(gpa), n)
-				}
-			case 2, 3:
-				k := int(r.u8() % 8)
-				pages := make([]GPA, k)
-				for i := range pages {
-					pages[i] = GPA(uint64(r.u8()) << pageShift)
-					if pages[i]&0x80000 != 0 {
-						pages[i] |= 0x123 // unaligned
-					}
-				}
-				if op == 2 {
-					pinning = true
-					for _, g := range pages {
-						if g&pageMask != 0 || !expectPin(want, uint64(g), pg, 1) {
-							wantOK = false
-						}
-					}
-					err = p.PinPages(cur, pages)
-				} else {
-					p.UnpinPages(cur, pages)
-				}
-			case 4:
-				if r.u8()&1 != 0 {
-					cur = noC
-				} else {
-					cur = tab
-				}
-				err = p.SetTable(cur)
-				if err != nil && !errors.Is(err, ErrQuota) {
-					t.Fatalf("SetTable: %v", err)
-				}
-			}
-			checkPinner(t, p)
-			s := p.Stats()
-			if got := vmLck(t) - base; got != s.PinnedBytes+s.CachedBytes {
-				t.Fatalf("VmLck grew by %d, pinner says %d pinned + %d cached", got, s.PinnedBytes, s.CachedBytes)
-			}
-			if cfg.MaxPinned != 0 && s.PinnedBytes+s.CachedBytes > cfg.MaxPinned {
-				t.Fatalf("locked %d bytes over quota %d", s.PinnedBytes+s.CachedBytes, cfg.MaxPinned)
-			}
-			if cfg.CacheBytes < s.CachedBytes {
-				t.Fatalf("cached %d bytes over bound %d", s.CachedBytes, cfg.CacheBytes)
-			}
-			if !pinning {
-				continue
-			}
-			after := snapshot()
-			if err != nil {
-				if wantOK && !errors.Is(err, ErrQuota) {
-					t.Fatalf("pin failed unexpectedly: %v", err)
-				}
-				if fmt.Sprint(after) != fmt.Sprint(before) {
-					t.Fatalf("failed pin (%v) changed counts: %v -> %v", err, before, after)
-				}
-				continue
-			}
-			if !wantOK {
-				t.Fatalf("pin succeeded, model says it must fail")
-			}
-			if fmt.Sprint(after) != fmt.Sprint(want) {
-				t.Fatalf("got counts %v, want %v", after, want)
-			}
-		}
-	})
 }
