@@ -65,9 +65,11 @@
 //     the QP to ERR with QP_FATAL and is never used as a loop bound.
 //   - CQEs are written into slot pi mod depth before pi advances; a full CQ
 //     drops the CQE, enters overrun (CQ_ERROR) and moves its QPs to ERR.
-//   - A requester's pass publishes once, when it ends (QP.publish): sq_ci,
-//     the send CQ's pi (its CQEs were pushed lazily) and the counters, so
-//     the driver polling those words sees one store per batch. A CQE that
+//   - A requester's pass publishes (QP.publish) sq_ci, the send CQ's pi
+//     (its CQEs were pushed lazily) and the counters when it ends and every
+//     publishEvery WQEs or publishBytes of payload, so the driver polling
+//     those words sees one store per batch of small messages without
+//     waiting a whole pass for its first completion. A CQE that
 //     fires an armed CQ publishes pi at once, and REQ_NOTIFY_CQ publishes
 //     before it compares pi with ci, so an event never precedes its entry.
 //   - After RemoveQP returns, no engine touches the QP's rings, record or

@@ -12,6 +12,16 @@ import (
 // one QP cannot starve the others of its doorbell queue.
 const pollBudget = 64
 
+// A pass publishes (QP.publish) at its end and also after every
+// publishEvery WQEs or publishBytes of payload since the last publication:
+// small messages share one store of sq_ci and pi, while a driver never
+// waits a whole pass of large ones for its first completion (on an
+// oversubscribed machine the pass may lose its processor midway).
+const (
+	publishEvery = 16
+	publishBytes = 16 << 10
+)
+
 // rnrPending is run's result when the responder had no receive WQE and the
 // head WQE waits for an RNR retry. It is no wc status.
 const rnrPending = 0xff
@@ -120,6 +130,10 @@ func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64) (worked bool, re
 			q.step(t, rec, now)
 			worked = true
 			budget--
+			if q.sqCI-q.sqCIPub >= publishEvery || q.bytesPend >= publishBytes {
+				// Keep the driver's reaping overlapped with the pass.
+				q.publish(t, rec)
+			}
 		case abi.QPSErr:
 			if lost {
 				q.retryExc = true
