@@ -106,8 +106,10 @@ func regSection(s settings, rr regResult) section {
 	}
 	return section{title: "Registration (PVDMA pinning and the map cache)",
 		intro: "Cold: a fresh front-end's never-touched memory, so the daemon faults in and locks every page. " +
-			"Cached: DEREG_MR then REG_MR of the same pages, which the map cache still holds locked. Baseline: " +
-			"`mlock` of as many bytes of a fresh memfd mapping, the same kind of memory.",
+			"Cached: DEREG_MR then REG_MR of the same pages, which the map cache still holds locked. The verbs " +
+			"library registers contiguous memory in large pages (page_shift up to 30: one or two page-list " +
+			"entries), and the pinner counts references per extent, so a cached registration costs the same " +
+			"whatever its size. Baseline: `mlock` of as many bytes of a fresh memfd mapping, the same kind of memory.",
 		rows: rows, notes: []string{verdict(rows, regMiss)}}
 }
 
@@ -228,7 +230,8 @@ const (
 	rateMiss = "The same per-WQE engine cost as in the bandwidth profile bounds the rate (≈ 0.3–0.5 µs per " +
 		"WQE when the engine owns a core); on a loaded 2-core machine the engine and the client goroutine " +
 		"share cores with other work and the Go scheduler's 10 ms time slices, which the hand-off baseline " +
-		"suffers from too. Closing it needs a dedicated engine core and batching sq_ci/CQ updates per poll."
+		"suffers from too (the engine already publishes sq_ci and the CQ's pi once per 16 WQEs). Closing it " +
+		"on such a machine needs a dedicated engine core."
 	latMiss = "The p99 (milliseconds) is the Go scheduler's time slice: with more runnable busy-pollers than " +
 		"cores the engine or the client waits for a whole slice. The p50 follows the same effect plus the " +
 		"engine's switch from polling to sleeping after its spin window (50 µs), after which a doorbell costs " +
@@ -238,10 +241,9 @@ const (
 		"each command and polls for the next one for 20 µs, and the front-end polls the used ring for 20 µs " +
 		"before it sleeps on the call eventfd, so commands issued back to back cost neither a kick nor a " +
 		"wake-up; a miss here is the polling losing its core to other load (compare the load average above)."
-	regMiss = "Cold registration is bounded by page faults and locking, as mlock is. From the map cache the " +
-		"pages need no faulting, but REG_MR still walks and refcounts every 4 KiB page of the region and " +
-		"carries the page list across the control queue, plus one control round trip; counting references " +
-		"per run of pages (extents) instead of per page would make it independent of the size."
+	regMiss = "Cold registration is bounded by page faults and locking, as mlock is. From the map cache a " +
+		"registration is one control round trip plus a pin of the region's extents (two, whatever the size): " +
+		"a miss of the cached row means the round trip itself was slow (see the control path's figures)."
 	startupMiss = "Pin-all time grows with the guest (it faults in and locks every page at SET_MEM_TABLE); " +
 		"on-demand time is the vhost-user handshake plus a few control commands. A miss of the flatness row " +
 		"on a loaded machine is scheduler noise around a few milliseconds."
