@@ -237,11 +237,15 @@ const (
 		"producer index are already published once per 16 WQEs or 16 KiB. What would close it: a client " +
 		"that blocks on a CQ event instead of spinning when cores are oversubscribed, and engine goroutines " +
 		"locked to a dedicated core (runtime.LockOSThread + CPU affinity)."
-	rateMiss = "The same per-WQE engine cost as in the bandwidth profile bounds the rate (≈ 0.3–0.5 µs per " +
-		"WQE when the engine owns a core); on a loaded 2-core machine the engine and the client goroutine " +
-		"share cores with other work and the Go scheduler's 10 ms time slices, which the hand-off baseline " +
-		"suffers from too (the engine already publishes sq_ci and the CQ's pi once per 16 WQEs). Closing it " +
-		"on such a machine needs a dedicated engine core."
+	rateMiss = "Profile (`vrdma-bench --only rate --cpuprofile`): the engine goroutine (`handleDoorbell` → " +
+		"`Poll` → `step`, the responder half in `respond`) and the client goroutine (`stream`: `PostSend`, " +
+		"`CQ.Poll`, for SEND also the receiver's CQ and `PostRecv` reposts) each take about one core, so " +
+		"the figure is whatever the two cores give them: on a quiet run of this machine 4–5 Mops/s WRITE and " +
+		"2.3–3.3 SEND, with other load as little as half that (the hand-off baseline drops with it). SEND " +
+		"does twice the client work per operation (two completions, a receive reposted) and the engine " +
+		"writes the receiver's CQE and rq_ci per WQE; the sender's sq_ci and CQ are already published once " +
+		"per 16 WQEs. What would close it on a shared 2-core machine: the same batching for the responder's " +
+		"rq_ci and receive CQ, and an engine on a dedicated core."
 	latMiss = "The p99 (milliseconds) is the Go scheduler's time slice: with more runnable busy-pollers than " +
 		"cores the engine or the client waits for a whole slice. The p50 follows the same effect plus the " +
 		"engine's switch from polling to sleeping after its spin window (50 µs), after which a doorbell costs " +
