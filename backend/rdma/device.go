@@ -22,20 +22,20 @@ import (
 // Limits are a device's resource limits, reported in config space and
 // QUERY_DEVICE and enforced by the control path.
 type Limits struct {
-	MaxQP         uint32
-	MaxQPWR       uint32
-	MaxSGE        uint32
-	MaxCQ         uint32
-	MaxCQE        uint32
-	MaxMR         uint32
-	MaxPD         uint32
-	MaxAH         uint32
-	MaxMRSize     uint64
+	MaxQP     uint32
+	MaxQPWR   uint32
+	MaxSGE    uint32
+	MaxCQ     uint32
+	MaxCQE    uint32
+	MaxMR     uint32
+	MaxPD     uint32
+	MaxAH     uint32
+	MaxMRSize uint64
 	// MaxMRExtents bounds the guest-physically contiguous runs all of a
 	// device's MRs are kept as together (an RNIC's translation table):
 	// host memory a driver can make the device hold with page lists that
 	// never repeat a neighbour. Not in config space.
-	MaxMRExtents uint32
+	MaxMRExtents  uint32
 	MaxInlineData uint32
 	MaxQPRdAtom   uint32
 }
