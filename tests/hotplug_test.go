@@ -59,34 +59,7 @@ func TestHotplug(t *testing.T) {
 	// next returns the guest's next hotplug result.
 	next := func(want string, round int) hotplugEvent {
 		t.Helper()
-		for {
-			select {
-			case s, ok := <-lines:
-				if !ok {
-					t.Fatalf("guest console closed while waiting for %s of round %d", want, round)
-				}
-				kind, payload := guestvm.Classify(s)
-				if kind == guestvm.KindError {
-					t.Fatalf("guest: VRDMA-ERROR %s", payload)
-				}
-				if kind != guestvm.KindResult {
-					continue
-				}
-				var ev hotplugEvent
-				if err := json.Unmarshal([]byte(payload), &ev); err != nil {
-					t.Fatalf("guest result %q: %v", payload, err)
-				}
-				if ev.Role != "hotplug" {
-					continue
-				}
-				if ev.Event != want || ev.Round != round {
-					t.Fatalf("guest: got %s of round %d, want %s of round %d", ev.Event, ev.Round, want, round)
-				}
-				return ev
-			case <-ctx.Done():
-				t.Fatalf("no %s of round %d from the guest: %v", want, round, ctx.Err())
-			}
-		}
+		return nextGuestEvent[hotplugEvent](t, ctx, lines, "hotplug", want, round)
 	}
 	run := func(args ...string) string {
 		t.Helper()
@@ -220,5 +193,51 @@ func TestOperationsCurl(t *testing.T) {
 	}
 	if len(devs) != 0 {
 		t.Errorf("after the documented lines got %d devices, want none", len(devs))
+	}
+}
+
+// roundEvent is the part every step report of the hot-plug and restart
+// guests shares.
+type roundEvent struct {
+	Role  string `json:"role"`
+	Round int    `json:"round"`
+	Event string `json:"event"`
+}
+
+// nextGuestEvent reads the guest console until the next VRDMA-RESULT of
+// role, which must be event want of round, and returns it decoded as a T.
+func nextGuestEvent[T any](t *testing.T, ctx context.Context, lines <-chan string, role, want string, round int) T {
+	t.Helper()
+	for {
+		select {
+		case s, ok := <-lines:
+			if !ok {
+				t.Fatalf("guest console closed while waiting for %s of round %d", want, round)
+			}
+			kind, payload := guestvm.Classify(s)
+			if kind == guestvm.KindError {
+				t.Fatalf("guest: VRDMA-ERROR %s", payload)
+			}
+			if kind != guestvm.KindResult {
+				continue
+			}
+			var key roundEvent
+			if err := json.Unmarshal([]byte(payload), &key); err != nil {
+				t.Fatalf("guest result %q: %v", payload, err)
+			}
+			if key.Role != role {
+				continue
+			}
+			if key.Event != want || key.Round != round {
+				t.Fatalf("guest: got %s of round %d, want %s of round %d", key.Event, key.Round, want, round)
+			}
+			var ev T
+			if err := json.Unmarshal([]byte(payload), &ev); err != nil {
+				t.Fatalf("guest result %q: %v", payload, err)
+			}
+			return ev
+		case <-ctx.Done():
+			t.Fatalf("no %s of round %d from the guest: %v", want, round, ctx.Err())
+		}
 	}
 }

@@ -147,36 +147,8 @@ type restartGuest struct {
 // next returns the guest's next restart result, which must be event want
 // of round.
 func (rg *restartGuest) next(want string, round int) restartEvent {
-	t := rg.t
-	t.Helper()
-	for {
-		select {
-		case s, ok := <-rg.lines:
-			if !ok {
-				t.Fatalf("guest console closed while waiting for %s of round %d", want, round)
-			}
-			kind, payload := guestvm.Classify(s)
-			if kind == guestvm.KindError {
-				t.Fatalf("guest: VRDMA-ERROR %s", payload)
-			}
-			if kind != guestvm.KindResult {
-				continue
-			}
-			var ev restartEvent
-			if err := json.Unmarshal([]byte(payload), &ev); err != nil {
-				t.Fatalf("guest result %q: %v", payload, err)
-			}
-			if ev.Role != "restart" {
-				continue
-			}
-			if ev.Event != want || ev.Round != round {
-				t.Fatalf("guest: got %s of round %d, want %s of round %d", ev.Event, ev.Round, want, round)
-			}
-			return ev
-		case <-rg.ctx.Done():
-			t.Fatalf("no %s of round %d from the guest: %v", want, round, rg.ctx.Err())
-		}
-	}
+	rg.t.Helper()
+	return nextGuestEvent[restartEvent](rg.t, rg.ctx, rg.lines, "restart", want, round)
 }
 
 // round follows one restart, vrdmad already started again with control
