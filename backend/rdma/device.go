@@ -381,7 +381,10 @@ func (d *Device) HandleQueue(q *backend.Queue) error {
 func (d *Device) handleDoorbell(q *backend.Queue) error {
 	dbq := q.Index() - abi.FirstDoorbellQueue
 	t := q.Memory()
-	last := time.Now()
+	// The spin follows work only: a kick that finds none (a driver posting
+	// receives, which the peer's requester consumes; a timer) goes back to
+	// sleep at once instead of taking a core for Spin.
+	var last time.Time
 	for !q.Stopping() {
 		q.SetPolling(true)
 		worked, _ := d.eng.Poll(dbq, t)
@@ -389,7 +392,7 @@ func (d *Device) handleDoorbell(q *backend.Queue) error {
 			last = time.Now()
 			continue
 		}
-		if time.Since(last) < d.cfg.Spin {
+		if !last.IsZero() && time.Since(last) < d.cfg.Spin {
 			// Idle: let a runnable goroutine (a client, the control
 			// worker) have the processor between looks.
 			runtime.Gosched()
