@@ -122,10 +122,16 @@ func waitLine(t *testing.T, ctx context.Context, g *guestvm.Guest, k guestvm.Kin
 	}
 }
 
+// devicer is a running vrdmad's control API: *vrdmadProc and the restart
+// tests' *killableVrdmad.
+type devicer interface {
+	Devices() ([]daemon.DeviceInfo, error)
+}
+
 // deviceInfo returns the daemon's view of device id.
-func deviceInfo(t *testing.T, d *vrdmadProc, id string) daemon.DeviceInfo {
+func deviceInfo(t *testing.T, d devicer, id string) daemon.DeviceInfo {
 	t.Helper()
-	devs, err := d.devices()
+	devs, err := d.Devices()
 	if err != nil {
 		t.Fatalf("control API: %v", err)
 	}

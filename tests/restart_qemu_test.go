@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
@@ -67,7 +65,7 @@ func TestRestartQEMU(t *testing.T) {
 	if !ready.Verified {
 		t.Fatalf("guest ready without verified traffic: %+v", ready)
 	}
-	rg.attached("before the restarts", first.control, "")
+	rg.attached("before the restarts", first, "")
 	rg.alive("before the restarts")
 
 	// Round 1: SIGKILL, as a crash would. Round 2: SIGTERM, as systemctl
@@ -79,16 +77,16 @@ func TestRestartQEMU(t *testing.T) {
 			t.Fatalf("round %d: vrdmad after SIGTERM: %v\n%s", round, err, cur.logText())
 		}
 		metrics := filepath.Join(dir, fmt.Sprintf("metrics%d.sock", round))
-		var control string
+		var d devicer
 		if round < 2 {
 			cur = launchVrdmad(t, bin, dir, fmt.Sprintf("b%d", round), "--socket", restartID+"="+sock, "--metrics", "unix:"+metrics)
-			control = cur.control
+			d = cur
 		} else {
 			// The last one as every other test starts vrdmad: its cleanup
 			// checks that it stops cleanly.
-			control = startVrdmad(t, dir, "--socket", restartID+"="+sock, "--metrics", "unix:"+metrics).control
+			d = startVrdmad(t, dir, "--socket", restartID+"="+sock, "--metrics", "unix:"+metrics)
 		}
-		rg.round(round, sig.String(), control, metrics)
+		rg.round(round, sig.String(), d, metrics)
 	}
 	if _, err := rg.g.WaitResult(ctx); err != nil {
 		t.Fatalf("guest: %v", err)
@@ -127,7 +125,7 @@ func TestRestartQEMUHotplug(t *testing.T) {
 	}
 	first.stop(syscall.SIGKILL)
 	metrics := filepath.Join(dir, "metrics.sock")
-	rg.round(1, syscall.SIGKILL.String(), startVrdmad(t, dir, "--socket", restartID+"="+sock, "--metrics", "unix:"+metrics).control, metrics)
+	rg.round(1, syscall.SIGKILL.String(), startVrdmad(t, dir, "--socket", restartID+"="+sock, "--metrics", "unix:"+metrics), metrics)
 	if _, err := rg.g.WaitResult(ctx); err != nil {
 		t.Fatalf("guest: %v", err)
 	}
@@ -151,11 +149,11 @@ func (rg *restartGuest) next(want string, round int) restartEvent {
 	return nextGuestEvent[restartEvent](rg.t, rg.ctx, rg.lines, "restart", want, round)
 }
 
-// round follows one restart, vrdmad already started again with control
-// and metrics sockets: DEVICE_FATAL with the status unchanged, NOT_FOUND
+// round follows one restart, vrdmad (d) already started again with a
+// metrics socket: DEVICE_FATAL with the status unchanged, NOT_FOUND
 // for the old QP, reset, recovered; then QEMU must run, the daemon must
 // show the re-created objects, and the guest is told to go on.
-func (rg *restartGuest) round(round int, how, control, metrics string) {
+func (rg *restartGuest) round(round int, how string, d devicer, metrics string) {
 	t := rg.t
 	t.Helper()
 	fatal := rg.next("device_fatal", round)
@@ -176,7 +174,7 @@ func (rg *restartGuest) round(round int, how, control, metrics string) {
 	}
 	when := fmt.Sprintf("round %d (%s)", round, how)
 	rg.alive(when)
-	rg.attached(when, control, metrics)
+	rg.attached(when, d, metrics)
 	// The guest keeps its objects until told to go on.
 	if err := rg.g.WriteLine("VRDMA-NEXT"); err != nil {
 		t.Fatal(err)
@@ -208,12 +206,12 @@ func (rg *restartGuest) alive(when string) {
 	}
 }
 
-// attached checks the daemon's control API and (unless metrics is empty)
+// attached checks the daemon's control API (d) and (unless metrics is empty)
 // its metrics: QEMU is connected and the guest's loopback pair is there.
-func (rg *restartGuest) attached(when string, control, metrics string) {
+func (rg *restartGuest) attached(when string, d devicer, metrics string) {
 	t := rg.t
 	t.Helper()
-	info := restartDeviceInfo(t, control, restartID)
+	info := deviceInfo(t, d, restartID)
 	if !info.Connected || info.PDs != 1 || info.CQs != 2 || info.QPs != 2 || info.MRs != 2 || info.BytesMoved == 0 || info.RingErrors != 0 {
 		t.Errorf("%s: control API shows %+v, want connected with 1 PD, 2 CQs, 2 QPs, 2 MRs, bytes moved and no ring errors", when, info)
 	}
@@ -236,7 +234,6 @@ func (rg *restartGuest) attached(when string, control, metrics string) {
 // exit, which a SIGKILLed daemon cannot give.
 type killableVrdmad struct {
 	*vrdmadproc.Proc
-	control string
 }
 
 // launchVrdmad starts bin with a control socket of its own (named after
@@ -257,7 +254,7 @@ func launchVrdmad(t *testing.T, bin, dir, name string, args ...string) *killable
 			t.Logf("vrdmad %s log:\n%s", name, p.Log())
 		}
 	})
-	return &killableVrdmad{Proc: p, control: control}
+	return &killableVrdmad{Proc: p}
 }
 
 // stop ends the process with sig (SIGKILL or SIGTERM) and returns how it
@@ -271,51 +268,10 @@ func (p *killableVrdmad) stop(sig syscall.Signal) error {
 
 func (p *killableVrdmad) logText() string { return p.Log() }
 
-// unixClient is an HTTP client whose every connection goes to the unix
-// socket path.
-func unixClient(path string) *http.Client {
-	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
-		},
-	}}
-}
-
-// restartDevices is GET /v1/devices on the control socket.
-func restartDevices(control string) ([]daemon.DeviceInfo, error) {
-	resp, err := unixClient(control).Get("http://vrdmad/v1/devices")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /v1/devices: %s", resp.Status)
-	}
-	var out []daemon.DeviceInfo
-	err = json.NewDecoder(resp.Body).Decode(&out)
-	return out, err
-}
-
-func restartDeviceInfo(t *testing.T, control, id string) daemon.DeviceInfo {
-	t.Helper()
-	devs, err := restartDevices(control)
-	if err != nil {
-		t.Fatalf("control API: %v", err)
-	}
-	for _, dv := range devs {
-		if dv.ID == id {
-			return dv
-		}
-	}
-	t.Fatalf("control API has no device %q: %+v", id, devs)
-	return daemon.DeviceInfo{}
-}
-
 // scrapeUnix fetches /metrics from a unix socket.
 func scrapeUnix(t *testing.T, path string) string {
 	t.Helper()
-	resp, err := unixClient(path).Get("http://vrdmad/metrics")
+	resp, err := vrdmadproc.UnixClient(path).Get("http://vrdmad/metrics")
 	if err != nil {
 		t.Fatalf("metrics: %v", err)
 	}

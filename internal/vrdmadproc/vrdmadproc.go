@@ -173,7 +173,7 @@ func launch(cfg Config) (*Proc, error) {
 	if p.control == "" {
 		p.control = filepath.Join(p.dir, "control.sock")
 	}
-	p.client = unixClient(p.control)
+	p.client = UnixClient(p.control)
 	args := []string{"--control", p.control, "--log-level", level}
 	for _, id := range cfg.Devices {
 		p.sockets[id] = filepath.Join(p.dir, id+".sock")
@@ -338,7 +338,10 @@ func (p *Proc) devices(ctx context.Context) ([]daemon.DeviceInfo, error) {
 	return out, nil
 }
 
-func unixClient(path string) *http.Client {
+// UnixClient is an HTTP client whose every connection goes to the unix
+// socket path (the control API's, or a --metrics unix: socket's), with a
+// 5 s timeout.
+func UnixClient(path string) *http.Client {
 	return &http.Client{Timeout: requestTimeout, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer

@@ -47,23 +47,7 @@ func (g *cutGuest) cut(tb testing.TB, i int) {
 // rings, records and CQs stay in the first).
 func newNodeOn(tb testing.TB, f *Fabric, g *cutGuest, gid byte, qpn uint32) *node {
 	tb.Helper()
-	n := &node{g: g.guest}
-	n.d = NewDevice(f, [16]byte{0xfe, 0x80, 15: gid}, nil)
-	if err := f.Register(n.d); err != nil {
-		tb.Fatalf("Register: %v", err)
-	}
-	n.d.Attach(n.g.mem, func(ev abi.Event) {
-		n.evMu.Lock()
-		n.events = append(n.events, ev)
-		n.evMu.Unlock()
-	}, func(int) { n.wakes.Add(1) })
-	n.scq = newCQ(tb, n.g, n.d, 0x11, cqDepth)
-	n.rcq = newCQ(tb, n.g, n.d, 0x12, cqDepth)
-	n.qp = newQP(tb, n.g, n.d, qpn, n.scq, n.rcq, qpOpts{})
-	n.g.next = memmap.GPA(guestBase + g.half)
-	n.mr = n.g.newMR(tb, mrKey, testPD, abi.AccessAll, mrIOVA, mrLen, true)
-	n.d.AddMR(n.mr)
-	return n
+	return newNodeIn(tb, f, g.guest, gid, qpn, qpOpts{}, memmap.GPA(guestBase+g.half))
 }
 
 // guardedPoll runs d's engine for queue 0 the way the doorbell worker does

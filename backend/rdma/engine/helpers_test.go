@@ -229,7 +229,15 @@ func newNode(tb testing.TB, f *Fabric, gid byte, qpn uint32, o qpOpts) *node {
 	if size == 0 {
 		size = 8 << 20
 	}
-	n := &node{g: newGuest(tb, "guest", size)}
+	return newNodeIn(tb, f, newGuest(tb, "guest", size), gid, qpn, o, 0)
+}
+
+// newNodeIn builds a node on guest g: a device registered with f, its send
+// and receive CQs and QP qpn in g's memory, and the test MR, allocated from
+// mrAt when that is not zero (from g's next free page otherwise).
+func newNodeIn(tb testing.TB, f *Fabric, g *guest, gid byte, qpn uint32, o qpOpts, mrAt memmap.GPA) *node {
+	tb.Helper()
+	n := &node{g: g}
 	n.d = NewDevice(f, [16]byte{0xfe, 0x80, 15: gid}, nil)
 	if err := f.Register(n.d); err != nil {
 		tb.Fatalf("Register: %v", err)
@@ -242,6 +250,9 @@ func newNode(tb testing.TB, f *Fabric, gid byte, qpn uint32, o qpOpts) *node {
 	n.scq = newCQ(tb, n.g, n.d, 0x11, cqDepth)
 	n.rcq = newCQ(tb, n.g, n.d, 0x12, cqDepth)
 	n.qp = newQP(tb, n.g, n.d, qpn, n.scq, n.rcq, o)
+	if mrAt != 0 {
+		n.g.next = mrAt
+	}
 	n.mr = n.g.newMR(tb, mrKey, testPD, abi.AccessAll, mrIOVA, mrLen, true)
 	n.d.AddMR(n.mr)
 	return n
