@@ -105,11 +105,13 @@ func regSection(s settings, rr regResult) section {
 			baseline: rr.cold * 1e3, baseUnit: "ms", invRatio: true, target: "≥ 100× faster", met: boolp(rr.cached*100 <= rr.cold)},
 	}
 	return section{title: "Registration (PVDMA pinning and the map cache)",
-		intro: "Cold: a fresh front-end's never-touched memory, so the daemon faults in and locks every page. " +
+		intro: "Cold: a buffer the guest has written (the library's allocator zeroes it) and the daemon has never " +
+			"mapped, so the daemon faults every page into its page tables and locks it. " +
 			"Cached: DEREG_MR then REG_MR of the same pages, which the map cache still holds locked. The verbs " +
 			"library registers contiguous memory in large pages (page_shift up to 30: one or two page-list " +
 			"entries), and the pinner counts references per extent, so a cached registration costs the same " +
-			"whatever its size. Baseline: `mlock` of as many bytes of a fresh memfd mapping, the same kind of memory.",
+			"whatever its size. Baseline: `mlock` of the same buffer in a new mapping of the guest's memfd, made in the " +
+			"same run and taking turns with REG_MR in going first: the same page faults and locking, without the device.",
 		rows: rows, notes: []string{verdict(rows, regMiss)}}
 }
 
