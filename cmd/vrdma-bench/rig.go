@@ -19,8 +19,10 @@ import (
 
 // Sizes of the rig.
 const (
-	depth       = 64       // work requests in flight per QP
-	memOverhead = 32 << 20 // guest memory for rings, scratch and events
+	depth       = 64        // work requests in flight per QP
+	rxDepth     = 2 * depth // receives a QP's receive queue holds (perftest's rx_depth)
+	rxBatch     = depth / 2 // receives are reposted when this many are missing
+	memOverhead = 32 << 20  // guest memory for rings, scratch and events
 	stall       = 30 * time.Second
 )
 
@@ -105,7 +107,7 @@ func openSide(sock string, bufBytes int) (*side, error) {
 		return fail("create cq", err)
 	}
 	if s.qp, err = s.pd.CreateQP(abi.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq,
-		Cap: abi.QPCap{MaxSendWR: depth, MaxRecvWR: depth, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+		Cap: abi.QPCap{MaxSendWR: depth, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
 		return fail("create qp", err)
 	}
 	if s.buf, err = s.c.AllocBuffer(bufBytes); err != nil {
@@ -153,9 +155,11 @@ func openPair(r *rig, bufBytes int) (*pair, error) {
 		return nil, err
 	}
 	p := &pair{wrs: make([]abi.SendWR, depth), sges: make([]abi.SGE, depth),
-		rwr: make([]abi.RecvWR, depth), rsge: make([]abi.SGE, depth), wc: make([]abi.WC, 2*depth)}
+		rwr: make([]abi.RecvWR, rxDepth), rsge: make([]abi.SGE, rxDepth), wc: make([]abi.WC, 2*depth)}
 	for i := range p.wrs {
 		p.wrs[i].SGL = p.sges[i : i+1 : i+1]
+	}
+	for i := range p.rwr {
 		p.rwr[i].SGL = p.rsge[i : i+1 : i+1]
 	}
 	if p.a, err = openSide(s1, bufBytes); err != nil {
@@ -212,10 +216,14 @@ func (p *pair) postRecvs(first uint64, n int) error {
 	return p.b.qp.PostRecv(p.rwr[:n]...)
 }
 
-// topUp posts receives on b until depth are outstanding.
+// topUp posts receives on b until rxDepth are outstanding, once rxBatch or
+// more are missing: each post notifies b's doorbell queue (its engine is
+// idle: b only receives), so receives go in batches, as perftest's rx_depth
+// above its tx_depth does. At least rxDepth-rxBatch ≥ depth stay posted,
+// one for every SEND that can be in flight, so no SEND meets RNR.
 func (p *pair) topUp() error {
-	n := depth - int(p.recvs-p.recvd)
-	if n <= 0 {
+	n := rxDepth - int(p.recvs-p.recvd)
+	if n < rxBatch {
 		return nil
 	}
 	if err := p.postRecvs(p.recvs, n); err != nil {
