@@ -217,8 +217,8 @@ func (p *pair) postRecvs(first uint64, n int) error {
 }
 
 // topUp posts receives on b until rxDepth are outstanding, once rxBatch or
-// more are missing: each post notifies b's doorbell queue (its engine is
-// idle: b only receives), so receives go in batches, as perftest's rx_depth
+// more are missing: a post notifies b's doorbell queue unless its engine
+// polls, and b's engine idles (b only receives), so receives go in batches, as perftest's rx_depth
 // above its tx_depth does. At least rxDepth-rxBatch ≥ depth stay posted,
 // one for every SEND that can be in flight, so no SEND meets RNR.
 func (p *pair) topUp() error {

@@ -66,7 +66,8 @@ func rateSection(rows []row) section {
 	return section{title: "Message rate (64 B, engine busy-polling)",
 		intro: "64 operations in flight on one QP, one engine goroutine for the doorbell queue. SEND counts an " +
 			"operation when both the sender's and the receiver's completions were reaped (the receiver keeps " +
-			"128 receives posted and reposts them 32 or more at a time, as perftest's rx_depth above its tx_depth). Baseline: a two-goroutine shared-memory queue (producer " +
+			"128 receives posted and reposts them 32 or more at a time, as perftest's rx_depth above its " +
+			"tx_depth). Baseline: a two-goroutine shared-memory queue (producer " +
 			"index, 64 B copy, completion index, 64 in flight), the floor of any software queue between two cores.",
 		rows: rows, notes: []string{verdict(rows, rateMiss)}}
 }
@@ -110,8 +111,9 @@ func regSection(s settings, rr regResult) section {
 			"Cached: DEREG_MR then REG_MR of the same pages, which the map cache still holds locked. The verbs " +
 			"library registers contiguous memory in large pages (page_shift up to 30: one or two page-list " +
 			"entries), and the pinner counts references per extent, so a cached registration costs the same " +
-			"whatever its size. Baseline: `mlock` of the same buffer in a new mapping of the guest's memfd, made in the " +
-			"same run and taking turns with REG_MR in going first: the same page faults and locking, without the device.",
+			"whatever its size. Baseline: `mlock` of the same buffer in a new mapping of the guest's memfd, made " +
+			"in the same run just before REG_MR (and unlocked again): the same page faults and locking, " +
+			"without the device.",
 		rows: rows, notes: []string{verdict(rows, regMiss)}}
 }
 
