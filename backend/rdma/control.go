@@ -180,15 +180,16 @@ func (d *Device) command(op abi.Opcode, req []byte, t *memmap.Table) ([]byte, ab
 			return nil, abi.StatusInvalid
 		}
 		return abi.Marshal(&abi.PortAttr{
-			State: abi.PortActive, MaxMTU: abi.MTU4096, ActiveMTU: abi.MTU4096, GIDTblLen: 1,
+			State: abi.PortActive, MaxMTU: abi.MTU4096, ActiveMTU: abi.MTU4096, GIDTblLen: abi.GIDTableLen,
 			MaxMsgSz: abi.MaxMsgSize, LinkLayer: abi.LinkLayerEthernet, ActiveSpeed: 32, ActiveWidth: 1,
 		}), abi.StatusOK
 	case abi.CmdQueryGID:
 		var r abi.GIDReq
-		if _, err := decode(req, &r, false); err != nil || r.PortNum != 1 || r.Index != 0 {
+		if _, err := decode(req, &r, false); err != nil || r.PortNum != 1 || r.Index >= abi.GIDTableLen {
 			return nil, abi.StatusInvalid
 		}
-		return abi.Marshal(&abi.GID{Raw: d.conf.PortGID}), abi.StatusOK
+		g, _ := d.eng.GIDAt(int(r.Index)) // zero for an empty entry
+		return abi.Marshal(&abi.GID{Raw: g}), abi.StatusOK
 	}
 
 	d.mu.Lock()
@@ -228,6 +229,10 @@ func (d *Device) command(op abi.Opcode, req []byte, t *memmap.Table) ([]byte, ab
 		err = d.withHandle(req, d.destroyAH)
 	case abi.CmdReqNotifyCQ:
 		err = d.reqNotifyCQ(req)
+	case abi.CmdAddGID:
+		err = d.addGID(req)
+	case abi.CmdDelGID:
+		err = d.delGID(req)
 	default:
 		return nil, abi.StatusUnsupported
 	}
@@ -414,7 +419,7 @@ func (d *Device) createCQ(req []byte, t *memmap.Table) (any, error) {
 		return nil, err
 	}
 	switch {
-	case c.Reserved != 0 || !isPow2(c.CQE) || c.CQE > d.conf.MaxCQE:
+	case c.Reserved != 0 || c.Flags&^abi.CQFlagArmRecord != 0 || !isPow2(c.CQE) || c.CQE > d.conf.MaxCQE:
 		return nil, errStatus(abi.StatusInvalid)
 	case uint64(c.NPages) != pagesFor(uint64(c.CQE)*abi.CQESize):
 		return nil, errStatus(abi.StatusInvalid)
@@ -425,17 +430,20 @@ func (d *Device) createCQ(req []byte, t *memmap.Table) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := d.pinRing(t, pages, c.Record, abi.CQRecordSize); err != nil {
+	armRecord := c.Flags&abi.CQFlagArmRecord != 0
+	if err := d.pinRing(t, pages, c.Record, engine.CQRecordSize(armRecord)); err != nil {
 		return nil, err
 	}
 	r := d.res
 	h := r.newHandle(func(h uint32) bool { return r.cqs[h] != nil })
 	cq := &engine.CQ{
-		Num:    h,
-		Dev:    d.eng,
-		Ring:   engine.Ring{Pages: pages, Depth: c.CQE, Stride: abi.CQESize},
-		Record: memmap.GPA(c.Record),
+		Num:       h,
+		Dev:       d.eng,
+		Ring:      engine.Ring{Pages: pages, Depth: c.CQE, Stride: abi.CQESize},
+		Record:    memmap.GPA(c.Record),
+		ArmRecord: armRecord,
 	}
+	cq.InitArm(t)
 	r.cqs[h] = &cqEntry{cq: cq, pages: pages}
 	d.eng.AddCQ(cq)
 	return &abi.Handle{Handle: h}, nil
@@ -451,7 +459,7 @@ func (d *Device) destroyCQ(h uint32) error {
 	}
 	d.eng.RemoveCQ(h)
 	delete(d.res.cqs, h)
-	d.unpinRing(e.pages, e.cq.Record, abi.CQRecordSize)
+	d.unpinRing(e.pages, e.cq.Record, engine.CQRecordSize(e.cq.ArmRecord))
 	return nil
 }
 
@@ -576,7 +584,9 @@ func (d *Device) createAH(req []byte) (any, error) {
 	}
 	pd := d.res.pds[c.PDN]
 	switch {
-	case c.Reserved != 0 || c.PortNum != 1 || c.SGIDIndex != 0:
+	case c.Reserved != 0 || c.PortNum != 1 || c.SGIDIndex >= abi.GIDTableLen:
+		return nil, errStatus(abi.StatusInvalid)
+	case !d.hasGID(c.SGIDIndex):
 		return nil, errStatus(abi.StatusInvalid)
 	case pd == nil:
 		return nil, errStatus(abi.StatusNotFound)
@@ -597,6 +607,47 @@ func (d *Device) destroyAH(h uint32) error {
 	}
 	delete(d.res.ahs, h)
 	d.res.pds[e.pd].users--
+	return nil
+}
+
+func (d *Device) hasGID(index uint32) bool {
+	_, ok := d.eng.GIDAt(int(index))
+	return ok
+}
+
+// addGID writes an entry of the port's GID table (docs/spec.md, "The GID
+// table"): "ADD_GID of a GID that another device's table holds answers BUSY
+// and changes nothing."
+func (d *Device) addGID(req []byte) error {
+	var g abi.GIDEntry
+	if _, err := decode(req, &g, false); err != nil {
+		return err
+	}
+	if g.PortNum != 1 || g.Index >= abi.GIDTableLen || g.GIDType > abi.GIDTypeRoCEv2 ||
+		g.Reserved != 0 || g.GID == ([16]byte{}) {
+		return errStatus(abi.StatusInvalid)
+	}
+	if err := d.eng.SetGID(int(g.Index), g.GID); err != nil {
+		if errors.Is(err, engine.ErrGIDTaken) {
+			return errStatus(abi.StatusBusy)
+		}
+		return errStatus(abi.StatusInvalid)
+	}
+	return nil
+}
+
+// delGID empties an entry of the port's GID table.
+func (d *Device) delGID(req []byte) error {
+	var g abi.GIDReq
+	if _, err := decode(req, &g, false); err != nil {
+		return err
+	}
+	if g.PortNum != 1 || g.Index >= abi.GIDTableLen {
+		return errStatus(abi.StatusInvalid)
+	}
+	if err := d.eng.ClearGID(int(g.Index)); err != nil {
+		return errStatus(abi.StatusNotFound)
+	}
 	return nil
 }
 
@@ -624,12 +675,13 @@ func (d *Device) destroyAll() {
 		return
 	}
 	d.eng.Reset() // QPs (flushing peers), then CQs and MRs, inside the engine
+	d.eng.ResetGIDs()
 	for h := range r.qps {
 		d.destroyQPEntry(h)
 	}
 	for h, e := range r.cqs {
 		delete(r.cqs, h)
-		d.unpinRing(e.pages, e.cq.Record, abi.CQRecordSize)
+		d.unpinRing(e.pages, e.cq.Record, engine.CQRecordSize(e.cq.ArmRecord))
 	}
 	for h, e := range r.mrs {
 		delete(r.mrs, h)

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vrdma/vrdma/backend"
+	"github.com/vrdma/vrdma/backend/rdma/engine"
 	"github.com/vrdma/vrdma/memmap"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 )
@@ -24,6 +25,12 @@ const guestSize = 1 << 20
 
 func attached(t testing.TB) (*Device, *memmap.Table, func()) {
 	t.Helper()
+	return attachedOn(t, nil, "fuzz")
+}
+
+// attachedOn is attached for a device named id on fabric f (nil: its own).
+func attachedOn(t testing.TB, f *engine.Fabric, id string) (*Device, *memmap.Table, func()) {
+	t.Helper()
 	fd, err := memmap.NewMemfd("guest", guestSize)
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +46,7 @@ func attached(t testing.TB) (*Device, *memmap.Table, func()) {
 	}
 	mem := memmap.NewMemory()
 	mem.Swap(tbl)
-	d, err := New(Config{ID: "fuzz", Limits: Limits{MaxQP: 4, MaxQPWR: 64, MaxSGE: 4, MaxCQ: 4, MaxCQE: 256,
+	d, err := New(Config{ID: id, Fabric: f, Limits: Limits{MaxQP: 4, MaxQPWR: 64, MaxSGE: 4, MaxCQ: 4, MaxCQE: 256,
 		MaxMR: 8, MaxPD: 4, MaxAH: 4, MaxMRSize: guestSize, MaxInlineData: 64, MaxQPRdAtom: 4}})
 	if err != nil {
 		t.Fatal(err)
@@ -65,6 +72,9 @@ func FuzzControl(f *testing.F) {
 	f.Add(uint16(abi.CmdCreateCQ), append(abi.Marshal(&abi.CreateCQ{CQE: 64, NPages: 1, Record: 8192}), le.AppendUint64(nil, 12288)...))
 	f.Add(uint16(abi.CmdCreateQP), abi.Marshal(&abi.CreateQP{QPType: abi.QPTypeRC, MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1, SQWQEShift: 7, RQWQEShift: 5, SQNPages: 1, RQNPages: 1, Record: 16384}))
 	f.Add(uint16(abi.CmdModifyQP), abi.Marshal(&abi.QPAttr{AttrMask: abi.QPAttrState, QPState: abi.QPSInit}))
+	f.Add(uint16(abi.CmdAddGID), abi.Marshal(&abi.GIDEntry{PortNum: 1, Index: 2, GID: [16]byte{0xfe, 0x80, 15: 9}}))
+	f.Add(uint16(abi.CmdDelGID), abi.Marshal(&abi.GIDReq{PortNum: 1, Index: 0}))
+	f.Add(uint16(abi.CmdCreateCQ), append(abi.Marshal(&abi.CreateCQ{CQE: 64, NPages: 1, Record: 8192, Flags: abi.CQFlagArmRecord}), le.AppendUint64(nil, 12288)...))
 	f.Fuzz(func(t *testing.T, op uint16, req []byte) {
 		d, tbl, done := attached(t)
 		defer done()

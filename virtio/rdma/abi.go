@@ -40,6 +40,8 @@ const (
 	CmdCreateAH    Opcode = 14
 	CmdDestroyAH   Opcode = 15
 	CmdReqNotifyCQ Opcode = 16
+	CmdAddGID      Opcode = 17
+	CmdDelGID      Opcode = 18
 )
 
 var opcodeNames = map[Opcode]string{
@@ -48,6 +50,7 @@ var opcodeNames = map[Opcode]string{
 	CmdCreateCQ: "CREATE_CQ", CmdDestroyCQ: "DESTROY_CQ", CmdCreateQP: "CREATE_QP",
 	CmdModifyQP: "MODIFY_QP", CmdQueryQP: "QUERY_QP", CmdDestroyQP: "DESTROY_QP",
 	CmdCreateAH: "CREATE_AH", CmdDestroyAH: "DESTROY_AH", CmdReqNotifyCQ: "REQ_NOTIFY_CQ",
+	CmdAddGID: "ADD_GID", CmdDelGID: "DEL_GID",
 }
 
 func (o Opcode) String() string {
@@ -242,6 +245,25 @@ type GID struct {
 	Raw [16]byte `spec:"raw"`
 }
 
+// GIDTableLen is the number of entries of a device's GID table (QUERY_PORT's
+// gid_tbl_len).
+const GIDTableLen = 16
+
+// GID types of ADD_GID (informational in version 1).
+const (
+	GIDTypeRoCEv1 = 0
+	GIDTypeRoCEv2 = 1
+)
+
+// GIDEntry is ADD_GID's request (struct vrdma_gid_entry).
+type GIDEntry struct {
+	PortNum  uint32   `spec:"port_num"`
+	Index    uint32   `spec:"index"`
+	GID      [16]byte `spec:"gid"`
+	GIDType  uint32   `spec:"gid_type"`
+	Reserved uint32   `spec:"reserved"`
+}
+
 // Handle carries one handle (struct vrdma_handle).
 type Handle struct {
 	Handle   uint32 `spec:"handle"`
@@ -273,8 +295,32 @@ type CreateCQ struct {
 	NPages   uint32 `spec:"npages"`
 	Record   uint64 `spec:"record"`
 	PageList uint64 `spec:"page_list"`
-	Reserved uint64 `spec:"reserved"`
+	Flags    uint32 `spec:"flags"`
+	Reserved uint32 `spec:"reserved"`
 }
+
+// CREATE_CQ flags.
+const (
+	// CQFlagArmRecord: the CQ's record is a CQArmRecord, and the driver arms
+	// the CQ by writing its arm word (no REQ_NOTIFY_CQ command needed).
+	CQFlagArmRecord = 1
+)
+
+// CQArmRecord is the record of a CQ created with CQFlagArmRecord (struct
+// vrdma_cq_arm_record).
+type CQArmRecord struct {
+	PI       uint32 `spec:"pi"`
+	CI       uint32 `spec:"ci"`
+	Arm      uint32 `spec:"arm"`
+	Reserved uint32 `spec:"reserved"`
+}
+
+// The arm word: bit 0 solicited-only, bits 1–31 a sequence number the driver
+// changes at every arm.
+const (
+	CQArmSolicited = 1
+	CQArmSeqShift  = 1
+)
 
 // CQRecord is a CQ's doorbell record (struct vrdma_cq_record).
 type CQRecord struct {
@@ -323,6 +369,9 @@ const (
 	CQRecordPI   = 0
 	CQRecordCI   = 4
 	CQRecordSize = 8
+
+	CQRecordArm     = 8
+	CQArmRecordSize = 16
 )
 
 // QPAttr is MODIFY_QP's request and QUERY_QP's response (struct vrdma_qp_attr).

@@ -28,6 +28,28 @@ const (
 	pushOverrun        // the CQ just overflowed: the caller raises CQ_ERROR
 )
 
+// CQRecordSize is the size of a CQ's record: abi.CQArmRecordSize for a CQ
+// armed through its record, else abi.CQRecordSize.
+func CQRecordSize(armRecord bool) uint64 {
+	if armRecord {
+		return abi.CQArmRecordSize
+	}
+	return abi.CQRecordSize
+}
+
+// InitArm reads the record's arm word as the one the device has acted on
+// (spec: "The device reads arm when the CQ is created and remembers it"), so
+// whatever the word held before does not count as an arm. t is the table of
+// c.Dev; call it before the CQ is reachable.
+func (c *CQ) InitArm(t *memmap.Table) {
+	if !c.ArmRecord || t == nil {
+		return
+	}
+	if rec, err := t.Slice(c.Record, abi.CQArmRecordSize); err == nil {
+		c.armSeen = memmap.LoadUint32(rec, abi.CQRecordArm)
+	}
+}
+
 // push writes e into the CQ's next slot and advances the record's pi.
 // t is the table of c.Dev. It reports whether the armed CQ fired (the
 // caller posts CQ_COMPLETION) and the outcome. Never panics on bad guest
@@ -47,7 +69,7 @@ func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited, lazy bool) (fire bool,
 	if c.dead || c.overrun || t == nil {
 		return false, pushDropped
 	}
-	rec, err := t.Slice(c.Record, abi.CQRecordSize)
+	rec, err := t.Slice(c.Record, CQRecordSize(c.ArmRecord))
 	if err != nil {
 		return false, pushDropped
 	}
@@ -64,36 +86,63 @@ func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited, lazy bool) (fire bool,
 	}
 	putCQE(slot, e)
 	c.pi++
-	if c.armed && (!c.solicitedOnly || solicited || e.Status != abi.WCSuccess) {
+	qualifies := solicited || e.Status != abi.WCSuccess
+	c.pendAny = true
+	c.pendSolicited = c.pendSolicited || qualifies
+	if c.armed && (!c.solicitedOnly || qualifies) {
 		c.armed = false
 		fire = true
 	}
 	if lazy && !fire {
 		c.unpublished = true
-	} else {
-		memmap.StoreUint32(rec, abi.CQRecordPI, c.pi)
-		c.unpublished = false
+		return false, pushOK
 	}
-	return fire, pushOK
+	return c.storePILocked(rec) || fire, pushOK
 }
 
-// publish stores the CQ's pi into its record if lazy pushes advanced it.
+// storePILocked stores pi into the record rec and then, for a CQ armed
+// through its record, reads the arm word: spec, "it advances pi (release),
+// issues a full barrier and then reads arm". It reports whether the record
+// arm fired. memmap.StoreUint32 is sequentially consistent, which is the
+// barrier. Precondition: c.mu held.
+func (c *CQ) storePILocked(rec []byte) (fire bool) {
+	memmap.StoreUint32(rec, abi.CQRecordPI, c.pi)
+	c.unpublished = false
+	pending, sol := c.pendAny, c.pendSolicited
+	c.pendAny, c.pendSolicited = false, false
+	if !c.ArmRecord || !pending {
+		return false
+	}
+	arm := memmap.LoadUint32(rec, abi.CQRecordArm)
+	if arm>>abi.CQArmSeqShift == c.armSeen>>abi.CQArmSeqShift {
+		return false
+	}
+	if arm&abi.CQArmSolicited != 0 && !sol {
+		return false // still armed, for a solicited or error completion
+	}
+	c.armSeen = arm
+	return true
+}
+
+// publish stores the CQ's pi into its record if lazy pushes advanced it,
+// and reports whether the CQ fired (the caller posts CQ_COMPLETION).
 // t is the table of c.Dev.
-func (c *CQ) publish(t *memmap.Table) {
+func (c *CQ) publish(t *memmap.Table) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.publishLocked(t)
+	return c.publishLocked(t)
 }
 
 // publishLocked is publish with c.mu held.
-func (c *CQ) publishLocked(t *memmap.Table) {
+func (c *CQ) publishLocked(t *memmap.Table) bool {
 	if !c.unpublished || c.dead || t == nil {
-		return
+		return false
 	}
 	c.unpublished = false
-	if rec, err := t.Slice(c.Record, abi.CQRecordSize); err == nil {
-		memmap.StoreUint32(rec, abi.CQRecordPI, c.pi)
+	if rec, err := t.Slice(c.Record, CQRecordSize(c.ArmRecord)); err == nil {
+		return c.storePILocked(rec)
 	}
+	return false
 }
 
 // Arm applies REQ_NOTIFY_CQ: the next completion written to the CQ (only a
@@ -119,7 +168,9 @@ func (c *CQ) Arm(solicitedOnly bool) {
 		if t == nil {
 			return
 		}
-		c.publishLocked(t)
+		if c.publishLocked(t) {
+			fire = true // the record's arm fired for what was unpublished
+		}
 		rec, err := t.Slice(c.Record, abi.CQRecordSize)
 		if err != nil {
 			return

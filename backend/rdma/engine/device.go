@@ -31,8 +31,10 @@ const maxWCStatus = 32
 // while a front-end is connected, and its counters.
 type Device struct {
 	fabric *Fabric       // immutable
-	gid    [16]byte      // immutable
+	gid    [16]byte      // immutable: the port GID, entry 0 of gids after a reset
 	log    *logrus.Entry // immutable
+
+	gids [abi.GIDTableLen]gidSlot // the GID table (protected by fabric.mu)
 
 	mu     sync.RWMutex
 	mem    *memmap.Memory // protected by mu; nil while detached
@@ -371,4 +373,38 @@ func (d *Device) Stats() Stats {
 		}
 	}
 	return s
+}
+
+// SetGID writes entry index of the device's GID table (ADD_GID); see
+// Fabric.SetGID.
+func (d *Device) SetGID(index int, gid [16]byte) error {
+	if d.fabric == nil {
+		return ErrGIDIndex
+	}
+	return d.fabric.SetGID(d, index, gid)
+}
+
+// ClearGID empties entry index of the device's GID table (DEL_GID).
+func (d *Device) ClearGID(index int) error {
+	if d.fabric == nil {
+		return ErrGIDIndex
+	}
+	return d.fabric.ClearGID(d, index)
+}
+
+// GIDAt returns entry index of the device's GID table and whether it holds
+// a GID. A device on no fabric has its port GID at entry 0 only.
+func (d *Device) GIDAt(index int) ([16]byte, bool) {
+	if d.fabric == nil {
+		return d.gid, index == 0
+	}
+	return d.fabric.GIDAt(d, index)
+}
+
+// ResetGIDs returns the GID table to its state after a device reset: the
+// port GID at entry 0, the rest empty.
+func (d *Device) ResetGIDs() {
+	if d.fabric != nil {
+		d.fabric.ResetGIDs(d)
+	}
 }

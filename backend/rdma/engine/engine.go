@@ -86,7 +86,9 @@ func (q *QP) publish(t *memmap.Table, rec []byte) {
 	}
 	if q.cqPending {
 		q.cqPending = false
-		q.SendCQ.publish(t)
+		if q.SendCQ.publish(t) && q.SendCQ.Dev != nil {
+			q.SendCQ.Dev.postEvent(abi.EventCQCompletion, q.SendCQ.Num)
+		}
 	}
 	if q.bytesPend != 0 {
 		q.Dev.bytesMoved.Add(q.bytesPend)

@@ -148,10 +148,11 @@ func (r *Ring) Slot(t *memmap.Table, i uint32) ([]byte, error) {
 
 // CQ is a completion queue in guest memory.
 type CQ struct {
-	Num    uint32
-	Dev    *Device // owner: its guest memory holds the ring and record
-	Ring   Ring    // Stride == CQESize
-	Record memmap.GPA
+	Num       uint32
+	Dev       *Device // owner: its guest memory holds the ring and record
+	Ring      Ring    // Stride == CQESize
+	Record    memmap.GPA
+	ArmRecord bool // the record is an abi.CQArmRecord: the driver arms through its arm word
 
 	Users atomic.Int32 // QPs using the CQ (control path: DESTROY_CQ is BUSY while > 0)
 
@@ -162,6 +163,14 @@ type CQ struct {
 	overrun       bool   // protected by mu
 	dead          bool   // destroyed (protected by mu)
 	unpublished   bool   // pi advanced past the record's (lazy push; protected by mu)
+
+	// Arming through the record (ArmRecord; protected by mu): armSeen is the
+	// arm word the device last acted on; pendAny and pendSolicited say
+	// whether completions written since pi was last stored include any, and
+	// a solicited or error one.
+	armSeen       uint32
+	pendAny       bool
+	pendSolicited bool
 }
 
 // QP is an RC queue pair. The exported fields are immutable after AddQP.

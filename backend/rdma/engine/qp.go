@@ -38,7 +38,7 @@ func checkValues(a *abi.QPAttr) bool {
 		has(abi.QPAttrPKeyIndex) && a.PKeyIndex != 0,
 		has(abi.QPAttrPort) && a.PortNum != 1,
 		has(abi.QPAttrAccessFlags) && a.QPAccessFlags&^abi.AccessAll != 0,
-		has(abi.QPAttrAV) && (a.SGIDIndex != 0 || a.HopLimit > 255),
+		has(abi.QPAttrAV) && (a.SGIDIndex >= abi.GIDTableLen || a.HopLimit > 255),
 		has(abi.QPAttrPathMTU) && (a.PathMTU < abi.MTU256 || a.PathMTU > abi.MTU4096),
 		has(abi.QPAttrTimeout) && a.Timeout > 31,
 		has(abi.QPAttrRetryCnt) && a.RetryCnt > 7,
@@ -78,8 +78,12 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 	}
 
 	// Resolve the peer before taking q.mu (the fabric lock is a leaf).
+	// sgid_index must name an entry of the device's GID table.
 	var peer *Device
 	if m&abi.QPAttrAV != 0 && q.Dev != nil && q.Dev.fabric != nil {
+		if _, ok := q.Dev.GIDAt(int(a.SGIDIndex)); !ok {
+			return abi.StatusInvalid
+		}
 		peer = q.Dev.fabric.Lookup(a.DGID)
 	}
 

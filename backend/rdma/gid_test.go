@@ -1,0 +1,133 @@
+package rdma
+
+import (
+	"testing"
+
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+)
+
+// TestGIDTable follows docs/spec.md's "The GID table": entries written with
+// ADD_GID resolve to their device, a GID belongs to one device of a daemon,
+// and a reset restores the table.
+func TestGIDTable(t *testing.T) {
+	a, ta, doneA := attached(t)
+	defer doneA()
+	f := a.cfg.Fabric
+	b, _, doneB := attachedOn(t, f, "b")
+	defer doneB()
+
+	gid := [16]byte{10: 0xff, 11: 0xff, 12: 10, 13: 11, 14: 0, 15: 1} // ::ffff:10.11.0.1
+	add := func(d *Device, index uint32, g [16]byte, typ uint32) abi.Status {
+		_, st := d.command(abi.CmdAddGID, abi.Marshal(&abi.GIDEntry{PortNum: 1, Index: index, GID: g, GIDType: typ}), ta)
+		return st
+	}
+	del := func(d *Device, index uint32) abi.Status {
+		_, st := d.command(abi.CmdDelGID, abi.Marshal(&abi.GIDReq{PortNum: 1, Index: index}), ta)
+		return st
+	}
+	query := func(d *Device, index uint32) ([16]byte, abi.Status) {
+		out, st := d.command(abi.CmdQueryGID, abi.Marshal(&abi.GIDReq{PortNum: 1, Index: index}), ta)
+		var g abi.GID
+		if st == abi.StatusOK {
+			if err := abi.Unmarshal(out, &g); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return g.Raw, st
+	}
+
+	if g, st := query(a, 0); st != abi.StatusOK || g != a.conf.PortGID {
+		t.Fatalf("QUERY_GID 0 after reset: %x %v, want the port GID", g, st)
+	}
+	if g, st := query(a, 5); st != abi.StatusOK || g != ([16]byte{}) {
+		t.Fatalf("QUERY_GID 5 after reset: %x %v, want an empty entry", g, st)
+	}
+	if _, st := query(a, abi.GIDTableLen); st != abi.StatusInvalid {
+		t.Fatalf("QUERY_GID past the table: %v, want INVALID", st)
+	}
+	for _, c := range []struct {
+		name  string
+		entry abi.GIDEntry
+	}{
+		{"index past the table", abi.GIDEntry{PortNum: 1, Index: abi.GIDTableLen, GID: gid}},
+		{"port 2", abi.GIDEntry{PortNum: 2, Index: 2, GID: gid}},
+		{"zero gid", abi.GIDEntry{PortNum: 1, Index: 2}},
+		{"gid type 2", abi.GIDEntry{PortNum: 1, Index: 2, GID: gid, GIDType: 2}},
+		{"reserved", abi.GIDEntry{PortNum: 1, Index: 2, GID: gid, Reserved: 1}},
+	} {
+		if _, st := a.command(abi.CmdAddGID, abi.Marshal(&c.entry), ta); st != abi.StatusInvalid {
+			t.Errorf("ADD_GID %s: %v, want INVALID", c.name, st)
+		}
+	}
+	if _, st := a.command(abi.CmdAddGID, abi.Marshal(&abi.GIDEntry{PortNum: 1, Index: 2, GID: gid})[:31], ta); st != abi.StatusInvalid {
+		t.Errorf("short ADD_GID: %v, want INVALID", st)
+	}
+
+	if st := add(a, 2, gid, abi.GIDTypeRoCEv1); st != abi.StatusOK {
+		t.Fatalf("ADD_GID: %v", st)
+	}
+	if st := add(a, 3, gid, abi.GIDTypeRoCEv2); st != abi.StatusOK {
+		t.Fatalf("ADD_GID of the same GID at a second index: %v", st)
+	}
+	if st := add(b, 2, gid, abi.GIDTypeRoCEv1); st != abi.StatusBusy {
+		t.Fatalf("ADD_GID of another device's GID: %v, want BUSY", st)
+	}
+	if st := add(b, 2, a.conf.PortGID, abi.GIDTypeRoCEv1); st != abi.StatusBusy {
+		t.Fatalf("ADD_GID of another device's port GID: %v, want BUSY", st)
+	}
+	if got := f.Lookup(gid); got != a.eng {
+		t.Fatalf("the added GID resolves to %p, want device a", got)
+	}
+	if g, _ := query(a, 3); g != gid {
+		t.Fatalf("QUERY_GID 3: %x, want %x", g, gid)
+	}
+	// One of two entries removed: the GID still resolves; both: it does not.
+	if st := del(a, 2); st != abi.StatusOK {
+		t.Fatalf("DEL_GID: %v", st)
+	}
+	if f.Lookup(gid) != a.eng {
+		t.Fatal("the GID stopped resolving while entry 3 still holds it")
+	}
+	if st := del(a, 2); st != abi.StatusNotFound {
+		t.Fatalf("DEL_GID of an empty entry: %v, want NOT_FOUND", st)
+	}
+	if st := del(a, 3); st != abi.StatusOK || f.Lookup(gid) != nil {
+		t.Fatalf("DEL_GID of the last entry: %v, lookup %p", st, f.Lookup(gid))
+	}
+	if st := add(b, 2, gid, abi.GIDTypeRoCEv2); st != abi.StatusOK || f.Lookup(gid) != b.eng {
+		t.Fatalf("ADD_GID of a freed GID on b: %v", st)
+	}
+
+	// sgid_index must name a non-empty entry: CREATE_AH and MODIFY_QP.
+	out, st := a.command(abi.CmdCreatePD, nil, ta)
+	if st != abi.StatusOK {
+		t.Fatal(st)
+	}
+	var pd abi.Handle
+	_ = abi.Unmarshal(out, &pd)
+	ah := abi.CreateAH{PDN: pd.Handle, PortNum: 1, DGID: gid, SGIDIndex: 4}
+	if _, st := a.command(abi.CmdCreateAH, abi.Marshal(&ah), ta); st != abi.StatusInvalid {
+		t.Fatalf("CREATE_AH with an empty sgid entry: %v, want INVALID", st)
+	}
+	if st := add(a, 4, [16]byte{0xfe, 0x80, 15: 0x44}, abi.GIDTypeRoCEv2); st != abi.StatusOK {
+		t.Fatal(st)
+	}
+	if _, st := a.command(abi.CmdCreateAH, abi.Marshal(&ah), ta); st != abi.StatusOK {
+		t.Fatalf("CREATE_AH with sgid entry 4: %v", st)
+	}
+
+	// Entry 0 can be rewritten; a reset brings the port GID back.
+	if st := add(a, 0, [16]byte{0xfe, 0x80, 15: 0x55}, abi.GIDTypeRoCEv1); st != abi.StatusOK {
+		t.Fatal(st)
+	}
+	if f.Lookup(a.conf.PortGID) != nil {
+		t.Fatal("the port GID still resolves after entry 0 was rewritten")
+	}
+	a.Reset()
+	if g, _ := query(a, 0); g != a.conf.PortGID || f.Lookup(a.conf.PortGID) != a.eng {
+		t.Fatalf("after reset entry 0 is %x, want the port GID", g)
+	}
+	if g, _ := query(a, 4); g != ([16]byte{}) {
+		t.Fatal("entry 4 survived the reset")
+	}
+}
