@@ -4,7 +4,9 @@
 // The control path (package backend/rdma) builds the objects (MR, CQ, QP)
 // from control commands and registers them with a Device; devices register
 // on a daemon-wide Fabric by GID, so a QP reaches its peer by (GID, QP
-// number). The engine reads send WQEs from the guest's rings, checks keys,
+// number). The Fabric also keeps each device's GID table (ADD_GID and
+// DEL_GID fill it; entry 0 starts as the port GID): a peer is found by any
+// GID of its table, and a GID belongs to one device. The engine reads send WQEs from the guest's rings, checks keys,
 // PDs, access rights and bounds as docs/spec.md § Semantics requires,
 // copies between the two guests' memories with copy() over host views
 // (no intermediate buffer, no allocation per WQE), writes CQEs and raises
@@ -72,6 +74,11 @@
 //     waiting a whole pass for its first completion. A CQE that
 //     fires an armed CQ publishes pi at once, and REQ_NOTIFY_CQ publishes
 //     before it compares pi with ci, so an event never precedes its entry.
+//   - A CQ armed through its record (ARM_RECORD) is checked where pi is
+//     stored, never where a CQE is merely written: every store of pi is
+//     followed (StoreUint32 is a full barrier) by a load of the arm word,
+//     so a driver that arms and then polls either sees the CQE or gets the
+//     event, lazy publication included (CQ.storePILocked).
 //   - After RemoveQP returns, no engine touches the QP's rings, record or
 //     CQs: it takes sqMu (the requester's pass) and rqMu (responders).
 //     RemoveMR does not wait: an operation that resolved the key before
