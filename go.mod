@@ -3,6 +3,7 @@ module github.com/vrdma/vrdma
 go 1.26.8
 
 require (
+	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/digitalocean/go-qemu v0.0.0-20250212194115-ee9b0668d242
 	github.com/google/uuid v1.6.0
 	github.com/prometheus/client_golang v1.25.0

@@ -4,8 +4,30 @@
 //
 // Usage:
 //
-//	vrdmad --socket /run/vrdma/vm1.sock [--socket …] [--control PATH]
+//	vrdmad --socket [ID=]PATH [--socket …] [--control PATH] [--state-dir DIR]
 //	       [--metrics ADDR] [--log-level info] [--log-format text|json]
+//	vrdmad --socket-path=PATH | --fd=FDNUM [flags]
+//	vrdmad --print-capabilities
+//
+// It follows the vhost-user backend program conventions (QEMU
+// docs/interop/vhost-user.rst): --socket-path=PATH serves one device on
+// PATH, --fd=FDNUM one device on a listening unix socket inherited as
+// that descriptor, --print-capabilities prints {"type": "rdma",
+// "features": [...]} (the optional flags) and exits. It does not
+// daemonize and ends on SIGTERM.
+//
+// Under systemd it takes sockets by socket activation (LISTEN_FDS,
+// LISTEN_FDNAMES: the one named "control" serves the control API, any
+// other name is a device ID whose socket it is), reports READY=1 once
+// every socket accepts connections, STOPPING=1 when it stops, and
+// WATCHDOG=1 every half WATCHDOG_USEC when the unit sets WatchdogSec=
+// (packaging/vrdmad.service, vrdmad.socket).
+//
+// Devices added through the control API are saved in --state-dir
+// (devices.json) and come back with the same id, socket, uuid and GUID at
+// the next start; devices given on the command line are not saved. An
+// unusable state file stops the start with an error naming it and the
+// copy it was moved to.
 //
 // --metrics serves Prometheus metrics on /metrics (see internal/metrics and
 // docs/packaging.md). --help prints the usage on standard output, in a form
@@ -14,18 +36,23 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
+	"time"
 
+	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/backend"
@@ -46,151 +73,529 @@ func (s *stringList) String() string     { return strings.Join(*s, ",") }
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "vrdmad:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
-	fs := flag.NewFlagSet("vrdmad", flag.ContinueOnError)
-	var sockets stringList
-	fs.Var(&sockets, "socket", "serve a device on this unix socket `PATH` (repeatable: one device per socket; \"ID=PATH\" names the device)")
-	control := fs.String("control", "", "serve the HTTP/JSON control API on this unix socket `PATH`")
-	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
-	format := fs.String("log-format", "text", "log format: text or json")
-	doorbells := fs.Int("doorbell-queues", 1, "doorbell queues per device (one per guest vCPU)")
-	pin := fs.String("pin", "on-demand", "guest memory pinning: on-demand (PVDMA: pin what the guest registers) or all (pin all guest memory at start, the VFIO/SR-IOV baseline)")
-	mapCache := fs.String("map-cache", "256M", "bytes of released pins kept per device (map cache) so re-registration is cheap")
-	maxPinned := fs.String("max-pinned", "0", "per-device quota of pinned bytes (0: none)")
-	globalPinned := fs.String("global-max-pinned", "0", "bound on the pinned bytes of all devices together (0: none)")
-	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on /metrics at `ADDR`: host:port (TCP; bind to loopback or a management network) or unix:PATH")
-	showVersion := fs.Bool("version", false, "print the version and exit")
-	maxQPs := fs.Uint("max-qps", 0, "per-device limit of QPs (0: the built-in default, 1024)")
-	maxCQs := fs.Uint("max-cqs", 0, "per-device limit of CQs (0: the built-in default, 1024)")
-	maxMRs := fs.Uint("max-mrs", 0, "per-device limit of MRs (0: the built-in default, 4096)")
-	cmdRate := fs.Int("max-commands-per-sec", 0, "per-device bound on control commands per second; beyond it commands answer QUOTA (0: none)")
-	sockOwner := fs.String("socket-owner", "", "owner of the device sockets, `USER[:GROUP]` (QEMU's user, e.g. libvirt-qemu:kvm)")
-	sockMode := fs.String("socket-mode", "0600", "permission bits of the device sockets (octal)")
-	allowUIDs := fs.String("allow-uid", "", "comma-separated uids allowed to connect to device sockets (SO_PEERCRED); empty: anyone who can open them")
-	usage := func(w io.Writer) {
-		fmt.Fprintf(w, "Usage: vrdmad --socket PATH [--socket PATH ...] [flags]\n\n"+
-			"vrdmad serves para-virtual RDMA devices (virtio device ID 42) to QEMU over vhost-user.\n"+
-			"Attach one to a VM with:\n"+
-			"  -chardev socket,id=vrdma0,path=PATH -device vhost-user-device-pci,chardev=vrdma0,\n"+
-			"     virtio-id=42,num_vqs=3,vq_size=256,config_size=96\n\nOptions:\n")
-		fs.SetOutput(w)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
-		fmt.Fprintf(w, "\nExamples:\n"+
-			"  vrdmad --control /run/vrdma/control.sock --socket vm1=/run/vrdma/vm1.sock\n"+
-			"  vrdmad --control /run/vrdma/control.sock --metrics 127.0.0.1:9464\n\n"+
-			"Under systemd, vrdmad.service runs vrdmad with the flags of VRDMAD_ARGS in\n"+
-			"/etc/default/vrdmad; see /usr/share/doc/vrdma/packaging.md.\n")
+// capabilitiesType is the vhost-user backend type --print-capabilities
+// reports: the device's virtio name in lower case, as the convention
+// names backends ("vhost-user-$device"). QEMU's vhost-user.json schema
+// has no such type, which is why vrdma installs no
+// /usr/share/qemu/vhost-user descriptor (docs/operations.md).
+const capabilitiesType = "rdma"
+
+// conventionFlags are the flags every vhost-user backend has by the
+// convention; --print-capabilities lists the others as features.
+var conventionFlags = map[string]bool{"socket-path": true, "fd": true, "print-capabilities": true, "version": true}
+
+// capabilities is what --print-capabilities prints.
+type capabilities struct {
+	Type     string   `json:"type"`
+	Features []string `json:"features"`
+}
+
+// wantsCapabilities reports whether args ask for --print-capabilities.
+// The convention says other options and arguments are then ignored, so
+// this looks before the flags are parsed (and checked).
+func wantsCapabilities(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "--print-capabilities", "-print-capabilities", "--print-capabilities=true", "-print-capabilities=true":
+			return true
+		}
+	}
+	return false
+}
+
+// flags are vrdmad's parsed command line.
+type flags struct {
+	fs           *flag.FlagSet
+	sockets      stringList
+	socketPath   string
+	fd           int
+	control      string
+	stateDir     string
+	level        string
+	format       string
+	doorbells    int
+	pin          string
+	mapCache     string
+	maxPinned    string
+	globalPinned string
+	metricsAddr  string
+	showVersion  bool
+	printCaps    bool
+	maxQPs       uint
+	maxCQs       uint
+	maxMRs       uint
+	cmdRate      int
+	sockOwner    string
+	sockMode     string
+	allowUIDs    string
+}
+
+// defaultStateDir is --state-dir's default.
+const defaultStateDir = "/var/lib/vrdma"
+
+func newFlags() *flags {
+	f := &flags{fs: flag.NewFlagSet("vrdmad", flag.ContinueOnError)}
+	fs := f.fs
+	fs.Var(&f.sockets, "socket", "serve a device on this unix socket `PATH` (repeatable: one device per socket; \"ID=PATH\" names the device)")
+	fs.StringVar(&f.socketPath, "socket-path", "", "serve one device on the unix socket `PATH`, as --socket PATH does (vhost-user backend convention; not with --fd)")
+	fs.IntVar(&f.fd, "fd", -1, "serve one device on the listening unix socket inherited as file descriptor `FDNUM` (vhost-user backend convention; not with --socket-path)")
+	fs.BoolVar(&f.printCaps, "print-capabilities", false, "print the vhost-user backend capabilities as JSON and exit")
+	fs.StringVar(&f.control, "control", "", "serve the HTTP/JSON control API on this unix socket `PATH` (with socket activation: the socket named \"control\")")
+	fs.StringVar(&f.stateDir, "state-dir", defaultStateDir, "keep the devices added through the control API in `DIR`/devices.json so that they come back after a restart (\"\": keep none)")
+	fs.StringVar(&f.level, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&f.format, "log-format", "text", "log format: text or json")
+	fs.IntVar(&f.doorbells, "doorbell-queues", 1, "doorbell queues per device (one per guest vCPU)")
+	fs.StringVar(&f.pin, "pin", "on-demand", "guest memory pinning: on-demand (PVDMA: pin what the guest registers) or all (pin all guest memory at start, the VFIO/SR-IOV baseline)")
+	fs.StringVar(&f.mapCache, "map-cache", "256M", "bytes of released pins kept per device (map cache) so re-registration is cheap")
+	fs.StringVar(&f.maxPinned, "max-pinned", "0", "per-device quota of pinned bytes (0: none)")
+	fs.StringVar(&f.globalPinned, "global-max-pinned", "0", "bound on the pinned bytes of all devices together (0: none)")
+	fs.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics on /metrics at `ADDR`: host:port (TCP; bind to loopback or a management network) or unix:PATH")
+	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")
+	fs.UintVar(&f.maxQPs, "max-qps", 0, "per-device limit of QPs (0: the built-in default, 1024)")
+	fs.UintVar(&f.maxCQs, "max-cqs", 0, "per-device limit of CQs (0: the built-in default, 1024)")
+	fs.UintVar(&f.maxMRs, "max-mrs", 0, "per-device limit of MRs (0: the built-in default, 4096)")
+	fs.IntVar(&f.cmdRate, "max-commands-per-sec", 0, "per-device bound on control commands per second; beyond it commands answer QUOTA (0: none)")
+	fs.StringVar(&f.sockOwner, "socket-owner", "", "owner of the device sockets, `USER[:GROUP]` or :GROUP (QEMU's user or group, e.g. libvirt-qemu:kvm or :kvm)")
+	fs.StringVar(&f.sockMode, "socket-mode", "0600", "permission bits of the device sockets (octal)")
+	fs.StringVar(&f.allowUIDs, "allow-uid", "", "comma-separated uids allowed to connect to device sockets (SO_PEERCRED); empty: anyone who can open them")
+	return f
+}
+
+// printCapabilities writes the --print-capabilities JSON: the backend
+// type and, as features, every optional flag (the convention's own flags
+// are implied), in the shape of QEMU's VHostUserBackendCapabilities.
+func (f *flags) printCapabilities(w io.Writer) error {
+	c := capabilities{Type: capabilitiesType, Features: []string{}}
+	f.fs.VisitAll(func(fl *flag.Flag) {
+		if !conventionFlags[fl.Name] {
+			c.Features = append(c.Features, fl.Name)
+		}
+	})
+	b, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+func (f *flags) usage(w io.Writer) {
+	fmt.Fprintf(w, "Usage: vrdmad --socket [ID=]PATH [--socket ...] [flags]\n"+
+		"       vrdmad --socket-path=PATH | --fd=FDNUM [flags]\n"+
+		"       vrdmad --print-capabilities\n\n"+
+		"vrdmad serves para-virtual RDMA devices (virtio device ID 42) to QEMU over vhost-user.\n"+
+		"Attach one to a VM with:\n"+
+		"  -chardev socket,id=vrdma0,path=PATH -device vhost-user-device-pci,chardev=vrdma0,\n"+
+		"     virtio-id=42,num_vqs=3,vq_size=256,config_size=96\n\nOptions:\n")
+	f.fs.SetOutput(w)
+	f.fs.PrintDefaults()
+	f.fs.SetOutput(io.Discard)
+	fmt.Fprintf(w, "\nExamples:\n"+
+		"  vrdmad --control /run/vrdma/control.sock --socket vm1=/run/vrdma/vm1.sock\n"+
+		"  vrdmad --control /run/vrdma/control.sock --metrics 127.0.0.1:9464\n"+
+		"  vrdmad --socket-path=/run/vrdma/vm1.sock --state-dir ''\n\n"+
+		"Devices added through the control API are kept in --state-dir and come back\n"+
+		"after a restart; devices given with --socket, --socket-path or --fd are not.\n\n"+
+		"Under systemd, vrdmad.socket hands vrdmad the control socket (socket activation:\n"+
+		"the socket named \"control\"; any other FileDescriptorName= is a device ID) and\n"+
+		"vrdmad.service (Type=notify) runs it with the flags of VRDMAD_ARGS in\n"+
+		"/etc/default/vrdmad; see /usr/share/doc/vrdma/packaging.md.\n")
+}
+
+func run(args []string, stdout io.Writer) error {
+	f := newFlags()
+	if wantsCapabilities(args) {
+		return f.printCapabilities(stdout)
 	}
 	// Parse errors are returned (and printed once by main); --help goes to
 	// standard output.
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	if err := fs.Parse(args); err != nil {
+	f.fs.SetOutput(io.Discard)
+	f.fs.Usage = func() {}
+	if err := f.fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			usage(os.Stdout)
+			f.usage(stdout)
 			return nil
 		}
 		return fmt.Errorf("%w (see vrdmad --help)", err)
 	}
-	if *showVersion {
-		fmt.Println("vrdmad", version)
+	if f.showVersion {
+		fmt.Fprintln(stdout, "vrdmad", version)
 		return nil
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	if f.fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %q", f.fs.Args())
+	}
+	set := map[string]bool{}
+	f.fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if set["socket-path"] && set["fd"] {
+		return errors.New("--socket-path and --fd are incompatible (one names the socket, the other hands it over)")
+	}
+	if set["socket-path"] && f.socketPath == "" {
+		return errors.New("--socket-path: empty path")
+	}
+	if set["fd"] && f.fd < 0 {
+		return fmt.Errorf("--fd %d: want a file descriptor number", f.fd)
 	}
 	log := logrus.New()
-	lv, err := logrus.ParseLevel(*level)
+	lv, err := logrus.ParseLevel(f.level)
 	if err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	log.SetLevel(lv)
-	switch *format {
+	switch f.format {
 	case "text":
 		log.SetFormatter(&logrus.TextFormatter{FullTimestamp: true})
 	case "json":
 		log.SetFormatter(&logrus.JSONFormatter{})
 	default:
-		return fmt.Errorf("--log-format %q: want text or json", *format)
+		return fmt.Errorf("--log-format %q: want text or json", f.format)
 	}
-	if len(sockets) == 0 && *control == "" {
-		return errors.New("nothing to serve: give at least one --socket (or --control)")
-	}
+	entry := logrus.NewEntry(log)
+	raiseNofile(entry)
 
-	var dcfg daemon.Config
-	switch *pin {
-	case "on-demand":
-	case "all":
-		dcfg.Pin.All = true
-	default:
-		return fmt.Errorf("--pin %q: want on-demand or all", *pin)
-	}
-	for _, f := range []struct {
-		name string
-		v    string
-		dst  *uint64
-	}{{"map-cache", *mapCache, &dcfg.Pin.CacheBytes}, {"max-pinned", *maxPinned, &dcfg.Pin.MaxPinned}, {"global-max-pinned", *globalPinned, &dcfg.GlobalMaxPinned}} {
-		n, err := units.ParseBytes(f.v)
-		if err != nil {
-			return fmt.Errorf("--%s: %w", f.name, err)
-		}
-		*f.dst = n
-	}
-	dcfg.Limits = rdma.Limits{MaxQP: uint32(*maxQPs), MaxCQ: uint32(*maxCQs), MaxMR: uint32(*maxMRs)}
-	if *cmdRate < 0 {
-		return fmt.Errorf("--max-commands-per-sec %d: want 0 or more", *cmdRate)
-	}
-	dcfg.MaxCommandsPerSec = *cmdRate
-	if dcfg.Socket, err = socketConfig(*sockMode, *sockOwner, *allowUIDs); err != nil {
+	dcfg, err := f.daemonConfig()
+	if err != nil {
 		return err
 	}
-	checkMemlock(logrus.NewEntry(log), dcfg)
-	d := daemon.New(logrus.NewEntry(log), dcfg)
-	for i, s := range sockets {
+
+	// Inherited sockets first: nothing else may take their descriptor
+	// numbers. Until a daemon owns them, they are closed on every error.
+	inh, err := inheritSockets(f)
+	if err != nil {
+		return err
+	}
+	defer inh.closeRest()
+	if len(f.sockets) == 0 && f.socketPath == "" && f.control == "" && len(inh.devices) == 0 && inh.control == nil && inh.fd == nil {
+		return errors.New("nothing to serve: give --socket, --socket-path, --fd or --control (or start vrdmad by socket activation)")
+	}
+	if inh.control != nil && f.control != "" && f.control != inh.control.Addr().String() {
+		return fmt.Errorf("--control %s: the socket-activated control socket is %s; give neither or the same path", f.control, inh.control.Addr())
+	}
+
+	checkMemlock(entry, dcfg)
+	d := daemon.New(entry, dcfg)
+	fail := func(err error) error {
+		d.Close()
+		return err
+	}
+	var saved []daemon.DeviceSpec
+	if f.stateDir != "" {
+		dir, err := filepath.Abs(f.stateDir)
+		if err != nil {
+			return fail(fmt.Errorf("--state-dir: %w", err))
+		}
+		if saved, err = d.OpenState(dir); err != nil {
+			return fail(err)
+		}
+	} else {
+		log.Warn("--state-dir is empty: devices added through the control API are forgotten when vrdmad exits")
+	}
+
+	// Command-line and inherited devices, then the saved ones: a saved
+	// device that collides with one of them is an error that names it.
+	for i, s := range f.sockets {
 		id, path, ok := strings.Cut(s, "=")
 		if !ok {
-			path = s
-			id = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
-			if id == "" {
-				id = fmt.Sprintf("vrdma%d", i)
-			}
+			path, id = s, socketID(s, i)
 		}
-		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: path, Device: rdma.Config{ID: id, DoorbellQueues: *doorbells}}); err != nil {
-			d.Close()
-			return err
+		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: path, Device: rdma.Config{ID: id, DoorbellQueues: f.doorbells}}); err != nil {
+			return fail(fmt.Errorf("--socket %s: %w", s, err))
 		}
 	}
-	if *control != "" {
-		if err := d.ServeControl(*control); err != nil {
-			d.Close()
-			return err
+	if f.socketPath != "" {
+		id := socketID(f.socketPath, len(f.sockets))
+		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: f.socketPath, Device: rdma.Config{ID: id, DoorbellQueues: f.doorbells}}); err != nil {
+			return fail(fmt.Errorf("--socket-path %s: %w", f.socketPath, err))
+		}
+	}
+	if ln := inh.takeFD(); ln != nil {
+		id := socketID(ln.Addr().String(), len(f.sockets)+1)
+		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Listener: ln, Device: rdma.Config{ID: id, DoorbellQueues: f.doorbells}}); err != nil {
+			return fail(fmt.Errorf("--fd %d: %w", f.fd, err))
+		}
+	}
+	for _, nl := range inh.takeDevices() {
+		if _, err := d.AddDevice(daemon.DeviceSpec{ID: nl.Name, Listener: nl.Listener, Device: rdma.Config{ID: nl.Name, DoorbellQueues: f.doorbells}}); err != nil {
+			return fail(fmt.Errorf("socket-activated device %s (fd %d): %w", nl.Name, nl.FD, err))
+		}
+	}
+	if err := d.Restore(saved); err != nil {
+		return fail(err)
+	}
+
+	if ln := inh.takeControl(); ln != nil {
+		if err := d.ServeControlListener(ln); err != nil {
+			return fail(err)
+		}
+		log.WithField("socket", ln.Addr().String()).Info("control API on the socket-activated control socket")
+	} else if f.control != "" {
+		if err := d.ServeControl(f.control); err != nil {
+			return fail(err)
 		}
 	}
 	var ms *metrics.Server
-	if *metricsAddr != "" {
-		ms, err = metrics.Listen(*metricsAddr, metrics.DaemonSource{D: d}, logrus.NewEntry(log))
+	if f.metricsAddr != "" {
+		ms, err = metrics.Listen(f.metricsAddr, metrics.DaemonSource{D: d}, entry)
 		if err != nil {
-			d.Close()
-			return fmt.Errorf("--metrics: %w", err)
+			return fail(fmt.Errorf("--metrics: %w", err))
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	log.WithField("devices", len(sockets)).Info("vrdmad serving")
+
+	// Every socket now exists and listens, and its server runs: tell the
+	// service manager (Type=notify) that vrdmad is ready.
+	n := len(d.Devices())
+	log.WithFields(logrus.Fields{"devices": n, "restored": len(saved)}).Info("vrdmad serving")
+	notify(entry, fmt.Sprintf("%s\nSTATUS=serving %d devices", sddaemon.SdNotifyReady, n))
+	wdDone := make(chan struct{})
+	go func() {
+		defer close(wdDone)
+		watchdog(ctx, entry, d)
+	}()
+
 	<-ctx.Done()
 	log.Info("shutting down")
+	notify(entry, sddaemon.SdNotifyStopping+"\nSTATUS=stopping")
+	<-wdDone
 	var errs []error
 	if ms != nil {
 		errs = append(errs, ms.Close())
 	}
 	return errors.Join(append(errs, d.Close())...)
+}
+
+// socketID names the device of a socket given without an ID: the file
+// name without its extension, else vrdma<i>.
+func socketID(path string, i int) string {
+	id := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+	if id == "" || id == "." || id == "/" || strings.HasPrefix(path, "@") {
+		id = fmt.Sprintf("vrdma%d", i)
+	}
+	return id
+}
+
+// daemonConfig turns the flags into the daemon's configuration.
+func (f *flags) daemonConfig() (daemon.Config, error) {
+	var dcfg daemon.Config
+	switch f.pin {
+	case "on-demand":
+	case "all":
+		dcfg.Pin.All = true
+	default:
+		return dcfg, fmt.Errorf("--pin %q: want on-demand or all", f.pin)
+	}
+	for _, b := range []struct {
+		name string
+		v    string
+		dst  *uint64
+	}{{"map-cache", f.mapCache, &dcfg.Pin.CacheBytes}, {"max-pinned", f.maxPinned, &dcfg.Pin.MaxPinned}, {"global-max-pinned", f.globalPinned, &dcfg.GlobalMaxPinned}} {
+		n, err := units.ParseBytes(b.v)
+		if err != nil {
+			return dcfg, fmt.Errorf("--%s: %w", b.name, err)
+		}
+		*b.dst = n
+	}
+	dcfg.Limits = rdma.Limits{MaxQP: uint32(f.maxQPs), MaxCQ: uint32(f.maxCQs), MaxMR: uint32(f.maxMRs)}
+	if f.cmdRate < 0 {
+		return dcfg, fmt.Errorf("--max-commands-per-sec %d: want 0 or more", f.cmdRate)
+	}
+	dcfg.MaxCommandsPerSec = f.cmdRate
+	var err error
+	dcfg.Socket, err = socketConfig(f.sockMode, f.sockOwner, f.allowUIDs)
+	return dcfg, err
+}
+
+// inherited holds the listening sockets vrdmad was started with (--fd,
+// socket activation) until the daemon takes them; closeRest closes what
+// it did not take.
+type inherited struct {
+	fd      *net.UnixListener
+	control *net.UnixListener
+	devices []daemon.NamedListener
+}
+
+// inheritSockets checks and takes the sockets of --fd and of socket
+// activation. A socket-activated socket named "control" serves the
+// control API; any other name must be a device ID (FileDescriptorName=
+// in its .socket unit). Names systemd gives by default (the unit's name)
+// are refused, so a forgotten FileDescriptorName= is an error, not a
+// device called "vrdmad.socket".
+func inheritSockets(f *flags) (*inherited, error) {
+	inh := &inherited{}
+	act, err := daemon.ActivationListeners()
+	if err != nil {
+		return nil, err
+	}
+	// Until the loop below is done, act holds every activated socket
+	// (inh a subset of them); after it, inh holds them all.
+	fail := func(err error) (*inherited, error) {
+		if act != nil {
+			for _, nl := range act {
+				nl.Listener.Close()
+			}
+			*inh = inherited{}
+		}
+		inh.closeRest()
+		return nil, err
+	}
+	ids := map[string]int{}
+	for _, nl := range act {
+		switch {
+		case nl.Name == "control":
+			if inh.control != nil {
+				return fail(fmt.Errorf("socket activation: two sockets named control (fd %d and another)", nl.FD))
+			}
+			inh.control = nl.Listener
+		case strings.HasSuffix(nl.Name, ".socket") || strings.HasPrefix(nl.Name, "LISTEN_FD_"):
+			return fail(fmt.Errorf("socket activation: fd %d is named %q: set FileDescriptorName= in its .socket unit to control or to a device ID", nl.FD, nl.Name))
+		default:
+			if err := daemon.CheckID(nl.Name); err != nil {
+				return fail(fmt.Errorf("socket activation: fd %d: FileDescriptorName %q is not a device ID: %w", nl.FD, nl.Name, err))
+			}
+			if prev, ok := ids[nl.Name]; ok {
+				return fail(fmt.Errorf("socket activation: fd %d and fd %d are both named %q", prev, nl.FD, nl.Name))
+			}
+			ids[nl.Name] = nl.FD
+			inh.devices = append(inh.devices, nl)
+		}
+	}
+	act = nil // owned by inh from here
+	if f.fd >= 0 {
+		for _, nl := range inh.devices {
+			if nl.FD == f.fd {
+				return fail(fmt.Errorf("--fd %d is socket-activated device %s's descriptor", f.fd, nl.Name))
+			}
+		}
+		ln, err := daemon.InheritFD(f.fd)
+		if err != nil {
+			return fail(fmt.Errorf("--fd: %w", err))
+		}
+		inh.fd = ln
+	}
+	return inh, nil
+}
+
+func (inh *inherited) takeFD() *net.UnixListener {
+	ln := inh.fd
+	inh.fd = nil
+	return ln
+}
+
+func (inh *inherited) takeControl() *net.UnixListener {
+	ln := inh.control
+	inh.control = nil
+	return ln
+}
+
+func (inh *inherited) takeDevices() []daemon.NamedListener {
+	d := inh.devices
+	inh.devices = nil
+	return d
+}
+
+func (inh *inherited) closeRest() {
+	if inh == nil {
+		return
+	}
+	if inh.fd != nil {
+		inh.fd.Close()
+	}
+	if inh.control != nil {
+		inh.control.Close()
+	}
+	for _, nl := range inh.devices {
+		nl.Listener.Close()
+	}
+	*inh = inherited{}
+}
+
+// notify sends state to the service manager (sd_notify); without
+// NOTIFY_SOCKET (not under systemd's Type=notify) it does nothing.
+func notify(log *logrus.Entry, state string) {
+	if _, err := sddaemon.SdNotify(false, state); err != nil {
+		log.WithError(err).Warn("sd_notify")
+	}
+}
+
+// watchdog sends WATCHDOG=1 every half of the unit's WatchdogSec= until
+// ctx ends, as long as the daemon answers: a ping waits for the device
+// set's lock, so a daemon stuck on it stops pinging and systemd restarts
+// it. Without a watchdog (no WATCHDOG_USEC for this process) it returns
+// at once.
+func watchdog(ctx context.Context, log *logrus.Entry, d *daemon.Daemon) {
+	interval, err := sddaemon.SdWatchdogEnabled(false)
+	if err != nil {
+		log.WithError(err).Warn("watchdog settings")
+		return
+	}
+	if interval <= 0 {
+		return
+	}
+	period := interval / 2
+	log.WithField("interval", interval).Info("systemd watchdog enabled")
+	t := time.NewTicker(period)
+	defer t.Stop()
+	var inFlight atomic.Bool
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !inFlight.CompareAndSwap(false, true) {
+			log.Error("daemon unresponsive: watchdog ping withheld")
+			continue
+		}
+		answered := make(chan struct{})
+		go func() {
+			d.Devices() // takes the daemon's lock
+			inFlight.Store(false)
+			close(answered)
+		}()
+		select {
+		case <-answered:
+			notify(log, sddaemon.SdNotifyWatchdog)
+		case <-time.After(period):
+			log.Error("daemon unresponsive: watchdog ping withheld")
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// raiseNofile lifts the soft RLIMIT_NOFILE to the hard limit: every
+// connected VM holds a descriptor per memory region, kick and call fd,
+// and each device a socket. (The Go runtime raises it too at start-up;
+// this makes the limit vrdmad runs with explicit in its log.)
+func raiseNofile(log *logrus.Entry) {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		log.WithError(err).Warn("RLIMIT_NOFILE")
+		return
+	}
+	if lim.Cur < lim.Max {
+		old := lim.Cur
+		lim.Cur = lim.Max
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+			log.WithError(err).Warnf("raise RLIMIT_NOFILE from %d to %d", old, lim.Max)
+			return
+		}
+		log.Infof("RLIMIT_NOFILE soft limit raised from %d to the hard limit %d", old, lim.Max)
+		return
+	}
+	log.WithField("limit", lim.Cur).Info("RLIMIT_NOFILE soft limit is the hard limit")
+	if lim.Cur < 65536 {
+		log.Warnf("RLIMIT_NOFILE is %d: each connected VM holds several descriptors per device; raise LimitNOFILE", lim.Cur)
+	}
 }
 
 var _ backend.Device = (*rdma.Device)(nil)
@@ -205,12 +610,18 @@ func socketConfig(mode, owner, allow string) (daemon.SocketConfig, error) {
 	sc.Mode = os.FileMode(m)
 	if owner != "" {
 		name, group, _ := strings.Cut(owner, ":")
-		u, err := user.Lookup(name)
-		if err != nil {
-			return sc, fmt.Errorf("--socket-owner: %w", err)
+		uid, gid := -1, -1 // ":GROUP" leaves the owner as it is
+		if name == "" && group == "" {
+			return sc, fmt.Errorf("--socket-owner %q: want USER[:GROUP] or :GROUP", owner)
 		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
+		if name != "" {
+			u, err := user.Lookup(name)
+			if err != nil {
+				return sc, fmt.Errorf("--socket-owner: %w", err)
+			}
+			uid, _ = strconv.Atoi(u.Uid)
+			gid, _ = strconv.Atoi(u.Gid)
+		}
 		if group != "" {
 			g, err := user.LookupGroup(group)
 			if err != nil {

@@ -46,6 +46,10 @@ type DeviceInfo struct {
 	// NumQueues is the number of virtqueues QEMU must create (num_vqs):
 	// control, events and the doorbell queues.
 	NumQueues int `json:"num_queues"`
+	// Persisted is true for a device kept in the state file (added
+	// through the API, with a state directory): it comes back with the
+	// same identity when vrdmad restarts.
+	Persisted bool `json:"persisted"`
 }
 
 // Limits are the per-device limits the control API sets and shows.
@@ -91,6 +95,7 @@ func (dv *Device) Info() DeviceInfo {
 		GID:         netip.AddrFrom16(cs.PortGID).String(),
 		Limits:      Limits{MaxQPs: cs.MaxQP, MaxCQs: cs.MaxCQ, MaxMRs: cs.MaxMR, MaxPinnedBytes: dv.MaxPinned},
 		NumQueues:   dv.Dev.NumQueues(),
+		Persisted:   dv.persist,
 	}
 }
 
@@ -223,6 +228,10 @@ func (r AddRequest) Spec() (DeviceSpec, error) {
 		MaxPinned: maxPinned,
 	}, nil
 }
+
+// CheckID reports whether id is a valid device ID, as POST /v1/devices
+// checks it: a letter, then letters, digits, '-', '.', '_'; at most 64.
+func CheckID(id string) error { return checkID(id) }
 
 func checkID(id string) error {
 	if id == "" {
@@ -414,15 +423,19 @@ func (d *Daemon) postDevice(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	spec.Persist = true // back after a restart (with a state directory)
 	dv, err := d.AddDevice(spec)
 	switch {
 	case err == nil:
 		w.Header().Set("Location", "/v1/devices/"+dv.ID)
 		writeJSON(w, http.StatusCreated, dv.Info())
-	case errors.Is(err, ErrExists), errors.Is(err, ErrSocketInUse):
+	case errors.Is(err, ErrExists), errors.Is(err, ErrSocketInUse), errors.Is(err, ErrTooMany):
 		writeError(w, http.StatusConflict, err.Error())
 	case errors.Is(err, ErrClosed):
 		writeError(w, http.StatusServiceUnavailable, err.Error())
+	case errors.Is(err, ErrState):
+		// The device could not be saved and was not added.
+		writeError(w, http.StatusInternalServerError, "add device: "+err.Error())
 	default:
 		// The socket's directory is missing or not writable, and the like:
 		// the request named something the daemon cannot use.

@@ -1,5 +1,6 @@
 // Package daemon is vrdmad's core: the set of devices, each served on its
-// own vhost-user socket, and the HTTP/JSON control API on a unix socket.
+// own vhost-user socket, the HTTP/JSON control API on a unix socket, and
+// the state file that brings the API's devices back after a restart.
 // cmd/vrdmad is a thin flag parser around it, and tests run it in-process.
 //
 // Control API (api.go; docs/operations.md has curl examples): GET and POST
@@ -10,8 +11,26 @@
 // device closes its server: the front-end is disconnected and every pin
 // and object is released.
 //
+// Sockets: a device's socket is created by AddDevice (DeviceSpec.Socket)
+// or inherited, already listening (DeviceSpec.Listener: vrdmad --fd,
+// systemd socket activation; see listeners.go, which checks such a file
+// descriptor before anything uses it). An inherited socket file is never
+// created, replaced or removed here.
+//
+// Persistence (state.go): after OpenState, every AddDevice of a spec with
+// Persist set (the control API's) and every RemoveDevice of such a device
+// rewrites DIR/devices.json atomically under Daemon.mu, from the device
+// set itself, so the file always lists exactly the persisted devices of
+// the last successful change. An add that cannot be saved is undone; a
+// removal that cannot be saved still removes the device and says so.
+// Restore brings the saved devices back without rewriting the file;
+// Close stops every device without touching it, so they come back at the
+// next start. The state directory is flock'ed for the daemon's lifetime:
+// two daemons on one directory would overwrite each other's devices.
+//
 // Lock order: Daemon.mu → (backend locks). Device servers run in their own
-// goroutines; Close waits for all of them.
+// goroutines; Close waits for all of them. The state file is written with
+// Daemon.mu held.
 package daemon
 
 import (
@@ -25,6 +44,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/backend"
@@ -42,16 +62,31 @@ var (
 	ErrSocketInUse = errors.New("socket path in use")
 	// ErrClosed means the daemon is shutting down.
 	ErrClosed = errors.New("daemon is shutting down")
+	// ErrTooMany means the daemon serves MaxDevices devices already.
+	ErrTooMany = errors.New("too many devices")
 )
 
 // DeviceSpec describes a device to add.
 type DeviceSpec struct {
-	ID     string
+	ID string
+	// Socket is the path of the vhost-user socket to create. With
+	// Listener it is the inherited socket's name; empty means the
+	// listener's bound path.
 	Socket string
-	Device rdma.Config
+	// Listener, when set, is an inherited listening socket (vrdmad --fd,
+	// systemd socket activation) served instead of creating Socket.
+	// AddDevice owns it from the call on: it is closed when the device is
+	// removed or the add fails. Such a device cannot be persisted.
+	Listener *net.UnixListener
+	Device   rdma.Config
 	// MaxPinned, when not zero, replaces the daemon's per-device pin quota
 	// (Config.Pin.MaxPinned) for this device.
 	MaxPinned uint64
+	// Persist keeps the device in the state file (see OpenState), so it
+	// comes back with the same identity when vrdmad restarts. The control
+	// API sets it; devices from the command line have it clear. Without
+	// a state directory it has no effect.
+	Persist bool
 }
 
 // Device is one served device.
@@ -61,8 +96,13 @@ type Device struct {
 	Server    *backend.Server
 	MaxPinned uint64 // immutable; the device's pin quota, 0 for none
 
-	done chan struct{} // closed when Serve returned
+	persist bool          // immutable: listed in the state file (Persist, with a state directory)
+	record  AddRequest    // immutable: its state-file record (when persist)
+	done    chan struct{} // closed when Serve returned
 }
+
+// Persisted reports whether the device is kept in the state file.
+func (dv *Device) Persisted() bool { return dv.persist }
 
 // Config is what every device of a daemon shares.
 type Config struct {
@@ -102,6 +142,7 @@ type Daemon struct {
 	closed  bool               // protected by mu
 	http    *http.Server       // protected by mu
 	httpLn  net.Listener       // protected by mu
+	state   *stateStore        // protected by mu; nil: nothing persisted
 	wg      sync.WaitGroup
 }
 
@@ -115,11 +156,38 @@ func New(log *logrus.Entry, cfg Config) *Daemon {
 // PinnedBytes is the memory pinned by all devices.
 func (d *Daemon) PinnedBytes() uint64 { return d.acct.Pinned() }
 
-// AddDevice creates a device and starts serving its socket.
+// AddDevice creates a device and starts serving its socket. With
+// spec.Persist and a state directory (OpenState), the device is saved in
+// the state file before AddDevice returns; if that fails the device is
+// not added.
 func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
+	return d.addDevice(spec, true)
+}
+
+// addDevice is AddDevice; save=false leaves the state file alone
+// (Restore).
+func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *Device, err error) {
+	if spec.Listener != nil {
+		defer func() {
+			if err != nil && spec.Listener != nil { // not yet the server's
+				spec.Listener.Close()
+			}
+		}()
+		spec.Listener.SetUnlinkOnClose(false)
+		if spec.Socket == "" {
+			spec.Socket = spec.Listener.Addr().String()
+		}
+		if spec.Persist {
+			return nil, errors.New("a device on an inherited socket cannot be persisted")
+		}
+	}
 	if spec.ID == "" || spec.Socket == "" {
 		return nil, errors.New("device id and socket are required")
 	}
+	if spec.Persist && spec.Device.UUID == uuid.Nil {
+		spec.Device.UUID = uuid.New() // a saved device keeps one identity
+	}
+	rec := spec.record()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -128,13 +196,18 @@ func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
 	if _, ok := d.devices[spec.ID]; ok {
 		return nil, fmt.Errorf("%w: %s", ErrExists, spec.ID)
 	}
+	if len(d.devices) >= MaxDevices {
+		return nil, fmt.Errorf("%w: %d devices served", ErrTooMany, len(d.devices))
+	}
 	for _, o := range d.devices {
 		if o.Server.Socket() == spec.Socket {
 			return nil, fmt.Errorf("%w: %s is served by device %s", ErrSocketInUse, spec.Socket, o.ID)
 		}
 	}
-	if err := checkSocketFree(spec.Socket); err != nil {
-		return nil, err
+	if spec.Listener == nil {
+		if err := checkSocketFree(spec.Socket); err != nil {
+			return nil, err
+		}
 	}
 	spec.Device.ID = spec.ID
 	spec.Device.Fabric = d.fabric
@@ -155,13 +228,29 @@ func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
 		return nil, err
 	}
 	sc := d.cfg.Socket
-	srv, err := backend.Listen(backend.Config{Socket: spec.Socket, Device: dev, Mode: sc.Mode, Owner: sc.Owner, AllowUIDs: sc.AllowUIDs}, backend.WithLogger(log))
+	bcfg := backend.Config{Socket: spec.Socket, Device: dev, Mode: sc.Mode, Owner: sc.Owner, AllowUIDs: sc.AllowUIDs}
+	var srv *backend.Server
+	if spec.Listener != nil {
+		srv, err = backend.FromListener(spec.Listener, bcfg, backend.WithLogger(log))
+		spec.Listener = nil // the server owns it now, also on failure
+	} else {
+		srv, err = backend.Listen(bcfg, backend.WithLogger(log))
+	}
 	if err != nil {
 		dev.Close()
 		return nil, err
 	}
-	dv := &Device{ID: spec.ID, Dev: dev, Server: srv, MaxPinned: spec.Device.Pin.MaxPinned, done: make(chan struct{})}
+	dv = &Device{ID: spec.ID, Dev: dev, Server: srv, MaxPinned: spec.Device.Pin.MaxPinned,
+		persist: spec.Persist && d.state != nil, record: rec, done: make(chan struct{})}
 	d.devices[spec.ID] = dv
+	if dv.persist && save {
+		if err := d.saveLocked(); err != nil {
+			delete(d.devices, spec.ID)
+			srv.Close()
+			dev.Close()
+			return nil, fmt.Errorf("%w: save: %w", ErrState, err)
+		}
+	}
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
@@ -170,8 +259,20 @@ func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
 			log.WithError(err).Error("device server stopped")
 		}
 	}()
-	log.WithField("socket", spec.Socket).Info("device added")
+	log.WithFields(logrus.Fields{"socket": spec.Socket, "persisted": dv.persist}).Info("device added")
 	return dv, nil
+}
+
+// saveLocked writes the state file from the persisted devices. d.mu is
+// held and d.state is not nil.
+func (d *Daemon) saveLocked() error {
+	recs := make([]AddRequest, 0, len(d.devices))
+	for _, dv := range d.devices {
+		if dv.persist {
+			recs = append(recs, dv.record)
+		}
+	}
+	return d.state.save(recs)
 }
 
 // checkSocketFree fails with ErrSocketInUse when path exists and is not a
@@ -197,12 +298,23 @@ func checkSocketFree(path string) error {
 }
 
 // RemoveDevice stops serving a device: a connected front-end is
-// disconnected and everything it owned released.
+// disconnected and everything it owned released. A persisted device is
+// also dropped from the state file; if that write fails, the device is
+// removed all the same and the error (ErrState) says the file still
+// lists it.
 func (d *Daemon) RemoveDevice(id string) error {
+	return d.removeDevice(id, true)
+}
+
+func (d *Daemon) removeDevice(id string, save bool) error {
+	var saveErr error
 	d.mu.Lock()
 	dv, ok := d.devices[id]
 	if ok {
 		delete(d.devices, id)
+		if dv.persist && save && d.state != nil {
+			saveErr = d.saveLocked()
+		}
 	}
 	d.mu.Unlock()
 	if !ok {
@@ -212,6 +324,10 @@ func (d *Daemon) RemoveDevice(id string) error {
 	<-dv.done
 	dv.Dev.Close()
 	d.log.WithField("device", id).Info("device removed")
+	if saveErr != nil {
+		err = errors.Join(err, fmt.Errorf("%w: device %s removed, but the state file still lists it "+
+			"(it comes back at the next start unless a later change is saved): %w", ErrState, id, saveErr))
+	}
 	return err
 }
 
@@ -235,7 +351,8 @@ func (d *Daemon) Devices() []*Device {
 	return out
 }
 
-// ServeControl serves the control API on a unix socket at path.
+// ServeControl serves the control API on a unix socket it creates at
+// path (mode 0600).
 func (d *Daemon) ServeControl(path string) error {
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
@@ -255,8 +372,25 @@ func (d *Daemon) ServeControl(path string) error {
 		ln.Close()
 		return fmt.Errorf("control socket: %w", err)
 	}
+	return d.ServeControlListener(ln)
+}
+
+// ServeControlListener serves the control API on ln, a listening socket
+// the caller made or inherited (socket activation: its file, mode and
+// owner are left as they are). The daemon owns ln from the call on.
+func (d *Daemon) ServeControlListener(ln net.Listener) error {
+	path := ln.Addr().String()
 	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	d.mu.Lock()
+	if d.closed || d.http != nil {
+		closed := d.closed
+		d.mu.Unlock()
+		ln.Close()
+		if closed {
+			return ErrClosed
+		}
+		return errors.New("control API is served already")
+	}
 	d.http, d.httpLn = srv, ln
 	d.mu.Unlock()
 	d.wg.Add(1)
@@ -270,7 +404,9 @@ func (d *Daemon) ServeControl(path string) error {
 	return nil
 }
 
-// Close removes every device and stops the control API.
+// Close stops every device and the control API, and releases the state
+// directory. The state file is left as it is: persisted devices come back
+// at the next start.
 func (d *Daemon) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -291,8 +427,71 @@ func (d *Daemon) Close() error {
 		cancel()
 	}
 	for _, id := range ids {
-		errs = append(errs, d.RemoveDevice(id))
+		errs = append(errs, d.removeDevice(id, false))
 	}
 	d.wg.Wait()
+	d.mu.Lock()
+	if d.state != nil {
+		d.state.close()
+		d.state = nil
+	}
+	d.mu.Unlock()
 	return errors.Join(errs...)
+}
+
+// OpenState makes dir the daemon's state directory and returns the
+// devices its state file lists, for Restore. It creates dir if needed
+// (mode 0750), locks it against a second vrdmad, and checks that it can
+// write there. A state file that cannot be read or fails validation (the
+// same checks as POST /v1/devices, plus bounded sizes, a known version,
+// unique ids and sockets and a saved uuid) is moved to
+// devices.json.corrupt-<UTC time>; the error (*StateError, ErrState)
+// names the file and the copy. A daemon whose OpenState failed keeps no
+// state. OpenState is called once, before devices are added.
+func (d *Daemon) OpenState(dir string) ([]DeviceSpec, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	if d.state != nil {
+		return nil, errors.New("state directory is open already")
+	}
+	s, err := openStateStore(dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range s.corruptCopies() {
+		d.log.WithField("file", c).Warn("a state file set aside by an earlier start is still here: its devices were not restored")
+	}
+	specs, err := s.load()
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	d.state = s
+	d.log.WithFields(logrus.Fields{"file": s.path, "devices": len(specs)}).Info("device state loaded")
+	return specs, nil
+}
+
+// Restore adds the devices OpenState returned, with their saved identity,
+// without rewriting the state file. It stops at the first device that
+// cannot be served (its socket path is taken, its directory is gone, its
+// id or socket is a command-line device's) and returns an error naming
+// it; the devices restored before it stay added. Callers usually treat
+// that as fatal, so that no saved device is silently left out.
+func (d *Daemon) Restore(specs []DeviceSpec) error {
+	d.mu.Lock()
+	file := "the state file"
+	if d.state != nil {
+		file = d.state.path
+	}
+	d.mu.Unlock()
+	for _, spec := range specs {
+		spec.Persist = true
+		if _, err := d.addDevice(spec, false); err != nil {
+			return fmt.Errorf("restore device %s (socket %s) from %s: %w", spec.ID, spec.Socket, file, err)
+		}
+	}
+	return nil
 }
