@@ -31,7 +31,7 @@ say "VM to VM: 64 B RDMA WRITE latency"
 "$BIN/vrdma-vmtest" pair --op write --size 64 --iters 2000
 
 say "without a VM: two virtio-user processes (containers) on one vrdmad"
-"$BIN/vrdmad" --control "$WORK/control.sock" --socket "ctr-a=$WORK/ctr-a.sock" --socket "ctr-b=$WORK/ctr-b.sock" --log-level warn &
+"$BIN/vrdmad" --control "$WORK/control.sock" --state-dir "$WORK/state" --socket "ctr-a=$WORK/ctr-a.sock" --socket "ctr-b=$WORK/ctr-b.sock" --log-level warn &
 VRDMAD_PID=$!
 for _ in $(seq 1 200); do [ -S "$WORK/control.sock" ] && break; sleep 0.05; done
 for op in write read send atomic; do
