@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vrdma/vrdma/backend/rdma/engine"
 	"github.com/vrdma/vrdma/memmap"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
@@ -88,6 +90,12 @@ func status(err error) abi.Status {
 	}
 	if errors.Is(err, memmap.ErrQuota) {
 		return abi.StatusQuota
+	}
+	// mlock itself failing is the host running out of lockable memory
+	// (RLIMIT_MEMLOCK without CAP_IPC_LOCK, vm.max_map_count): a resource
+	// of the device's host, not a malformed command.
+	if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EPERM) {
+		return abi.StatusNoResources
 	}
 	if errors.Is(err, memmap.ErrNotMapped) || errors.Is(err, memmap.ErrCrossesRegion) ||
 		errors.Is(err, memmap.ErrOverflow) || errors.Is(err, engine.ErrNoMemory) {

@@ -1,7 +1,13 @@
 package rdma
 
 import (
+	"errors"
+	"fmt"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vrdma/vrdma/memmap"
 
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 )
@@ -129,5 +135,26 @@ func TestGIDTable(t *testing.T) {
 	}
 	if g, _ := query(a, 4); g != ([16]byte{}) {
 		t.Fatal("entry 4 survived the reset")
+	}
+}
+
+// TestStatusOfErrors maps the errors commands fail with to the statuses the
+// spec names.
+func TestStatusOfErrors(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want abi.Status
+	}{
+		{errStatus(abi.StatusBusy), abi.StatusBusy},
+		{fmt.Errorf("pin: %w", memmap.ErrQuota), abi.StatusQuota},
+		{fmt.Errorf("pin: %w", memmap.ErrNotMapped), abi.StatusFault},
+		{fmt.Errorf("mlock gpa 0x1000+0x1000: %w", unix.ENOMEM), abi.StatusNoResources},
+		{fmt.Errorf("mlock gpa 0x1000+0x1000: %w", unix.EAGAIN), abi.StatusNoResources},
+		{fmt.Errorf("mlock gpa 0x1000+0x1000: %w", unix.EPERM), abi.StatusNoResources},
+		{errors.New("anything else"), abi.StatusInvalid},
+	} {
+		if got := status(c.err); got != c.want {
+			t.Errorf("status(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }
