@@ -5,6 +5,7 @@
 #   make build   every binary into bin/
 #   make qemu    the patched QEMU into bin/qemu-system-x86_64 (cached in ~/.cache/vrdma)
 #   make guest-image  bin/guest/vmlinuz + initramfs.img (Debian cloud kernel, busybox, vrdma-guest)
+#   make guest-stack-image  bin/guest-stack/: the guest kernel driver, rdma-core provider, perftest image
 #   make fuzz    every fuzz target for FUZZTIME (default 30s)
 #   make compare-rxe  vrdma against soft-RoCE (rdma_rxe) over virtio-net, same guests, same run
 #   make deb     a .deb for hypervisor hosts (binaries, systemd unit, man pages)
@@ -23,7 +24,7 @@ export GOFLAGS := -buildvcs=false
 
 CMDS := $(notdir $(wildcard cmd/*))
 
-.PHONY: all build run test bench deb test-tools fuzz fuzz-short soak compare-rxe rxe-image qemu guest-image vet fmt-check clean deps
+.PHONY: all build run test bench deb test-tools fuzz fuzz-short soak compare-rxe rxe-image qemu guest-image guest-kmod guest-provider guest-stack-image vet fmt-check clean deps
 
 all: build
 
@@ -42,6 +43,21 @@ $(BIN)/qemu-system-x86_64: scripts/qemu-build.sh $(wildcard vmm/qemu/patches/*.p
 
 guest-image: deps
 	bash scripts/guest-image.sh
+
+# The standard RDMA stack in a guest: the kernel driver (guest/kernel ->
+# bin/guest-stack/vrdma.ko), the rdma-core provider (guest/rdma-core ->
+# bin/guest-stack/libvrdma-rdmav34.so, vrdma.driver) and the image that
+# holds them with libibverbs, ibverbs-utils, perftest, iproute2 and strace
+# (bin/guest-stack/vmlinuz + initramfs.img), which `vrdma-vmtest exec` and
+# `exec-pair` boot. Each script rebuilds only what changed.
+guest-kmod:
+	bash scripts/guest-kmod.sh
+
+guest-provider:
+	bash scripts/guest-provider.sh
+
+guest-stack-image: deps guest-kmod guest-provider
+	bash scripts/guest-stack-image.sh
 
 # The rxe comparison's guests: Debian's generic kernel (rdma_rxe), perftest.
 rxe-image: deps
@@ -77,7 +93,7 @@ test-tools:
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; fi
 
-test: deps test-tools fmt-check vet qemu build guest-image rxe-image
+test: deps test-tools fmt-check vet qemu build guest-image rxe-image guest-stack-image
 	$(GO) test -count=1 -race -short ./...
 	$(GO) test -count=1 ./...
 	@cat $(BIN)/e2e-summary.txt 2>/dev/null || echo "e2e summary: missing (the end-to-end tests did not run)"

@@ -44,40 +44,9 @@ BUSYBOX="$CACHE/busybox/bin/busybox"
 # User space: the named packages and every library package they depend on
 # (apt's dependency closure, library packages only), extracted into one pool.
 # What goes into the image is picked from the pool by DT_NEEDED below.
-USER_PKGS="perftest libibverbs1 ibverbs-providers librdmacm1 iproute2"
-PKGLIST="$CACHE/packages.txt"
-if [ ! -s "$PKGLIST" ]; then
-	say "resolving the dependency closure of $USER_PKGS"
-	{
-		printf '%s\n' $USER_PKGS
-		apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
-			--no-breaks --no-replaces --no-enhances --no-pre-depends $USER_PKGS |
-			awk '/^[a-z0-9]/ {print $1}' | sed 's/:amd64$//' | grep -E '^(lib|zlib)' || true
-	} | sort -u >"$PKGLIST.tmp"
-	mv "$PKGLIST.tmp" "$PKGLIST"
-fi
-POOL="$CACHE/pool"
-pool_key=""
-while read -r pkg; do
-	[ -n "$pkg" ] || continue
-	# Virtual packages (no .deb of their own) are skipped; what they stand for
-	# is in the closure too.
-	if ! ls "$CACHE/debs/${pkg}"_*.deb >/dev/null 2>&1 &&
-		[ -z "$(apt-cache show --no-all-versions "$pkg" 2>/dev/null | head -1)" ]; then
-		continue
-	fi
-	deb=$(fetch_deb "$CACHE/debs" "$pkg")
-	pool_key="$pool_key $(basename "$deb")"
-done <"$PKGLIST"
-if [ ! -f "$POOL/.extracted" ] || [ "$(cat "$POOL/.extracted")" != "$pool_key" ]; then
-	say "extracting $(wc -w <<<"$pool_key") packages into the pool"
-	rm -rf "$POOL"
-	mkdir -p "$POOL"
-	for deb in $pool_key; do
-		dpkg -x "$CACHE/debs/$deb" "$POOL"
-	done
-	printf '%s' "$pool_key" >"$POOL/.extracted"
-fi
+fill_pool "$CACHE/debs" "$CACHE/packages.txt" "$CACHE/pool" \
+	perftest libibverbs1 ibverbs-providers librdmacm1 iproute2
+pool_key=$POOL_KEY
 
 # --- 2. vmlinux (uncompressed, for PVH boot) ---------------------------------
 
@@ -110,8 +79,7 @@ fi
 
 # --- 3. initramfs (rebuilt only when an input changed) ------------------------
 
-KMOD="$CACHE/kernel/lib/modules/$KVER"
-[ -f "$KMOD/modules.order" ] || die "$KDEB has no modules.order"
+module_index "$CACHE/kernel/lib/modules/$KVER"
 STAMP="$OUT/.initramfs.inputs"
 inputs=$(input_hashes "$BUSYBOX" "$ROOT/guest/rxe-init" "${BASH_SOURCE[0]}")
 inputs="$inputs $(basename "$KDEB") $pool_key"
@@ -122,94 +90,17 @@ fi
 
 new_stage "$BUSYBOX" bin sbin usr/bin usr/sbin dev proc sys tmp run etc root lib/modules lib64 lib/x86_64-linux-gnu
 
-# Modules: the wanted ones after their dependencies (from each .ko's
-# .modinfo "depends="; the package has no modules.dep, depmod makes it at
-# install time), listed in load order in /lib/modules/load-order.
-declare -A modpath=() seen=()
-while read -r rel; do
-	name=${rel##*/}
-	name=${name%.ko}
-	modpath[${name//-/_}]=$rel
-done <"$KMOD/modules.order"
-ORDER=()
-visit() { # module depth
-	local m=${1//-/_} depth=$2 deps d
-	[ "$depth" -le 16 ] || die "module dependencies of $1 nest too deep"
-	[ -z "${seen[$m]:-}" ] || return 0
-	seen[$m]=1
-	[ -n "${modpath[$m]:-}" ] || die "$KVER has no module $m"
-	[ -f "$KMOD/${modpath[$m]}" ] || die "$KVER: ${modpath[$m]} is missing"
-	deps=$(readelf -p .modinfo "$KMOD/${modpath[$m]}" 2>/dev/null | sed -n 's/.*depends=\(.*\)$/\1/p' | head -1)
-	for d in ${deps//,/ }; do
-		visit "$d" $((depth + 1))
-	done
-	ORDER+=("$m")
-}
-for m in crc32_generic virtio_pci virtio_net ib_core ib_uverbs rdma_ucm rdma_rxe; do
-	visit "$m" 0
-done
-: >"$STAGE/lib/modules/load-order"
-for m in "${ORDER[@]}"; do
-	cp "$KMOD/${modpath[$m]}" "$STAGE/lib/modules/$m.ko"
-	echo "$m" >>"$STAGE/lib/modules/load-order"
-done
+# Modules: the wanted ones after their dependencies, listed in load order
+# in /lib/modules/load-order (scripts/lib-image.sh).
+module_order crc32_generic virtio_pci virtio_net ib_core ib_uverbs rdma_ucm rdma_rxe
+stage_modules
 
 # User space: the programs, the rxe verbs provider (dlopened by libibverbs,
 # found through /etc/libibverbs.d/rxe.driver) and, by DT_NEEDED, every
 # shared library they need, plus the dynamic loader.
-LIBDIRS="lib/x86_64-linux-gnu usr/lib/x86_64-linux-gnu lib64 usr/lib64 lib usr/lib"
-copy_file() { # pool-relative path; keeps symlinks to the real file
-	local rel=$1 target
-	mkdir -p "$STAGE/$(dirname "$rel")"
-	if [ -L "$POOL/$rel" ]; then
-		target=$(readlink "$POOL/$rel")
-		ln -sfn "$target" "$STAGE/$rel"
-		case "$target" in
-		/*) copy_file "${target#/}" ;;
-		*) copy_file "$(dirname "$rel")/$target" ;;
-		esac
-	elif [ -f "$POOL/$rel" ]; then
-		[ -e "$STAGE/$rel" ] || cp -p "$POOL/$rel" "$STAGE/$rel"
-	else
-		die "the pool has no $rel"
-	fi
-}
-find_lib() { # soname -> pool-relative path
-	local d
-	for d in $LIBDIRS; do
-		if [ -e "$POOL/$d/$1" ]; then
-			printf '%s\n' "$d/$1"
-			return 0
-		fi
-	done
-	return 1
-}
-declare -A libdone=()
-QUEUE=()
-ELFS="usr/bin/ib_write_bw usr/bin/ib_write_lat usr/bin/ib_read_bw usr/bin/ib_send_lat
-	usr/bin/rdma usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so"
-for rel in $ELFS; do
-	[ -e "$POOL/$rel" ] || die "the pool has no $rel"
-	copy_file "$rel"
-	QUEUE+=("$rel")
-done
-LDSO=$(find_lib ld-linux-x86-64.so.2) || die "the pool has no ld-linux-x86-64.so.2 (libc6)"
-copy_file "$LDSO"
-ln -sfn "/$LDSO" "$STAGE/lib64/ld-linux-x86-64.so.2"
-steps=0
-while [ "${#QUEUE[@]}" -gt 0 ]; do
-	steps=$((steps + 1))
-	[ "$steps" -le 500 ] || die "shared library closure does not converge"
-	rel=${QUEUE[0]}
-	QUEUE=("${QUEUE[@]:1}")
-	for so in $(readelf -d "$POOL/$rel" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
-		[ -z "${libdone[$so]:-}" ] || continue
-		libdone[$so]=1
-		lib=$(find_lib "$so") || die "no package in the closure provides $so (needed by $rel)"
-		copy_file "$lib"
-		QUEUE+=("$(cd "$POOL" && readlink -f "$lib" | sed "s|^$POOL/||")")
-	done
-done
+stage_elfs usr/bin/ib_write_bw usr/bin/ib_write_lat usr/bin/ib_read_bw usr/bin/ib_send_lat \
+	usr/bin/rdma usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
+stage_closure
 mkdir -p "$STAGE/etc/libibverbs.d"
 cp "$POOL/etc/libibverbs.d/rxe.driver" "$STAGE/etc/libibverbs.d/"
 for f in ib_write_bw ib_write_lat ib_read_bw ib_send_lat; do

@@ -4,10 +4,17 @@
 // every VRDMA-RESULT line verbatim and a short summary, and cleans up (no
 // QEMU or vrdmad left behind, sockets removed).
 //
+//	vrdma-vmtest [flags] exec --cmd 'ibv_devinfo -v'
+//	vrdma-vmtest [flags] exec-pair --server 'ib_write_bw -d vrdma0' --client 'ib_write_bw -d vrdma0 {server}'
 //	vrdma-vmtest [flags] pair --op write --size 65536 --iters 1000
 //	vrdma-vmtest [flags] probe
 //	vrdma-vmtest [flags] selftest
 //	vrdma-vmtest [flags] spinup [--rounds N] [--json]
+//
+// exec and exec-pair boot guests of the standard-stack image
+// (scripts/guest-stack-image.sh: the vrdma kernel driver and rdma-core
+// provider, perftest, ibverbs-utils) and run shell commands there; their
+// exit status is the commands' (see execUsage in exec.go for the rules).
 //
 // pair boots a server and a client VM (one device each) that exchange their
 // endpoints through the harness and move data between each other; both
@@ -41,6 +48,10 @@ import (
 const usage = `usage: vrdma-vmtest [flags] SCENARIO [scenario flags]
 
 scenarios:
+  exec --cmd 'CMD'                  one VM with the standard RDMA stack runs CMD
+  exec-pair --server 'CMD' --client 'CMD'
+                                    two such VMs run CMD against each other
+                                    (vrdma-vmtest exec --help says more)
   pair --op OP --size N --iters N   two VMs, server and client, OP between them
   probe                             one VM: find and initialise the device
   selftest                          one VM: every verb on a loopback QP pair
@@ -85,6 +96,11 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	if fs.NArg() == 0 {
 		fs.Usage()
 		return 2
+	}
+	if sc := fs.Arg(0); sc == "exec" || sc == "exec-pair" {
+		kernelSet := false
+		fs.Visit(func(fl *flag.Flag) { kernelSet = kernelSet || fl.Name == "kernel" || fl.Name == "initrd" })
+		return runExec(sc, fs.Args()[1:], o, kernelSet, binDir, stdout, stderr)
 	}
 	if o.qemuBin == "" {
 		p, err := qemu.FindBinary(filepath.Dir(binDir))

@@ -9,7 +9,14 @@
 // process and returns an *Error that carries the log.
 //
 // Non-goals: restarting vrdmad, parsing its log, or wrapping the control
-// API beyond the device list (callers use Client for the rest).
+// API beyond listing and adding devices (callers use Client for the rest).
+//
+// State: vrdmad keeps the devices added through the control API in its
+// --state-dir; Start gives it Dir/state unless told otherwise
+// (Config.StateDir), so a harness's daemon never writes the host's
+// /var/lib/vrdma nor contends for its lock. AddDevice wraps POST
+// /v1/devices. The child runs in its own process group, so a terminal's
+// ^C reaches only the caller, which stops the daemon after what uses it.
 //
 // Invariants: a Proc's child is always reaped (one goroutine waits for it
 // from Start on; Stop kills it after Config.StopTimeout); the captured log

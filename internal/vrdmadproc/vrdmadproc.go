@@ -1,6 +1,7 @@
 package vrdmadproc
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -83,6 +84,13 @@ type Config struct {
 	// Devices are served from the start: each adds --socket ID=Dir/ID.sock.
 	// An ID is not empty and has no '=' or '/'.
 	Devices []string
+	// StateDir is vrdmad's --state-dir, where it keeps the devices added
+	// through the control API. Empty means Dir/state: a harness's vrdmad
+	// never touches the host's /var/lib/vrdma, whose lock would also keep
+	// two of them from running at once. NoState means none (--state-dir
+	// ""). Ignored when Args hold a --state-dir of their own, and for a
+	// vrdmad that has no such flag (older builds keep no state).
+	StateDir string
 	// Args are further vrdmad arguments, after the ones above.
 	Args []string
 	// LogLevel is vrdmad's --log-level; empty means DefaultLogLevel.
@@ -97,6 +105,9 @@ type Config struct {
 	// vrdmad; zero means DefaultStopTimeout.
 	StopTimeout time.Duration
 }
+
+// NoState is the Config.StateDir that keeps no state (--state-dir "").
+const NoState = "-"
 
 // Proc is a running vrdmad started by Start.
 type Proc struct {
@@ -179,12 +190,24 @@ func launch(cfg Config) (*Proc, error) {
 		p.sockets[id] = filepath.Join(p.dir, id+".sock")
 		args = append(args, "--socket", id+"="+p.sockets[id])
 	}
+	if !hasFlag(cfg.Args, "state-dir") && knowsFlag(cfg.Binary, "state-dir") {
+		switch cfg.StateDir {
+		case "":
+			args = append(args, "--state-dir", filepath.Join(p.dir, "state"))
+		case NoState:
+			args = append(args, "--state-dir", "")
+		default:
+			args = append(args, "--state-dir", cfg.StateDir)
+		}
+	}
 	args = append(args, cfg.Args...)
 
 	p.cmd = exec.Command(cfg.Binary, args...)
 	p.cmd.Stderr = p.log
 	p.cmd.WaitDelay = waitDelay
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// Its own process group keeps terminal signals (^C) away from it: the
+	// caller stops it (Stop, Kill), after what depends on it.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	if err := p.cmd.Start(); err != nil {
 		if p.ownDir {
 			os.RemoveAll(p.dir)
@@ -196,6 +219,59 @@ func launch(cfg Config) (*Proc, error) {
 		close(p.exited)
 	}()
 	return p, nil
+}
+
+// hasFlag reports whether args hold the flag name ("-name", "--name",
+// either with "=value").
+func hasFlag(args []string, name string) bool {
+	for _, a := range args {
+		a = strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-")
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
+}
+
+// flagCache holds what knowsFlag learnt: flagKey -> bool.
+var flagCache sync.Map
+
+type flagKey struct {
+	path, name string
+	mtime      time.Time
+	size       int64
+}
+
+// maxBinary bounds the bytes knowsFlag reads.
+const maxBinary = 256 << 20
+
+// knowsFlag reports whether binary knows the flag name: whether the name
+// is in the file (Go's flag package keeps flag names as strings in the
+// binary). A vrdmad older than --state-dir has none, and would refuse it.
+// Reading, not running, the binary: a test's stand-in script may not
+// answer --help. The answer is cached per binary, size and modification
+// time.
+func knowsFlag(binary, name string) bool {
+	fi, err := os.Stat(binary)
+	if err != nil {
+		return false
+	}
+	key := flagKey{binary, name, fi.ModTime(), fi.Size()}
+	if v, ok := flagCache.Load(key); ok {
+		return v.(bool)
+	}
+	f, err := os.Open(binary)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxBinary))
+	if err != nil {
+		return false
+	}
+	known := bytes.Contains(b, []byte(name))
+	flagCache.Store(key, known)
+	return known
 }
 
 // waitReady polls the control API until it answers, vrdmad exits, timeout
@@ -336,6 +412,45 @@ func (p *Proc) devices(ctx context.Context) ([]daemon.DeviceInfo, error) {
 		return nil, fmt.Errorf("GET /v1/devices: %w", err)
 	}
 	return out, nil
+}
+
+// AddDevice creates a device through the control API (POST /v1/devices)
+// and returns it as the daemon shows it. A refusal is an error carrying
+// the daemon's message. The device's socket is the caller's to choose;
+// Dir is a good place (Stop removes a directory Start made).
+func (p *Proc) AddDevice(ctx context.Context, req daemon.AddRequest) (daemon.DeviceInfo, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return daemon.DeviceInfo{}, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://vrdmad/v1/devices", bytes.NewReader(body))
+	if err != nil {
+		return daemon.DeviceInfo{}, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := p.client.Do(hreq)
+	if err != nil {
+		return daemon.DeviceInfo{}, fmt.Errorf("POST /v1/devices %s: %w", req.ID, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxListBytes))
+	if err != nil {
+		return daemon.DeviceInfo{}, fmt.Errorf("POST /v1/devices %s: %w", req.ID, err)
+	}
+	if resp.StatusCode != http.StatusCreated {
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(b, &e) != nil || e.Error == "" {
+			e.Error = strings.TrimSpace(string(b))
+		}
+		return daemon.DeviceInfo{}, fmt.Errorf("POST /v1/devices %s: %s: %s", req.ID, resp.Status, e.Error)
+	}
+	var info daemon.DeviceInfo
+	if err := json.Unmarshal(b, &info); err != nil {
+		return daemon.DeviceInfo{}, fmt.Errorf("POST /v1/devices %s: %w", req.ID, err)
+	}
+	return info, nil
 }
 
 // UnixClient is an HTTP client whose every connection goes to the unix

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/vrdma/vrdma/internal/daemon"
 )
 
 // buildVrdmad builds ./cmd/vrdmad into dir. The go tool is on PATH under
@@ -160,6 +162,38 @@ func TestVrdmad(t *testing.T) {
 		}
 		if err := p.Stop(); err != nil {
 			t.Errorf("Stop after Kill: %v, want Kill's result (nil)", err)
+		}
+	})
+
+	t.Run("add device", func(t *testing.T) {
+		p, err := Start(ctx, Config{Binary: bin})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Stop()
+		sock := filepath.Join(p.Dir(), "vm1.sock")
+		info, err := p.AddDevice(ctx, daemon.AddRequest{ID: "vm1", Socket: sock, GUID: "525400fffe000001", DoorbellQueues: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.ID != "vm1" || info.Socket != sock || info.GUID != "5254:00ff:fe00:0001" || info.NumQueues != 4 {
+			t.Errorf("got %+v, want vm1 on %s, GUID 5254:00ff:fe00:0001, 4 queues", info, sock)
+		}
+		if _, err := os.Stat(sock); err != nil {
+			t.Errorf("device socket: %v", err)
+		}
+		// The device is saved in the daemon's own state directory, never
+		// the host's /var/lib/vrdma.
+		if _, err := os.Stat(filepath.Join(p.Dir(), "state", "devices.json")); err != nil {
+			t.Errorf("state file: %v, want it in Dir/state", err)
+		}
+		// A refusal carries the daemon's reason.
+		_, err = p.AddDevice(ctx, daemon.AddRequest{ID: "vm2", Socket: filepath.Join(p.Dir(), "vm2.sock"), GUID: "0054:00ff:fe00:0001"})
+		if err == nil || !strings.Contains(err.Error(), "400") || !strings.Contains(err.Error(), "locally administered") {
+			t.Errorf("got %v, want a 400 naming the bad GUID", err)
+		}
+		if _, err = p.AddDevice(ctx, daemon.AddRequest{ID: "vm1", Socket: filepath.Join(p.Dir(), "vm3.sock")}); err == nil || !strings.Contains(err.Error(), "409") {
+			t.Errorf("got %v, want a 409 for a second vm1", err)
 		}
 	})
 
@@ -340,5 +374,37 @@ func TestLogBuffer(t *testing.T) {
 	l.Write([]byte("a\nb\n"))
 	if got := l.String(); got != "a\nb\n" {
 		t.Errorf("got %q, want everything under the limit", got)
+	}
+}
+
+func TestHasFlag(t *testing.T) {
+	tests := []struct {
+		args []string
+		want bool
+	}{
+		{nil, false},
+		{[]string{"--state-dir", "/x"}, true},
+		{[]string{"-state-dir=/x"}, true},
+		{[]string{"--state-dir="}, true},
+		{[]string{"--state-dirs", "/x"}, false},
+		{[]string{"--socket", "state-dir"}, true}, // a value looking like the flag: conservative
+	}
+	for _, tt := range tests {
+		if got := hasFlag(tt.args, "state-dir"); got != tt.want {
+			t.Errorf("hasFlag(%q) = %v, want %v", tt.args, got, tt.want)
+		}
+	}
+}
+
+func TestKnowsFlag(t *testing.T) {
+	script := fake(t, `echo "  -state-dir DIR"; echo "  -log-level string"; exit 2`)
+	if !knowsFlag(script, "state-dir") || !knowsFlag(script, "log-level") {
+		t.Errorf("the flags the binary names are not known")
+	}
+	if knowsFlag(script, "metrics") {
+		t.Errorf("a flag the binary does not name is known")
+	}
+	if knowsFlag(filepath.Join(t.TempDir(), "missing"), "state-dir") {
+		t.Errorf("a missing binary knows a flag")
 	}
 }

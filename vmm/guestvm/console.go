@@ -27,6 +27,7 @@ type lineLog struct {
 	closed  bool          // protected by mu; no more lines will come
 	changed chan struct{} // protected by mu; closed and replaced on every change
 	initAt  time.Time     // protected by mu; when the first VRDMA-INIT line came
+	cmdAt   time.Time     // protected by mu; when the first VRDMA-CMD-START line came
 }
 
 func newLineLog() *lineLog {
@@ -41,9 +42,12 @@ func (l *lineLog) append(s string) {
 	}
 	l.lines = append(l.lines, s)
 	l.size += len(s) + 1
-	if l.initAt.IsZero() {
-		if k, _ := Classify(s); k == KindInit {
+	if l.initAt.IsZero() || l.cmdAt.IsZero() {
+		switch k, _ := Classify(s); {
+		case k == KindInit && l.initAt.IsZero():
 			l.initAt = time.Now()
+		case k == KindCmdStart && l.cmdAt.IsZero():
+			l.cmdAt = time.Now()
 		}
 	}
 	for l.size > maxLog && len(l.lines) > 1 {
@@ -54,6 +58,13 @@ func (l *lineLog) append(s string) {
 	}
 	close(l.changed)
 	l.changed = make(chan struct{})
+}
+
+// cmdStartTime is when the first VRDMA-CMD-START line came (zero: not yet).
+func (l *lineLog) cmdStartTime() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cmdAt
 }
 
 func (l *lineLog) close() {

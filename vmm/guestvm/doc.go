@@ -1,7 +1,8 @@
 // Package guestvm boots vrdma guests — QEMU VMs running the project's guest
-// image (scripts/guest-image.sh: Debian's cloud kernel, busybox and the
-// static vrdma-guest program) with vrdma devices attached over vhost-user —
-// and talks to the program inside over a serial line.
+// images (scripts/guest-image.sh: Debian's cloud kernel, busybox and the
+// static vrdma-guest program; scripts/guest-stack-image.sh: the standard
+// RDMA stack) with vrdma devices attached over vhost-user — and talks to
+// the program inside over a serial line.
 //
 // A guest's /init (guest/init) reads its job from the kernel command line
 // (vrdma.run, vrdma.args, vrdma.hugepages, vrdma.console), runs
@@ -24,7 +25,31 @@
 // Pair runs a server guest and a client guest and relays each one's
 // VRDMA-EXCHANGE line to the other as VRDMA-PEER.
 //
-// Non-goals: building the guest image, running the back-end (vrdmad) and
+// Stack guests. BootStack boots the standard-RDMA-stack image instead
+// (scripts/guest-stack-image.sh: the vrdma kernel driver, libibverbs with
+// the vrdma provider, perftest, ibverbs-utils, iproute2, strace), whose
+// /init (guest/stack-init) runs one shell command (StackConfig.Command,
+// base64 on the kernel command line) and speaks the same protocol with more
+// lines:
+//
+//	VRDMA-WAIT                    (StackConfig.Gate) waiting for VRDMA-GO
+//	VRDMA-GO                      written by the harness (Release)
+//	VRDMA-CMD-START <uptime>      the command starts; its output follows
+//	VRDMA-LISTEN <port>           (AnnounceListen) a TCP socket listens
+//	VRDMA-CMD-EXIT <code>         the command's exit status
+//	VRDMA-RMMOD ok|failed: ...    rmmod vrdma after the command
+//	VRDMA-KERNEL-WARNING <line>   a kernel log line that looks like trouble
+//	VRDMA-EXIT <code>             the command's status again; power off
+//
+// Guest.RunCommand follows that to the end (CommandResult). A stack guest
+// has a virtio-net NIC (StackConfig.NIC, qemu.NIC) whose MAC the vrdma
+// device's node GUID mirrors (GUIDFromMAC), so the driver binds its RoCE
+// port to eth0. StackPair boots a server and a client joined by a private
+// NIC link, lets the client's command start once the server's listens, and
+// stops one side PeerGrace after the other failed; StackPairResult.ExitCode
+// is `vrdma-vmtest exec-pair`'s exit status.
+//
+// Non-goals: building the guest images, running the back-end (vrdmad) and
 // speaking vhost-user; a guest's devices must already be listening.
 //
 // Invariants:

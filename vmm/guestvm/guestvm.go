@@ -182,7 +182,7 @@ func buildOptions(opts []Option) options {
 
 // Guest is a booted guest VM and the protocol line to the program inside.
 type Guest struct {
-	cfg  Config        // immutable, defaults applied
+	name string        // immutable
 	log  *logrus.Entry // immutable
 	vm   *qemu.VM      // immutable
 	dir  string        // immutable; private directory of the console socket
@@ -207,12 +207,28 @@ func Boot(ctx context.Context, cfg Config, opts ...Option) (*Guest, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	return boot(ctx, cfg.Name, qemu.Config{
+		Binary:    cfg.QEMU,
+		MemoryMiB: cfg.MemoryMiB,
+		SMP:       cfg.SMP,
+		Kernel:    cfg.Kernel,
+		Initrd:    cfg.Initrd,
+		Append:    cfg.appendLine(),
+		Devices:   cfg.Devices,
+		ExtraArgs: cfg.ExtraQEMUArgs,
+	}, opts)
+}
+
+// boot starts QEMU with qcfg, whose ExtraArgs get the console's chardev and
+// serial port in front of them, and connects to the guest's protocol line
+// (see Boot).
+func boot(ctx context.Context, name string, qcfg qemu.Config, opts []Option) (*Guest, error) {
 	o := buildOptions(opts)
-	log := o.log.WithField("guest", cfg.Name)
+	log := o.log.WithField("guest", name)
 
 	dir, err := os.MkdirTemp("", "vrdma-guest-")
 	if err != nil {
-		return nil, fmt.Errorf("guest %s: console directory: %w", cfg.Name, err)
+		return nil, fmt.Errorf("guest %s: console directory: %w", name, err)
 	}
 	sock := filepath.Join(dir, "console.sock")
 	if len(sock) > maxSocketPath {
@@ -251,36 +267,27 @@ func Boot(ctx context.Context, cfg Config, opts ...Option) (*Guest, error) {
 		return nil, err
 	}
 
-	qcfg := qemu.Config{
-		Binary:    cfg.QEMU,
-		MemoryMiB: cfg.MemoryMiB,
-		SMP:       cfg.SMP,
-		Kernel:    cfg.Kernel,
-		Initrd:    cfg.Initrd,
-		Append:    cfg.appendLine(),
-		Devices:   cfg.Devices,
-		ExtraArgs: append([]string{
-			"-chardev", "socket,id=" + consoleID + ",path=" + strings.ReplaceAll(sock, ",", ",,") + ",server=on,wait=on",
-			"-serial", "chardev:" + consoleID,
-		}, cfg.ExtraQEMUArgs...),
-	}
+	qcfg.ExtraArgs = append([]string{
+		"-chardev", "socket,id=" + consoleID + ",path=" + strings.ReplaceAll(sock, ",", ",,") + ",server=on,wait=on",
+		"-serial", "chardev:" + consoleID,
+	}, qcfg.ExtraArgs...)
 	start := time.Now()
 	vm, err := qemu.Start(ctx, qcfg, qemu.WithLogger(log))
 	if err != nil {
-		return fail(nil, fmt.Errorf("guest %s: start qemu: %w", cfg.Name, err))
+		return fail(nil, fmt.Errorf("guest %s: start qemu: %w", name, err))
 	}
 	var conn net.Conn
 	select {
 	case conn = <-dialed:
 	case <-time.After(10 * time.Second):
-		return fail(vm, fmt.Errorf("guest %s: qemu runs but its console socket never accepted", cfg.Name))
+		return fail(vm, fmt.Errorf("guest %s: qemu runs but its console socket never accepted", name))
 	}
 	stopDial()
 	if conn == nil {
-		return fail(vm, fmt.Errorf("guest %s: no console connection", cfg.Name))
+		return fail(vm, fmt.Errorf("guest %s: no console connection", name))
 	}
 	g := &Guest{
-		cfg: cfg, log: log, vm: vm, dir: dir, conn: conn, line: newLineLog(),
+		name: name, log: log, vm: vm, dir: dir, conn: conn, line: newLineLog(),
 		done: make(chan struct{}), readerDone: make(chan struct{}), booted: start,
 	}
 	go func() {
@@ -292,7 +299,7 @@ func Boot(ctx context.Context, cfg Config, opts ...Option) (*Guest, error) {
 }
 
 // Name returns the guest's name.
-func (g *Guest) Name() string { return g.cfg.Name }
+func (g *Guest) Name() string { return g.name }
 
 // VM returns the guest's QEMU (QMP, PID, Kill).
 func (g *Guest) VM() *qemu.VM { return g.vm }
@@ -348,18 +355,18 @@ func (g *Guest) waitFor(k Kind) bool {
 // that says the program runs, as Pair does after VRDMA-EXCHANGE.
 func (g *Guest) WriteLine(s string) error {
 	if strings.ContainsAny(s, "\r\n") {
-		return fmt.Errorf("guest %s: write line: holds a line break", g.cfg.Name)
+		return fmt.Errorf("guest %s: write line: holds a line break", g.name)
 	}
 	select {
 	case <-g.done:
-		return fmt.Errorf("guest %s: write line: %w", g.cfg.Name, net.ErrClosed)
+		return fmt.Errorf("guest %s: write line: %w", g.name, net.ErrClosed)
 	default:
 	}
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
 	g.conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
 	if _, err := io.WriteString(g.conn, s+"\n"); err != nil {
-		return fmt.Errorf("guest %s: write line: %w", g.cfg.Name, err)
+		return fmt.Errorf("guest %s: write line: %w", g.name, err)
 	}
 	return nil
 }
@@ -381,7 +388,7 @@ func (g *Guest) WaitResult(ctx context.Context) ([]Result, error) {
 			break
 		}
 		if err != nil {
-			return results, fmt.Errorf("guest %s: wait for VRDMA-EXIT: %w", g.cfg.Name, err)
+			return results, fmt.Errorf("guest %s: wait for VRDMA-EXIT: %w", g.name, err)
 		}
 		i = n
 		kind, payload := Classify(s)
@@ -411,7 +418,7 @@ func (g *Guest) WaitResult(ctx context.Context) ([]Result, error) {
 		}
 	}
 	if code != 0 || len(msgs) > 0 {
-		return results, &GuestError{Guest: g.cfg.Name, Messages: msgs, ExitCode: code}
+		return results, &GuestError{Guest: g.name, Messages: msgs, ExitCode: code}
 	}
 	return results, nil
 }
@@ -442,10 +449,10 @@ func (g *Guest) Console() string { return g.line.text() }
 // protocol line, the kernel console (ttyS0) and QEMU's stderr.
 func (g *Guest) Log() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "=== guest %s: console (ttyS1) ===\n%s", g.cfg.Name, g.Console())
-	fmt.Fprintf(&b, "=== guest %s: kernel (ttyS0) ===\n%s\n", g.cfg.Name, g.vm.Serial())
+	fmt.Fprintf(&b, "=== guest %s: console (ttyS1) ===\n%s", g.name, g.Console())
+	fmt.Fprintf(&b, "=== guest %s: kernel (ttyS0) ===\n%s\n", g.name, g.vm.Serial())
 	if s := g.vm.Stderr(); s != "" {
-		fmt.Fprintf(&b, "=== guest %s: qemu stderr ===\n%s\n", g.cfg.Name, s)
+		fmt.Fprintf(&b, "=== guest %s: qemu stderr ===\n%s\n", g.name, s)
 	}
 	return b.String()
 }

@@ -203,7 +203,7 @@ func TestLineLogBounded(t *testing.T) {
 
 // fakeGuest is a Guest without QEMU whose console is the given text.
 func fakeGuest(console string) *Guest {
-	g := &Guest{cfg: Config{Name: "g"}, line: newLineLog(), done: make(chan struct{})}
+	g := &Guest{name: "g", line: newLineLog(), done: make(chan struct{})}
 	readLines(strings.NewReader(console), g.line)
 	return g
 }
@@ -251,7 +251,7 @@ func TestWaitResult(t *testing.T) {
 }
 
 func TestWaitResultContext(t *testing.T) {
-	g := &Guest{cfg: Config{Name: "g"}, line: newLineLog(), done: make(chan struct{})}
+	g := &Guest{name: "g", line: newLineLog(), done: make(chan struct{})}
 	g.line.append(`VRDMA-RESULT {"role":"server"}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -263,7 +263,7 @@ func TestWaitResultContext(t *testing.T) {
 
 func TestLinesIndependentReaders(t *testing.T) {
 	pr, pw := io.Pipe()
-	g := &Guest{cfg: Config{Name: "g"}, line: newLineLog(), done: make(chan struct{})}
+	g := &Guest{name: "g", line: newLineLog(), done: make(chan struct{})}
 	go readLines(pr, g.line)
 	a, b := g.Lines(), g.Lines()
 	go func() {
@@ -282,7 +282,7 @@ func TestLinesIndependentReaders(t *testing.T) {
 	// A reader that stops reading is released by Close (g.done).
 	pr2, pw2 := io.Pipe()
 	defer pw2.Close()
-	g2 := &Guest{cfg: Config{Name: "g"}, line: newLineLog(), done: make(chan struct{})}
+	g2 := &Guest{name: "g", line: newLineLog(), done: make(chan struct{})}
 	go readLines(pr2, g2.line)
 	ch := g2.Lines()
 	close(g2.done)

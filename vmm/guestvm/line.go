@@ -16,6 +16,15 @@ const (
 	PrefixPeer     = "VRDMA-PEER"
 	PrefixError    = "VRDMA-ERROR"
 	PrefixExit     = "VRDMA-EXIT"
+
+	// The standard-stack image's /init (guest/stack-init) adds these.
+	PrefixWait          = "VRDMA-WAIT"
+	PrefixGo            = "VRDMA-GO"
+	PrefixCmdStart      = "VRDMA-CMD-START"
+	PrefixListen        = "VRDMA-LISTEN"
+	PrefixCmdExit       = "VRDMA-CMD-EXIT"
+	PrefixRmmod         = "VRDMA-RMMOD"
+	PrefixKernelWarning = "VRDMA-KERNEL-WARNING"
 )
 
 // Kind is the kind of a console line.
@@ -30,6 +39,13 @@ const (
 	KindPeer
 	KindError
 	KindExit
+	KindWait
+	KindGo
+	KindCmdStart
+	KindListen
+	KindCmdExit
+	KindRmmod
+	KindKernelWarning
 )
 
 var prefixes = []struct {
@@ -38,6 +54,9 @@ var prefixes = []struct {
 }{
 	{PrefixInit, KindInit}, {PrefixResult, KindResult}, {PrefixExchange, KindExchange},
 	{PrefixPeer, KindPeer}, {PrefixError, KindError}, {PrefixExit, KindExit},
+	{PrefixWait, KindWait}, {PrefixGo, KindGo}, {PrefixCmdStart, KindCmdStart},
+	{PrefixListen, KindListen}, {PrefixCmdExit, KindCmdExit}, {PrefixRmmod, KindRmmod},
+	{PrefixKernelWarning, KindKernelWarning},
 }
 
 // Classify splits a console line into its kind and its payload (the text

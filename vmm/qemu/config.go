@@ -31,6 +31,9 @@ const (
 	// MaxPCIePorts bounds root ports (free ones plus one per device) on
 	// pcie.0, which has 32 slots of which q35 uses some.
 	MaxPCIePorts = 24
+	// MaxNICs bounds Config.NICs (they sit on pcie.0 beside the root
+	// ports).
+	MaxNICs = 4
 	// maxUnixPath is sizeof(sockaddr_un.sun_path) minus the NUL.
 	maxUnixPath = 107
 	maxIDLen    = 64
@@ -106,6 +109,8 @@ type Config struct {
 	// RootPorts is the number of free pcie-root-port slots for hot-plug,
 	// named vrdma-rp0, vrdma-rp1, ...
 	RootPorts int
+	// NICs are virtio-net network cards, on pcie.0 (not hot-pluggable).
+	NICs []NIC
 	// ExtraArgs are appended to the command line unchanged.
 	ExtraArgs []string
 }
@@ -289,6 +294,20 @@ func (c Config) Validate() error {
 			}
 		}
 	}
+	for i, n := range c.NICs {
+		field := fmt.Sprintf("NICs[%d]", i)
+		if err := n.validate(field); err != nil {
+			return err
+		}
+		for _, id := range []string{n.ID, n.ID + netSuffix} {
+			if err := claim(field+".ID", id, field); err != nil {
+				return err
+			}
+		}
+	}
+	if len(c.NICs) > MaxNICs {
+		return configErr("NICs", "%d NICs, at most %d", len(c.NICs), MaxNICs)
+	}
 	for i, a := range c.ExtraArgs {
 		if strings.ContainsRune(a, 0) {
 			return configErr(fmt.Sprintf("ExtraArgs[%d]", i), "holds a NUL")
@@ -363,6 +382,9 @@ func (c Config) Args(deviceName string) ([]string, error) {
 		args = append(args, "-device",
 			"pcie-root-port,id="+freePortPrefix+strconv.Itoa(i)+",bus=pcie.0,chassis="+strconv.Itoa(chassis))
 		chassis++
+	}
+	for i, n := range c.NICs {
+		args = append(args, "-netdev", n.netdevValue(i), "-device", n.deviceValue())
 	}
 	args = append(args, c.ExtraArgs...)
 	return args, nil

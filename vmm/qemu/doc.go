@@ -12,6 +12,21 @@
 // on a free pcie-root-port (chardev-add, then a raw device_add) and
 // hot-unplug (device_del, DEVICE_DELETED, chardev-remove).
 //
+// The generic device's name is asked of QEMU, never assumed:
+// DeviceName runs `-device help` once per binary file (the command line
+// of Start, the VM's hot-plug) and DeviceNameQMP asks qom-list-types (hot-plug
+// into a QEMU someone else started); QEMU 10.2+'s
+// vhost-user-test-device-pci is taken where vhost-user-device-pci is
+// missing.
+//
+// A QEMU that libvirt runs is reached through libvirt, which owns its QMP
+// socket: LibvirtMonitor (DialLibvirt) is a qmp.Monitor over
+// `virsh qemu-monitor-command`, one process per command, so the same
+// AttachVhostUserQMP and DetachVhostUserQMP serve both; without QMP events
+// there, detach polls QOM until the device is gone (libvirt.go says why
+// virsh rather than go-qemu's libvirt RPC monitor). Package qemutest has a
+// fake virsh and a fake QMP server for tests.
+//
 // Upstream QEMU 10.0 hides the generic device (not user-creatable) and has
 // no virtio name for ID 42; scripts/qemu-build.sh (`make qemu`) builds
 // Debian's QEMU 10.0.2 with patches/0001-vhost-user-device-user-creatable.patch
@@ -33,7 +48,10 @@
 // pcie-root-port D-port (so boot-time devices can be hot-unplugged, which
 // pcie.0 does not allow); free root ports are vrdma-rp0, vrdma-rp1, ...
 // AttachVhostUser uses the same D-chr chardev name, so DetachVhostUser works
-// for both kinds of device.
+// for both kinds of device. A NIC N (virtio-net-pci on pcie.0) has the
+// netdev N-net: a unix-datagram-socket pair that joins two VMs on a private
+// link (no privileges, nothing leaves the machine), or a hub port of its
+// own.
 //
 // Invariants:
 //   - Every Config is validated before use; errors are *ConfigError

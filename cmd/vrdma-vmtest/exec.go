@@ -1,0 +1,446 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/vrdmadproc"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/vmm/guestvm"
+	"github.com/vrdma/vrdma/vmm/qemu"
+)
+
+const execUsage = `usage: vrdma-vmtest exec --cmd 'CMD' [flags]
+       vrdma-vmtest exec-pair --server 'CMD' --client 'CMD' [flags]
+
+exec boots one guest of the standard-stack image (bin/guest-stack: the
+vrdma kernel driver, libibverbs with the vrdma provider, ibverbs-utils,
+perftest, iproute2, strace) with one vrdma device on a vrdmad it starts,
+runs CMD there with sh -c, as root, and prints the guest's console: init's
+lines (VRDMA-INIT, vrdma-init: ..., the GID table, VRDMA-CMD-START), CMD's
+stdout and stderr, then VRDMA-CMD-EXIT <code>, VRDMA-RMMOD ok|failed: ...,
+one VRDMA-KERNEL-WARNING <line> per suspicious kernel log line, and
+VRDMA-EXIT <code>. -q prints CMD's output only.
+
+exec-pair boots two such guests, "server" (10.11.0.1) and "client"
+(10.11.0.2), a vrdma device each on one vrdmad, joined by a private
+virtio-net link (unix datagram sockets; no privileges, nothing leaves the
+machine). {server} and {client} in either command become those addresses
+(the names server and client resolve too). Every line is printed with the
+prefix "server| " or "client| ".
+
+When the client starts: both guests boot at once; the client's command
+waits until the server's command listens on a TCP port (the guest reports
+it), or the server's command ended, or --ready-timeout after the server's
+command started. So a perftest or ibv_rc_pingpong client never meets a
+server that is not listening yet, and needs no retry loop.
+
+Each guest's NIC has MAC 52:54:00:00:00:0N and its vrdma device the node
+GUID 5254:00ff:fe00:000N (the MAC's EUI-64), which the kernel driver uses
+to bind the RDMA port to eth0 (RoCE GIDs from its addresses). The device
+is vrdma0 in the guest.
+
+Exit status:
+  exec        CMD's exit status
+  exec-pair   0 when both commands exited 0; else the failing side's
+              status, the client's when both failed. When one side fails,
+              the other gets --grace to finish, then its guest is stopped
+              (and does not count as failing)
+  124         --timeout passed first
+  125         no exit status from a command: vrdmad, QEMU or the boot
+              failed, init could not run the command, or the guest died
+  130         interrupted (SIGINT, SIGTERM); everything is cleaned up
+  2           bad usage
+
+flags:
+`
+
+// execFlags are the flags of exec and exec-pair.
+type execFlags struct {
+	cmd, server, client string
+	qemuBin, vrdmad     string
+	kernel, initrd      string
+	append              string
+	memory, smp         int
+	timeout             time.Duration
+	readyTimeout, grace time.Duration
+	verbose, quiet      bool
+}
+
+// Addresses of the guests: MAC 52:54:00:00:00:0N, IPv4 10.11.0.N/24.
+const (
+	macPrefix = "52:54:00:00:00:0"
+	ipPrefix  = "10.11.0."
+	ipBits    = 24
+)
+
+// execGuest is one guest of an exec run.
+type execGuest struct {
+	name string // also the vrdmad device id and the guest's host name
+	mac  string
+	ip   netip.Prefix
+}
+
+func execGuests(pair bool) []execGuest {
+	names := []string{"vm"}
+	if pair {
+		names = []string{guestvm.RoleServer, guestvm.RoleClient}
+	}
+	gs := make([]execGuest, len(names))
+	for i, n := range names {
+		gs[i] = execGuest{name: n, mac: fmt.Sprintf("%s%d", macPrefix, i+1),
+			ip: netip.PrefixFrom(netip.MustParseAddr(fmt.Sprintf("%s%d", ipPrefix, i+1)), ipBits)}
+	}
+	return gs
+}
+
+// substitute replaces {server} and {client} in cmd by the guests'
+// addresses.
+func substitute(cmd string, gs []execGuest) string {
+	for _, g := range gs {
+		cmd = strings.ReplaceAll(cmd, "{"+g.name+"}", g.ip.Addr().String())
+	}
+	return cmd
+}
+
+// parseExec parses exec's or exec-pair's flags; o gives the defaults (the
+// global flags), kernelSet whether --kernel/--initrd were given there.
+func parseExec(scenario string, args []string, o options, kernelSet bool, binDir string, stderr io.Writer) (execFlags, error) {
+	pair := scenario == "exec-pair"
+	f := execFlags{qemuBin: o.qemuBin, vrdmad: o.vrdmad, kernel: o.kernel, initrd: o.initrd}
+	if !kernelSet {
+		f.kernel = filepath.Join(binDir, "guest-stack", "vmlinuz")
+		f.initrd = filepath.Join(binDir, "guest-stack", "initramfs.img")
+	}
+	fs := flag.NewFlagSet("vrdma-vmtest "+scenario, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, execUsage); fs.PrintDefaults() }
+	if pair {
+		fs.StringVar(&f.server, "server", "", "the server guest's `command` (required)")
+		fs.StringVar(&f.client, "client", "", "the client guest's `command` (required); {server} is the server's address")
+		fs.DurationVar(&f.readyTimeout, "ready-timeout", guestvm.DefaultReadyTimeout, "longest wait for the server's command to listen before the client's starts (negative: none)")
+		fs.DurationVar(&f.grace, "grace", guestvm.DefaultPeerGrace, "how long one side may run on after the other failed")
+	} else {
+		fs.StringVar(&f.cmd, "cmd", "", "the `command` to run in the guest (required)")
+	}
+	fs.StringVar(&f.kernel, "kernel", f.kernel, "guest kernel `path`")
+	fs.StringVar(&f.initrd, "initrd", f.initrd, "guest initramfs `path` (scripts/guest-stack-image.sh)")
+	fs.StringVar(&f.qemuBin, "qemu", f.qemuBin, "the patched qemu-system-x86_64 `binary` (default: $VRDMA_QEMU, else beside this program)")
+	fs.StringVar(&f.vrdmad, "vrdmad", f.vrdmad, "the vrdmad `binary`")
+	fs.StringVar(&f.append, "append", "", "more kernel command line, e.g. 'loglevel=7 vrdma.dyndbg=+p'")
+	fs.IntVar(&f.memory, "memory", o.memory, "guest RAM in `MiB`")
+	fs.IntVar(&f.smp, "smp", 1, "vCPUs per guest (and doorbell queues per device)")
+	fs.DurationVar(&f.timeout, "timeout", o.timeout, "bound on the whole run")
+	fs.BoolVar(&f.verbose, "v", o.verbose, "print each guest's kernel console and QEMU's stderr, and the vrdmad log, on stderr at the end")
+	fs.BoolVar(&f.quiet, "q", false, "print only the commands' output (init's failures and kernel warnings go to stderr)")
+	if err := fs.Parse(args); err != nil {
+		return f, errUsage
+	}
+	bad := func(format string, a ...any) (execFlags, error) {
+		fmt.Fprintf(stderr, "vrdma-vmtest %s: "+format+"\n", append([]any{scenario}, a...)...)
+		return f, errUsage
+	}
+	switch {
+	case fs.NArg() > 0:
+		return bad("unexpected arguments %q (quote the command: --cmd 'ibv_devices')", fs.Args())
+	case !pair && strings.TrimSpace(f.cmd) == "":
+		return bad("--cmd is required")
+	case pair && (strings.TrimSpace(f.server) == "" || strings.TrimSpace(f.client) == ""):
+		return bad("--server and --client are required")
+	case f.memory < 64:
+		return bad("--memory %d: at least 64 MiB", f.memory)
+	case f.smp < 1 || f.smp > 64:
+		return bad("--smp %d: want 1..64", f.smp)
+	case f.timeout <= 0:
+		return bad("--timeout must be positive")
+	case pair && f.grace <= 0:
+		return bad("--grace must be positive")
+	}
+	return f, nil
+}
+
+// runExec runs exec or exec-pair and returns the exit status.
+func runExec(scenario string, args []string, o options, kernelSet bool, binDir string, stdout, stderr io.Writer) int {
+	f, err := parseExec(scenario, args, o, kernelSet, binDir, stderr)
+	if err != nil {
+		return 2
+	}
+	pair := scenario == "exec-pair"
+	guests := execGuests(pair)
+	if err := checkCommands(f, guests); err != nil {
+		fmt.Fprintf(stderr, "vrdma-vmtest %s: %v\n", scenario, err)
+		return 2
+	}
+	say := func(format string, a ...any) {
+		fmt.Fprintf(stderr, "vrdma-vmtest: %s: "+format+"\n", append([]any{scenario}, a...)...)
+	}
+	if f.qemuBin == "" {
+		p, err := qemu.FindBinary(filepath.Dir(binDir))
+		if err != nil {
+			say("%v (build it with make qemu, or pass --qemu)", err)
+			return guestvm.ExitHarness
+		}
+		f.qemuBin = p
+	}
+	for _, c := range []struct{ what, path, hint string }{
+		{"vrdmad", f.vrdmad, "make build"}, {"qemu", f.qemuBin, "make qemu"},
+		{"guest kernel", f.kernel, "make guest-stack-image"}, {"guest initramfs", f.initrd, "make guest-stack-image"},
+	} {
+		if _, err := os.Stat(c.path); err != nil {
+			say("%s: %v (%s)", c.what, err, c.hint)
+			return guestvm.ExitHarness
+		}
+	}
+
+	sigCtx, stopSig := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stopSig()
+	ctx, cancel := context.WithTimeout(sigCtx, f.timeout)
+	defer cancel()
+	// code is the exit status for the run's status c: 130 when a signal
+	// ended the run.
+	interrupted := func() bool { return sigCtx.Err() != nil }
+	code := func(c int) int {
+		if interrupted() {
+			say("interrupted; cleaned up")
+			return 130
+		}
+		if c == guestvm.ExitTimeout && ctx.Err() != nil {
+			say("--timeout %v passed", f.timeout)
+		}
+		return c
+	}
+
+	cfgs, cleanup, d, err := execSetup(ctx, f, guests, stderr)
+	defer cleanup()
+	if err != nil {
+		say("%v", err)
+		return code(guestvm.ExitHarness)
+	}
+	pr := &linePrinter{out: stdout, err: stderr, quiet: f.quiet}
+	start := time.Now()
+	if !pair {
+		cfg := cfgs[0]
+		cfg.Command = f.cmd
+		say("booting one VM (%d MiB, %d vCPU, TCG) with vrdma0 on vrdmad", f.memory, f.smp)
+		g, err := guestvm.BootStack(ctx, cfg)
+		if err != nil {
+			say("boot: %v", err)
+			return code(guestvm.ExitHarness)
+		}
+		res, err := g.RunCommand(ctx, func(l guestvm.StackLine) { pr.print("", l) })
+		cerr := g.Close()
+		report(say, "", g, res, err)
+		if f.verbose || (!interrupted() && (err != nil || !res.Reported)) {
+			fmt.Fprint(stderr, g.Log())
+		}
+		if cerr != nil {
+			say("close: %v", cerr)
+		}
+		if f.verbose {
+			fmt.Fprintf(stderr, "=== vrdmad log ===\n%s", d.Log())
+		}
+		c := code(res.ExitCode)
+		say("exit %d after %.1f s", c, time.Since(start).Seconds())
+		return c
+	}
+
+	pcfg := guestvm.StackPairConfig{Server: cfgs[0], Client: cfgs[1], ReadyTimeout: f.readyTimeout, PeerGrace: f.grace}
+	pcfg.Server.Command = substitute(f.server, guests)
+	pcfg.Client.Command = substitute(f.client, guests)
+	say("booting two VMs (%d MiB, %d vCPU each, TCG), a vrdma device each on one vrdmad, joined by virtio-net", f.memory, f.smp)
+	p, err := guestvm.StartStackPair(ctx, pcfg)
+	if err != nil {
+		say("boot: %v", err)
+		return code(guestvm.ExitHarness)
+	}
+	res, err := p.Run(ctx, func(role string, l guestvm.StackLine) { pr.print(role, l) })
+	cerr := p.Close()
+	report(say, guestvm.RoleServer, p.Server, res.Server, nil)
+	report(say, guestvm.RoleClient, p.Client, res.Client, nil)
+	say("client released: %s", orNone(res.Released))
+	if res.ServerStopped {
+		say("server: stopped %v after the client failed", f.grace)
+	}
+	if res.ClientStopped {
+		say("client: stopped %v after the server failed", f.grace)
+	}
+	if err != nil {
+		say("%v", err)
+	}
+	if f.verbose || (!interrupted() && err != nil) {
+		fmt.Fprint(stderr, p.Log())
+	}
+	if cerr != nil {
+		say("close: %v", cerr)
+	}
+	if f.verbose {
+		fmt.Fprintf(stderr, "=== vrdmad log ===\n%s", d.Log())
+	}
+	c := code(res.ExitCode())
+	say("exit %d after %.1f s (server %s, client %s)", c, time.Since(start).Seconds(), status(res.Server, res.ServerStopped), status(res.Client, res.ClientStopped))
+	return c
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "never"
+	}
+	return s
+}
+
+// status describes how one side ended, for the summary line.
+func status(r guestvm.CommandResult, stopped bool) string {
+	switch {
+	case stopped:
+		return "stopped"
+	case r.Reported:
+		return fmt.Sprintf("exit %d", r.ExitCode)
+	case !r.Started:
+		return "command never started"
+	}
+	return "no exit status"
+}
+
+// report prints a guest's timings and what init said besides the command.
+func report(say func(string, ...any), role string, g *guestvm.Guest, r guestvm.CommandResult, err error) {
+	who := g.Name()
+	if role != "" {
+		who = role
+	}
+	if r.Started {
+		say("%s: /init %.1f s, command started %.1f s after boot", who, g.InitTime().Seconds(), r.BootToCommand.Seconds())
+	} else {
+		say("%s: the command never started", who)
+	}
+	for _, e := range r.Errors {
+		say("%s: init: %s", who, e)
+	}
+	if n := len(r.KernelWarnings); n > 0 {
+		say("%s: %d kernel warning line(s) (VRDMA-KERNEL-WARNING)", who, n)
+	}
+	if r.Rmmod != "" && r.Rmmod != "ok" {
+		say("%s: rmmod vrdma %s", who, r.Rmmod)
+	}
+	if err != nil {
+		say("%s: %v", who, err)
+	}
+}
+
+// checkCommands checks, before anything starts, that each command (with
+// {server} and {client} replaced) fits on its guest's kernel command line
+// with f.append.
+func checkCommands(f execFlags, guests []execGuest) error {
+	cmds := []string{f.cmd}
+	if len(guests) == 2 {
+		cmds = []string{f.server, f.client}
+	}
+	var hosts []guestvm.Host
+	for _, g := range guests {
+		hosts = append(hosts, guestvm.Host{Name: g.name, IP: g.ip.Addr()})
+	}
+	for i, g := range guests {
+		c := guestvm.StackConfig{Name: g.name, QEMU: "qemu", Kernel: "kernel", Initrd: "initrd",
+			Command: substitute(cmds[i], guests), NIC: &qemu.NIC{ID: "net0", MAC: g.mac}, IP: g.ip,
+			Hosts: hosts, Append: f.append, MemoryMiB: f.memory}
+		if err := c.Validate(); err != nil {
+			return fmt.Errorf("%s: %w", g.name, err)
+		}
+	}
+	return nil
+}
+
+// execSetup starts vrdmad with one device per guest (node GUID from the
+// guest's MAC) and returns the guests' configurations without their
+// commands. cleanup (never nil) stops vrdmad and removes the NIC sockets;
+// call it on every path.
+func execSetup(ctx context.Context, f execFlags, guests []execGuest, stderr io.Writer) ([]guestvm.StackConfig, func(), *vrdmadproc.Proc, error) {
+	var undo []func()
+	cleanup := func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	dir, err := os.MkdirTemp("", "vrdma-exec-")
+	if err != nil {
+		return nil, cleanup, nil, err
+	}
+	undo = append(undo, func() { os.RemoveAll(dir) })
+	d, err := vrdmadproc.Start(ctx, vrdmadproc.Config{Binary: f.vrdmad})
+	if err != nil {
+		return nil, cleanup, nil, err
+	}
+	undo = append(undo, func() {
+		if err := d.Stop(); err != nil {
+			fmt.Fprintf(stderr, "vrdma-vmtest: %v\n", err) // the error holds the log
+		}
+	})
+	var hosts []guestvm.Host
+	for _, g := range guests {
+		hosts = append(hosts, guestvm.Host{Name: g.name, IP: g.ip.Addr()})
+	}
+	cfgs := make([]guestvm.StackConfig, len(guests))
+	for i, g := range guests {
+		guid, err := guestvm.GUIDFromMAC(g.mac)
+		if err != nil {
+			return nil, cleanup, d, err
+		}
+		sock := filepath.Join(d.Dir(), g.name+".sock")
+		info, err := d.AddDevice(ctx, daemon.AddRequest{ID: g.name, Socket: sock, GUID: guid, DoorbellQueues: f.smp})
+		if err != nil {
+			return nil, cleanup, d, err
+		}
+		nic := &qemu.NIC{ID: "net0", MAC: g.mac}
+		if len(guests) == 2 {
+			nic.LocalSocket = filepath.Join(dir, g.name+".net")
+			nic.RemoteSocket = filepath.Join(dir, guests[1-i].name+".net")
+		}
+		cfgs[i] = guestvm.StackConfig{
+			Name: g.name, QEMU: f.qemuBin, Kernel: f.kernel, Initrd: f.initrd,
+			MemoryMiB: f.memory, SMP: f.smp, NIC: nic, IP: g.ip, Hosts: hosts, Append: f.append,
+			Devices: []qemu.VhostUserDevice{{ID: "vrdma0", Socket: info.Socket, VirtioID: abi.DeviceID,
+				NumVQs: info.NumQueues, VQSize: 256, ConfigSize: abi.ConfigSize}},
+		}
+	}
+	return cfgs, cleanup, d, nil
+}
+
+// linePrinter prints the guests' console lines, whole lines at a time,
+// from any goroutine: with the prefix "ROLE| " when a role is given; with
+// quiet, only the commands' output on out, and init's failures, kernel
+// warnings and a failed rmmod on err.
+type linePrinter struct {
+	mu       sync.Mutex
+	out, err io.Writer // protected by mu
+	quiet    bool      // immutable
+}
+
+func (p *linePrinter) print(role string, l guestvm.StackLine) {
+	w := p.out
+	if p.quiet && !l.Command {
+		switch {
+		case l.Kind == guestvm.KindError, l.Kind == guestvm.KindKernelWarning,
+			l.Kind == guestvm.KindRmmod && !strings.HasPrefix(l.Text, guestvm.PrefixRmmod+" ok"):
+			w = p.err
+		default:
+			return
+		}
+	}
+	prefix := ""
+	if role != "" {
+		prefix = role + "| "
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintf(w, "%s%s\n", prefix, l.Text)
+}

@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * vrdma: Linux driver for the para-virtual RDMA device (virtio device 42).
+ * Shared declarations of vrdma_main.c, vrdma_cmd.c and vrdma_verbs.c; the
+ * design notes are at the top of vrdma_main.c.
+ */
+#ifndef VRDMA_H
+#define VRDMA_H
+
+#include <linux/completion.h>
+#include <linux/if_ether.h>
+#include <linux/mutex.h>
+#include <linux/netdevice.h>
+#include <linux/spinlock.h>
+#include <linux/virtio.h>
+#include <linux/workqueue.h>
+#include <linux/xarray.h>
+#include <rdma/ib_umem.h>
+#include <rdma/ib_verbs.h>
+
+#include "vrdma-abi.h"
+
+#define VRDMA_PORT		1
+#define VRDMA_MAX_DOORBELLQ	64	/* bound on num_doorbell_queues */
+#define VRDMA_EVENT_BUFS	64	/* event buffers kept posted */
+#define VRDMA_MAX_GID_TBL	128	/* bound on the port's gid_tbl_len */
+#define VRDMA_MAX_CQE		(1U << 22)	/* driver's own bounds, */
+#define VRDMA_MAX_QP_WR		(1U << 16)	/* below the device's */
+
+/* Bits of vrdma_dev.flags. */
+enum {
+	VRDMA_DEAD,		/* no more commands; teardown succeeds */
+	VRDMA_STOPPED,		/* the virtio device was reset */
+	VRDMA_REMOVING,		/* remove() runs: queue no more work */
+	VRDMA_REGISTERED,	/* ib_dispatch_event is allowed */
+};
+
+struct vrdma_cmd;
+
+struct vrdma_doorbell {
+	struct virtqueue *vq;
+	phys_addr_t notify_pa;	/* the queue's notify register */
+	phys_addr_t flags_pa;	/* its used ring's flags word */
+	u16 notify_value;	/* what a notification writes there */
+};
+
+struct vrdma_dev {
+	struct ib_device ibdev;
+	struct virtio_device *vdev;
+	struct pci_dev *pdev;
+	unsigned long flags;
+	spinlock_t lock;	/* flags REMOVING/REGISTERED, reprobe */
+
+	/* Control queue (vrdma_cmd.c). */
+	struct virtqueue *ctrlq;
+	struct mutex cmd_mutex;	/* one command in flight */
+	spinlock_t ctrl_lock;	/* ctrlq and cmd_inflight */
+	struct vrdma_cmd *cmd_inflight;
+	unsigned long cmd_timeout;	/* jiffies */
+
+	/* Event queue. */
+	struct virtqueue *eventq;
+	spinlock_t event_lock;	/* eventq and the counters below */
+	struct vrdma_event *event_bufs;
+	unsigned int num_event_bufs;
+	struct work_struct event_work;
+	u64 events_unknown_handle;
+	u64 events_malformed;
+
+	/* Doorbell queues. */
+	unsigned int num_dbq;
+	atomic_t next_dbq;
+	struct vrdma_doorbell dbq[VRDMA_MAX_DOORBELLQ];
+
+	/* Device handle -> object, for events; irq-safe xa_lock. */
+	struct xarray cq_xa;
+	struct xarray qp_xa;
+
+	/* Limits, from QUERY_DEVICE and QUERY_PORT at probe. */
+	struct vrdma_device_attr dattr;
+	u32 max_qp_wr;
+	u32 max_sge;
+	u32 max_cqe;
+	u32 max_inline;
+	u32 max_rd_atom;
+	u32 gid_tbl_len;
+	u32 max_msg_sz;
+	u8 max_mtu;
+	u8 active_mtu;
+	u8 active_width;
+	u16 active_speed;
+
+	/* Port: the device's word and the bound net_device. */
+	bool dev_port_active;	/* READ_ONCE/WRITE_ONCE */
+	enum ib_port_state port_state;	/* last reported; port_work */
+	bool has_mac;
+	u8 mac[ETH_ALEN];
+	spinlock_t netdev_lock;	/* netdev; writers also hold rtnl */
+	struct net_device *netdev;	/* holds a reference */
+	struct notifier_block netdev_nb;
+	struct work_struct port_work;
+
+	struct mutex stop_mutex;	/* device reset */
+	struct work_struct fatal_work;
+	struct vrdma_reprobe *reprobe;	/* under lock */
+};
+
+struct vrdma_ucontext {
+	struct ib_ucontext ibuc;
+	struct mutex lock;	/* the entries below */
+	struct rdma_user_mmap_entry *notify[VRDMA_MAX_DOORBELLQ];
+	struct rdma_user_mmap_entry *flags[VRDMA_MAX_DOORBELLQ];
+};
+
+struct vrdma_pd {
+	struct ib_pd ibpd;
+	u32 pdn;
+};
+
+struct vrdma_mr {
+	struct ib_mr ibmr;
+	struct ib_umem *umem;
+};
+
+struct vrdma_cq {
+	struct ib_cq ibcq;
+	u32 cqn;
+	struct ib_umem *umem;
+};
+
+struct vrdma_qp {
+	struct ib_qp ibqp;
+	u32 qpn;
+	struct ib_umem *umem;
+	struct ib_qp_cap cap;
+	bool sq_sig_all;
+};
+
+struct vrdma_ah {
+	struct ib_ah ibah;
+	u32 ahn;
+};
+
+static inline struct vrdma_dev *to_vdev(struct ib_device *ibdev)
+{
+	return container_of(ibdev, struct vrdma_dev, ibdev);
+}
+
+static inline struct vrdma_ucontext *to_vuctx(struct ib_ucontext *ibuc)
+{
+	return container_of(ibuc, struct vrdma_ucontext, ibuc);
+}
+
+static inline struct vrdma_pd *to_vpd(struct ib_pd *ibpd)
+{
+	return container_of(ibpd, struct vrdma_pd, ibpd);
+}
+
+static inline struct vrdma_mr *to_vmr(struct ib_mr *ibmr)
+{
+	return container_of(ibmr, struct vrdma_mr, ibmr);
+}
+
+static inline struct vrdma_cq *to_vcq(struct ib_cq *ibcq)
+{
+	return container_of(ibcq, struct vrdma_cq, ibcq);
+}
+
+static inline struct vrdma_qp *to_vqp(struct ib_qp *ibqp)
+{
+	return container_of(ibqp, struct vrdma_qp, ibqp);
+}
+
+static inline struct vrdma_ah *to_vah(struct ib_ah *ibah)
+{
+	return container_of(ibah, struct vrdma_ah, ibah);
+}
+
+static inline bool vrdma_dead(struct vrdma_dev *dev)
+{
+	return test_bit(VRDMA_DEAD, &dev->flags);
+}
+
+/* vrdma_main.c */
+void vrdma_set_dead(struct vrdma_dev *dev, const char *why);
+void vrdma_quiesce(struct vrdma_dev *dev);
+void vrdma_dispatch_port_event(struct vrdma_dev *dev, enum ib_event_type type);
+enum ib_port_state vrdma_port_state(struct vrdma_dev *dev);
+
+/* vrdma_cmd.c */
+void vrdma_ctrlq_cb(struct virtqueue *vq);
+int vrdma_exec(struct vrdma_dev *dev, u16 opcode, const void *req,
+	       size_t req_len, void *resp, size_t resp_len, void *aux);
+void vrdma_exec_destroy(struct vrdma_dev *dev, u16 opcode, u32 handle);
+void vrdma_cmd_abort(struct vrdma_dev *dev);
+void vrdma_cmd_cleanup(struct vrdma_dev *dev);
+
+/* vrdma_verbs.c */
+extern const struct ib_device_ops vrdma_dev_ops;
+
+#endif /* VRDMA_H */

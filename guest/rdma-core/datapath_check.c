@@ -1,0 +1,675 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
+/*
+ * datapath_check: the provider's data path on the host, without a kernel
+ * driver or a device. It links vrdma_verbs.o with a fake of the libibverbs
+ * calls it makes (the ibv_cmd_* "kernel" records what it was asked and
+ * answers like the driver) and plays the device by hand: it reads the WQEs
+ * the provider wrote, moves consumer indices, writes CQEs and producer
+ * indices, and sets or clears the doorbell queue's NO_NOTIFY flag.
+ *
+ * The notify page and the flags page are two pages of a memfd that stands
+ * in for the uverbs file descriptor, so the test sees every doorbell write.
+ * The last check runs post and poll under SECCOMP_MODE_STRICT, where any
+ * system call but read, write, _exit and sigreturn kills the process: the
+ * fast path makes none.
+ *
+ * scripts/guest-provider.sh builds and runs it before it installs the
+ * provider; it prints "N passed, 0 failed" and exits non-zero on a failure.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/seccomp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "vrdma.h"
+#include "vrdma_abi.h"
+
+static int passed, failed;
+
+#define CHECK(cond, ...)                                                       \
+	do {                                                                   \
+		if (cond) {                                                    \
+			passed++;                                              \
+		} else {                                                       \
+			failed++;                                              \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__,          \
+				__LINE__, #cond);                              \
+			fprintf(stderr, __VA_ARGS__);                          \
+			fputc('\n', stderr);                                   \
+		}                                                              \
+	} while (0)
+
+/* ---------------------------------------------------------------------- */
+/* The fake kernel: what the provider's ibv_cmd_* calls reach.            */
+/* ---------------------------------------------------------------------- */
+
+#define DOORBELL_QUEUE 3
+#define NOTIFY_OFFSET 0x40
+#define FLAGS_OFFSET 0x82
+#define NOTIFY_VALUE 0x1234
+
+static struct {
+	struct vrdma_create_cq_cmd cq_cmd;
+	int cq_cqe;
+	struct vrdma_create_qp_cmd qp_cmd;
+	struct ibv_qp_init_attr qp_attr;
+	int qp_destroyed;
+	int next_qpn;
+} fk;
+
+static int memfd;		/* the "uverbs fd": page 0 notify, page 1 flags */
+static volatile uint16_t *notify;	/* RW view of the notify register */
+static volatile uint16_t *flags;	/* RW view of the used-ring flags */
+
+void __verbs_log(struct verbs_context *ctx, uint32_t level, const char *fmt,
+		 ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fprintf(stderr, "(provider log) ");
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+}
+
+int ibv_dontfork_range(void *base, size_t size) { return 0; }
+int ibv_dofork_range(void *base, size_t size) { return 0; }
+
+int ibv_cmd_create_cq(struct ibv_context *context, int cqe,
+		      struct ibv_comp_channel *channel, int comp_vector,
+		      struct ibv_cq *cq, struct ibv_create_cq *cmd,
+		      size_t cmd_size, struct ib_uverbs_create_cq_resp *resp,
+		      size_t resp_size)
+{
+	struct vrdma_ucmd_create_cq *c = (void *)cmd;
+
+	if (cmd_size != sizeof(*c) ||
+	    resp_size != sizeof(struct vrdma_ucmd_create_cq_resp))
+		return EINVAL;
+	fk.cq_cmd = c->drv_payload;
+	fk.cq_cqe = cqe;
+	cq->context = context;
+	cq->cqe = cqe;
+	return 0;
+}
+
+int ibv_cmd_destroy_cq(struct ibv_cq *cq) { return 0; }
+
+int ibv_cmd_create_qp(struct ibv_pd *pd, struct ibv_qp *qp,
+		      struct ibv_qp_init_attr *attr, struct ibv_create_qp *cmd,
+		      size_t cmd_size, struct ib_uverbs_create_qp_resp *resp,
+		      size_t resp_size)
+{
+	struct vrdma_ucmd_create_qp *c = (void *)cmd;
+	struct vrdma_ucmd_create_qp_resp *r = (void *)resp;
+
+	if (cmd_size != sizeof(*c) || resp_size != sizeof(*r))
+		return EINVAL;
+	fk.qp_cmd = c->drv_payload;
+	fk.qp_attr = *attr;
+	qp->context = pd->context;
+	qp->pd = pd;
+	qp->qp_num = ++fk.next_qpn;
+	r->qpn = qp->qp_num;
+	r->doorbell_queue = DOORBELL_QUEUE;
+	r->notify_mmap_key = 0;
+	r->flags_mmap_key = VRDMA_MMAP_SIZE;
+	r->notify_offset = NOTIFY_OFFSET;
+	r->flags_offset = FLAGS_OFFSET;
+	r->notify_value = NOTIFY_VALUE;
+	return 0;
+}
+
+int ibv_cmd_destroy_qp(struct ibv_qp *qp)
+{
+	fk.qp_destroyed++;
+	return 0;
+}
+
+/* Not reached by these checks; present so vrdma_verbs.o links. */
+int ibv_cmd_query_device_any(struct ibv_context *context,
+			     const struct ibv_query_device_ex_input *input,
+			     struct ibv_device_attr_ex *attr, size_t attr_size,
+			     struct ib_uverbs_ex_query_device_resp *resp,
+			     size_t *resp_size) { return EOPNOTSUPP; }
+int ibv_cmd_query_port(struct ibv_context *context, uint8_t port_num,
+		       struct ibv_port_attr *port_attr,
+		       struct ibv_query_port *cmd, size_t cmd_size) { return EOPNOTSUPP; }
+int ibv_cmd_alloc_pd(struct ibv_context *context, struct ibv_pd *pd,
+		     struct ibv_alloc_pd *cmd, size_t cmd_size,
+		     struct ib_uverbs_alloc_pd_resp *resp, size_t resp_size) { return EOPNOTSUPP; }
+int ibv_cmd_dealloc_pd(struct ibv_pd *pd) { return EOPNOTSUPP; }
+int ibv_cmd_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
+		   uint64_t hca_va, int access, struct verbs_mr *vmr,
+		   struct ibv_reg_mr *cmd, size_t cmd_size,
+		   struct ib_uverbs_reg_mr_resp *resp, size_t resp_size) { return EOPNOTSUPP; }
+int ibv_cmd_dereg_mr(struct verbs_mr *vmr) { return EOPNOTSUPP; }
+int ibv_cmd_create_ah(struct ibv_pd *pd, struct ibv_ah *ah,
+		      struct ibv_ah_attr *attr,
+		      struct ib_uverbs_create_ah_resp *resp, size_t resp_size) { return EOPNOTSUPP; }
+int ibv_cmd_destroy_ah(struct ibv_ah *ah) { return EOPNOTSUPP; }
+int ibv_cmd_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *qp_attr,
+		     int attr_mask, struct ibv_qp_init_attr *qp_init_attr,
+		     struct ibv_query_qp *cmd, size_t cmd_size) { return EOPNOTSUPP; }
+int ibv_cmd_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr,
+		      int attr_mask, struct ibv_modify_qp *cmd,
+		      size_t cmd_size) { return EOPNOTSUPP; }
+
+/* ---------------------------------------------------------------------- */
+/* Set-up                                                                 */
+/* ---------------------------------------------------------------------- */
+
+static struct ibv_device fake_dev = { .name = "vrdma0" };
+static struct vrdma_context *ctx;
+static struct ibv_pd pd;
+
+static void setup(void)
+{
+	void *rw;
+
+	memfd = memfd_create("vrdma-uverbs", 0);
+	if (memfd < 0 || ftruncate(memfd, 2 * VRDMA_MMAP_SIZE)) {
+		perror("memfd");
+		exit(2);
+	}
+	rw = mmap(NULL, 2 * VRDMA_MMAP_SIZE, PROT_READ | PROT_WRITE,
+		  MAP_SHARED, memfd, 0);
+	if (rw == MAP_FAILED) {
+		perror("mmap");
+		exit(2);
+	}
+	notify = (uint16_t *)((uint8_t *)rw + NOTIFY_OFFSET);
+	flags = (uint16_t *)((uint8_t *)rw + VRDMA_MMAP_SIZE + FLAGS_OFFSET);
+
+	ctx = calloc(1, sizeof(*ctx));
+	ctx->ibv_ctx.context.device = &fake_dev;
+	ctx->ibv_ctx.context.cmd_fd = memfd;
+	ctx->num_doorbell_queues = 4;
+	ctx->max_qp_wr = 4096;
+	ctx->max_sge = 16;
+	ctx->max_cqe = 65536;
+	ctx->max_inline_data = 256;
+	pthread_mutex_init(&ctx->db_lock, NULL);
+	list_head_init(&ctx->db_maps);
+	pd.context = &ctx->ibv_ctx.context;
+}
+
+/* The device's side of the rings. */
+static struct vrdma_send_wqe *sq_wqe(struct vrdma_qp *qp, uint32_t i)
+{
+	return (void *)(qp->sq.ring + ((i & (qp->sq.depth - 1)) << qp->sq.shift));
+}
+
+static struct vrdma_recv_wqe *rq_wqe(struct vrdma_qp *qp, uint32_t i)
+{
+	return (void *)(qp->rq.ring + ((i & (qp->rq.depth - 1)) << qp->rq.shift));
+}
+
+static void device_complete(struct vrdma_cq *cq, uint64_t wr_id,
+			    uint8_t status, uint8_t opcode, uint16_t wc_flags,
+			    uint32_t imm)
+{
+	uint32_t pi = cq->rec->pi;
+	struct vrdma_cqe *e = &cq->ring[pi & (cq->depth - 1)];
+
+	memset(e, 0, sizeof(*e));
+	e->wr_id = wr_id;
+	e->status = status;
+	e->opcode = opcode;
+	e->wc_flags = wc_flags;
+	e->qp_num = 7;
+	e->byte_len = 100;
+	e->imm_data = imm;
+	e->src_qp = 9;
+	e->vendor_err = status ? 0x55 : 0;
+	atomic_store_explicit((_Atomic uint32_t *)&cq->rec->pi, pi + 1,
+			      memory_order_release);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Checks                                                                 */
+/* ---------------------------------------------------------------------- */
+
+static void check_cq(void)
+{
+	struct ibv_wc wc[8];
+	struct vrdma_cq *cq;
+	struct ibv_cq *ibcq;
+	int n, i;
+
+	ibcq = vrdma_create_cq(&ctx->ibv_ctx.context, 5, NULL, 0);
+	CHECK(ibcq != NULL, "create_cq(5): %s", strerror(errno));
+	if (!ibcq)
+		return;
+	cq = to_vcq(ibcq);
+	CHECK(fk.cq_cqe == 8, "cqe passed to the kernel = %d, want 8", fk.cq_cqe);
+	CHECK(cq->depth == 8, "depth = %u", cq->depth);
+	CHECK(fk.cq_cmd.buf_addr == (uintptr_t)cq->buf, "buf_addr");
+	CHECK(fk.cq_cmd.buf_addr % VRDMA_PAGE_SIZE == 0, "buf_addr not page aligned");
+	CHECK(fk.cq_cmd.record_offset == VRDMA_PAGE_SIZE,
+	      "record_offset = %u, want one page", fk.cq_cmd.record_offset);
+	CHECK(fk.cq_cmd.buf_len == 2 * VRDMA_PAGE_SIZE, "buf_len = %llu",
+	      (unsigned long long)fk.cq_cmd.buf_len);
+	CHECK(fk.cq_cmd.reserved == 0, "reserved");
+
+	CHECK(vrdma_poll_cq(ibcq, 8, wc) == 0, "poll of an empty CQ");
+
+	/* Wrap the ring a few times, 3 entries at a time. */
+	for (i = 0; i < 20; i++) {
+		uint16_t f = (i % 2) ? VRDMA_WC_F_WITH_IMM : 0;
+
+		device_complete(cq, 1000 + i, 0,
+				(i % 2) ? VRDMA_WC_RECV_RDMA_WITH_IMM
+					: VRDMA_WC_SEND,
+				f, 0x11223344);
+		if (i % 3 != 2)
+			continue;
+		n = vrdma_poll_cq(ibcq, 8, wc);
+		CHECK(n == 3, "poll returned %d, want 3", n);
+		if (n != 3)
+			break;
+		for (int k = 0; k < 3; k++) {
+			int j = i - 2 + k;
+
+			CHECK(wc[k].wr_id == 1000 + (uint64_t)j,
+			      "wr_id %llu want %d",
+			      (unsigned long long)wc[k].wr_id, 1000 + j);
+			CHECK(wc[k].opcode == ((j % 2) ? IBV_WC_RECV_RDMA_WITH_IMM
+						       : IBV_WC_SEND),
+			      "opcode %d", wc[k].opcode);
+			CHECK(!!(wc[k].wc_flags & IBV_WC_WITH_IMM) == (j % 2),
+			      "wc_flags %x", wc[k].wc_flags);
+			CHECK(wc[k].imm_data == ((j % 2) ? 0x11223344 : 0),
+			      "imm %x (the bits as posted, no swap)", wc[k].imm_data);
+			CHECK(wc[k].qp_num == 7 && wc[k].src_qp == 9 &&
+			      wc[k].byte_len == 100, "qp_num/src_qp/byte_len");
+		}
+	}
+	CHECK(cq->rec->ci == cq->rec->pi - 2, "record ci %u pi %u", cq->rec->ci,
+	      cq->rec->pi);
+	n = vrdma_poll_cq(ibcq, 1, wc);
+	CHECK(n == 1, "poll(1) = %d", n);
+	n = vrdma_poll_cq(ibcq, 8, wc);
+	CHECK(n == 1, "poll = %d", n);
+	CHECK(cq->rec->ci == cq->rec->pi, "record ci %u pi %u", cq->rec->ci,
+	      cq->rec->pi);
+
+	/* An error completion keeps its status and vendor_err. */
+	device_complete(cq, 77, IBV_WC_REM_ACCESS_ERR, VRDMA_WC_RDMA_WRITE, 0, 0);
+	n = vrdma_poll_cq(ibcq, 8, wc);
+	CHECK(n == 1 && wc[0].status == IBV_WC_REM_ACCESS_ERR &&
+	      wc[0].vendor_err == 0x55, "error completion");
+
+	/* Arming writes (sequence << 1) | solicited, a new sequence each time. */
+	CHECK(vrdma_req_notify_cq(ibcq, 0) == 0, "req_notify");
+	CHECK(cq->rec->arm == (1u << 1), "arm = %#x", cq->rec->arm);
+	CHECK(vrdma_req_notify_cq(ibcq, 1) == 0, "req_notify");
+	CHECK(cq->rec->arm == ((2u << 1) | 1), "arm = %#x", cq->rec->arm);
+
+	/* A producer index past the ring is a device error. */
+	cq->rec->pi = cq->rec->ci + cq->depth + 1;
+	CHECK(vrdma_poll_cq(ibcq, 8, wc) < 0, "overrun pi must fail the poll");
+	cq->rec->pi = cq->rec->ci;
+
+	CHECK(vrdma_destroy_cq(ibcq) == 0, "destroy_cq");
+
+	errno = 0;
+	CHECK(vrdma_create_cq(&ctx->ibv_ctx.context, 65537, NULL, 0) == NULL &&
+	      errno == EINVAL, "cqe above max_cqe");
+	ibcq = vrdma_create_cq(&ctx->ibv_ctx.context, 0, NULL, 0);
+	CHECK(ibcq && to_vcq(ibcq)->depth == 1, "cqe 0 gives depth 1");
+	if (ibcq)
+		vrdma_destroy_cq(ibcq);
+	ibcq = vrdma_create_cq(&ctx->ibv_ctx.context, 1000, NULL, 0);
+	CHECK(ibcq && fk.cq_cmd.record_offset == 8 * VRDMA_PAGE_SIZE &&
+	      fk.cq_cmd.buf_len == 9 * VRDMA_PAGE_SIZE,
+	      "1024 entries: 8 ring pages, then the record page");
+	if (ibcq)
+		vrdma_destroy_cq(ibcq);
+}
+
+static struct vrdma_qp *make_qp(struct ibv_cq *cq, uint32_t send_wr,
+				uint32_t recv_wr, uint32_t send_sge,
+				uint32_t recv_sge, uint32_t inl, int sig_all)
+{
+	struct ibv_qp_init_attr attr = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.sq_sig_all = sig_all,
+		.cap = { .max_send_wr = send_wr, .max_recv_wr = recv_wr,
+			 .max_send_sge = send_sge, .max_recv_sge = recv_sge,
+			 .max_inline_data = inl },
+	};
+	struct ibv_qp *qp = vrdma_create_qp(&pd, &attr);
+
+	return qp ? to_vqp(qp) : NULL;
+}
+
+static void check_qp_layout(struct ibv_cq *cq)
+{
+	struct ibv_qp_init_attr attr = { .send_cq = cq, .recv_cq = cq,
+					 .qp_type = IBV_QPT_UD };
+	struct vrdma_qp *qp;
+
+	qp = make_qp(cq, 100, 3, 4, 2, 60, 0);
+	CHECK(qp != NULL, "create_qp: %s", strerror(errno));
+	if (!qp)
+		return;
+	/* 64 + 16 * 4 = 128 and 64 + 60 = 124: a 128-byte stride. */
+	CHECK(fk.qp_cmd.sq_depth == 128 && fk.qp_cmd.rq_depth == 4,
+	      "depths %u/%u", fk.qp_cmd.sq_depth, fk.qp_cmd.rq_depth);
+	CHECK(fk.qp_cmd.sq_wqe_shift == 7, "sq shift %u", fk.qp_cmd.sq_wqe_shift);
+	/* 16 + 16 * 2 = 48: a 64-byte stride. */
+	CHECK(fk.qp_cmd.rq_wqe_shift == 6, "rq shift %u", fk.qp_cmd.rq_wqe_shift);
+	CHECK(fk.qp_cmd.record_offset == 4 * VRDMA_PAGE_SIZE + VRDMA_PAGE_SIZE,
+	      "record offset %u: 4 SQ pages, 1 RQ page", fk.qp_cmd.record_offset);
+	CHECK(fk.qp_cmd.buf_len == 6 * VRDMA_PAGE_SIZE, "buf_len %llu",
+	      (unsigned long long)fk.qp_cmd.buf_len);
+	CHECK(fk.qp_cmd.buf_addr % VRDMA_PAGE_SIZE == 0, "buf_addr alignment");
+	/* The kernel was given the caps the rings hold. */
+	CHECK(fk.qp_attr.cap.max_send_wr == 128 && fk.qp_attr.cap.max_recv_wr == 4 &&
+	      fk.qp_attr.cap.max_send_sge == 4 && fk.qp_attr.cap.max_recv_sge == 3 &&
+	      fk.qp_attr.cap.max_inline_data == 64,
+	      "caps to the kernel: wr %u/%u sge %u/%u inline %u",
+	      fk.qp_attr.cap.max_send_wr, fk.qp_attr.cap.max_recv_wr,
+	      fk.qp_attr.cap.max_send_sge, fk.qp_attr.cap.max_recv_sge,
+	      fk.qp_attr.cap.max_inline_data);
+	CHECK(qp->notify_value == NOTIFY_VALUE, "notify value");
+	vrdma_destroy_qp(&qp->vqp.qp);
+
+	/* Zero caps still get one WR and one SGE each. */
+	qp = make_qp(cq, 0, 0, 0, 0, 0, 0);
+	CHECK(qp && fk.qp_cmd.sq_depth == 1 && fk.qp_cmd.rq_depth == 1 &&
+	      fk.qp_cmd.sq_wqe_shift == 7 && fk.qp_cmd.rq_wqe_shift == 5,
+	      "minimal QP: depth %u/%u shift %u/%u", fk.qp_cmd.sq_depth,
+	      fk.qp_cmd.rq_depth, fk.qp_cmd.sq_wqe_shift, fk.qp_cmd.rq_wqe_shift);
+	if (qp)
+		vrdma_destroy_qp(&qp->vqp.qp);
+
+	/* 16 SGEs: 64 + 256 = 320 -> 512; inline 256 fits too. */
+	qp = make_qp(cq, 4096, 4096, 16, 16, 256, 0);
+	CHECK(qp && fk.qp_cmd.sq_wqe_shift == 9 && fk.qp_cmd.rq_wqe_shift == 9,
+	      "max QP shifts %u/%u", fk.qp_cmd.sq_wqe_shift, fk.qp_cmd.rq_wqe_shift);
+	if (qp)
+		vrdma_destroy_qp(&qp->vqp.qp);
+
+	errno = 0;
+	CHECK(!make_qp(cq, 4097, 1, 1, 1, 0, 0) && errno == EINVAL, "send_wr above max");
+	errno = 0;
+	CHECK(!make_qp(cq, 1, 1, 17, 1, 0, 0) && errno == EINVAL, "sge above max");
+	errno = 0;
+	CHECK(!make_qp(cq, 1, 1, 1, 1, 257, 0) && errno == EINVAL, "inline above max");
+	errno = 0;
+	CHECK(!vrdma_create_qp(&pd, &attr) && errno == EOPNOTSUPP, "UD refused");
+}
+
+static void check_post(struct ibv_cq *ibcq)
+{
+	uint8_t payload[40];
+	struct ibv_sge sge[3] = {
+		{ .addr = 0x1000, .length = 10, .lkey = 0xa1 },
+		{ .addr = 0x2000, .length = 20, .lkey = 0xa2 },
+		{ .addr = 0x3000, .length = 30, .lkey = 0xa3 },
+	};
+	struct ibv_send_wr wr[6], *bad;
+	struct ibv_recv_wr rwr[3], *rbad;
+	struct vrdma_send_wqe *w;
+	struct vrdma_recv_wqe *rw;
+	struct vrdma_sge *s;
+	struct vrdma_qp *qp;
+	int ret, i;
+
+	for (i = 0; i < (int)sizeof(payload); i++)
+		payload[i] = i + 1;
+
+	qp = make_qp(ibcq, 4, 2, 2, 2, 32, 0);
+	if (!qp) {
+		CHECK(0, "create_qp: %s", strerror(errno));
+		return;
+	}
+
+	memset(wr, 0, sizeof(wr));
+	wr[0] = (struct ibv_send_wr){ .wr_id = 1, .next = &wr[1],
+		.sg_list = sge, .num_sge = 2, .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+		.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED,
+		.imm_data = htobe32(0xdeadbeef) };
+	wr[0].wr.rdma.remote_addr = 0x123456789a;
+	wr[0].wr.rdma.rkey = 0x77;
+	wr[1] = (struct ibv_send_wr){ .wr_id = 2, .next = &wr[2],
+		.sg_list = sge, .num_sge = 1, .opcode = IBV_WR_ATOMIC_CMP_AND_SWP,
+		.send_flags = IBV_SEND_FENCE };
+	wr[1].wr.atomic.remote_addr = 0x8000;
+	wr[1].wr.atomic.rkey = 0x88;
+	wr[1].wr.atomic.compare_add = 5;
+	wr[1].wr.atomic.swap = 6;
+	/* Inline: the bytes are copied, the SGE addresses are host pointers. */
+	{
+		static struct ibv_sge isge[2];
+
+		isge[0] = (struct ibv_sge){ .addr = (uintptr_t)payload, .length = 12 };
+		isge[1] = (struct ibv_sge){ .addr = (uintptr_t)(payload + 12), .length = 20 };
+		wr[2] = (struct ibv_send_wr){ .wr_id = 3, .next = NULL,
+			.sg_list = isge, .num_sge = 2, .opcode = IBV_WR_SEND,
+			.send_flags = IBV_SEND_INLINE };
+	}
+
+	/* The engine sleeps: the doorbell rings. */
+	*flags = 0;
+	*notify = 0;
+	ret = vrdma_post_send(&qp->vqp.qp, wr, &bad);
+	CHECK(ret == 0, "post_send: %d", ret);
+	CHECK(qp->rec->sq_pi == 3, "sq_pi %u", qp->rec->sq_pi);
+	CHECK(*notify == NOTIFY_VALUE, "doorbell value %#x", *notify);
+
+	w = sq_wqe(qp, 0);
+	s = (struct vrdma_sge *)(w + 1);
+	CHECK(w->wr_id == 1 && w->opcode == VRDMA_WR_RDMA_WRITE_WITH_IMM &&
+	      w->flags == (VRDMA_WQE_SIGNALED | VRDMA_WQE_SOLICITED) &&
+	      w->num_sge == 2 && w->remote_addr == 0x123456789aULL &&
+	      w->rkey == 0x77 && w->inline_len == 0,
+	      "WRITE_WITH_IMM header");
+	CHECK(memcmp(&w->imm_data, &wr[0].imm_data, 4) == 0,
+	      "imm_data must be the 32 bits as posted");
+	CHECK(s[0].addr == 0x1000 && s[0].length == 10 && s[0].lkey == 0xa1 &&
+	      s[1].addr == 0x2000 && s[1].length == 20 && s[1].lkey == 0xa2,
+	      "SGEs");
+	{
+		static const uint8_t zero[16];
+
+		CHECK(memcmp(w->reserved, zero, 16) == 0, "reserved bytes");
+	}
+	w = sq_wqe(qp, 1);
+	CHECK(w->opcode == VRDMA_WR_ATOMIC_CMP_AND_SWP &&
+	      w->flags == VRDMA_WQE_FENCE && w->remote_addr == 0x8000 &&
+	      w->rkey == 0x88 && w->compare_add == 5 && w->swap == 6 &&
+	      w->num_sge == 1, "CMP_AND_SWP");
+	w = sq_wqe(qp, 2);
+	CHECK(w->opcode == VRDMA_WR_SEND && w->flags == VRDMA_WQE_INLINE &&
+	      w->num_sge == 0 && w->inline_len == 32 &&
+	      memcmp(w + 1, payload, 32) == 0, "inline SEND");
+
+	/* The engine polls: no doorbell. One slot is left. */
+	*flags = VRDMA_DOORBELL_NO_NOTIFY;
+	*notify = 0;
+	wr[3] = (struct ibv_send_wr){ .wr_id = 4, .sg_list = sge, .num_sge = 1,
+				      .opcode = IBV_WR_RDMA_READ, .next = &wr[4],
+				      .send_flags = IBV_SEND_INLINE };
+	wr[4] = (struct ibv_send_wr){ .wr_id = 5, .sg_list = sge, .num_sge = 1,
+				      .opcode = IBV_WR_SEND };
+	ret = vrdma_post_send(&qp->vqp.qp, &wr[3], &bad);
+	CHECK(ret == ENOMEM && bad == &wr[4], "full SQ: ret %d", ret);
+	CHECK(qp->rec->sq_pi == 4, "sq_pi %u", qp->rec->sq_pi);
+	CHECK(*notify == 0, "no doorbell while the engine polls");
+	w = sq_wqe(qp, 3);
+	CHECK(w->opcode == VRDMA_WR_RDMA_READ && w->flags == 0 && w->num_sge == 1,
+	      "INLINE is ignored for READ");
+
+	/* The device consumes two; a bad WR stops the list after one. */
+	atomic_store((_Atomic uint32_t *)&qp->rec->sq_ci, 2);
+	*flags = 0;
+	wr[4].next = &wr[5];
+	/* Not read: the count is checked first. */
+	wr[5] = (struct ibv_send_wr){ .wr_id = 6, .sg_list = sge, .num_sge = 5,
+				      .opcode = IBV_WR_SEND };
+	ret = vrdma_post_send(&qp->vqp.qp, &wr[4], &bad);
+	CHECK(ret == EINVAL && bad == &wr[5],
+	      "5 SGEs where the stride holds %u: ret %d", qp->sq.max_sge, ret);
+	CHECK(qp->rec->sq_pi == 5 && *notify == NOTIFY_VALUE,
+	      "the good WR before the bad one is posted and rung");
+	w = sq_wqe(qp, 4);
+	CHECK(w->wr_id == 5 && w->opcode == VRDMA_WR_SEND, "slot 4 wraps to 0");
+
+	wr[0].next = NULL;
+	wr[0].opcode = (enum ibv_wr_opcode)99;
+	ret = vrdma_post_send(&qp->vqp.qp, wr, &bad);
+	CHECK(ret == EINVAL && bad == wr && qp->rec->sq_pi == 5, "unknown opcode");
+	{
+		/* Never read: the length is checked first. */
+		struct ibv_sge big[2] = { { .addr = 0x1000, .length = 40 },
+					  { .addr = 0x2000, .length = 40 } };
+
+		wr[0].opcode = IBV_WR_SEND;
+		wr[0].send_flags = IBV_SEND_INLINE;
+		wr[0].sg_list = big;
+		wr[0].num_sge = 2;
+		ret = vrdma_post_send(&qp->vqp.qp, wr, &bad);
+		CHECK(ret == EINVAL && qp->rec->sq_pi == 5,
+		      "80 inline bytes above the QP's %u", qp->max_inline_data);
+	}
+
+	/* Receives. */
+	memset(rwr, 0, sizeof(rwr));
+	rwr[0] = (struct ibv_recv_wr){ .wr_id = 11, .next = &rwr[1], .sg_list = sge, .num_sge = 2 };
+	rwr[1] = (struct ibv_recv_wr){ .wr_id = 12, .next = &rwr[2], .sg_list = sge, .num_sge = 0 };
+	rwr[2] = (struct ibv_recv_wr){ .wr_id = 13, .sg_list = sge, .num_sge = 1 };
+	*notify = 0;
+	ret = vrdma_post_recv(&qp->vqp.qp, rwr, &rbad);
+	CHECK(ret == ENOMEM && rbad == &rwr[2], "RQ of 2: ret %d", ret);
+	CHECK(qp->rec->rq_pi == 2 && *notify == NOTIFY_VALUE, "rq_pi %u", qp->rec->rq_pi);
+	rw = rq_wqe(qp, 0);
+	s = (struct vrdma_sge *)(rw + 1);
+	CHECK(rw->wr_id == 11 && rw->num_sge == 2 && s[1].addr == 0x2000 &&
+	      s[1].lkey == 0xa2, "receive WQE");
+	rwr[0].num_sge = 4;
+	rwr[0].next = NULL;
+	atomic_store((_Atomic uint32_t *)&qp->rec->rq_ci, 2);
+	ret = vrdma_post_recv(&qp->vqp.qp, rwr, &rbad);
+	CHECK(ret == EINVAL && rbad == rwr, "4 SGEs on a 3-SGE RQ");
+
+	CHECK(vrdma_destroy_qp(&qp->vqp.qp) == 0, "destroy_qp");
+
+	/* sq_sig_all: the provider sets SIGNALED itself. */
+	qp = make_qp(ibcq, 2, 1, 1, 1, 0, 1);
+	if (qp) {
+		wr[0] = (struct ibv_send_wr){ .wr_id = 1, .sg_list = sge, .num_sge = 1,
+					      .opcode = IBV_WR_SEND };
+		CHECK(fk.qp_attr.sq_sig_all == 1, "sq_sig_all reaches the kernel");
+		ret = vrdma_post_send(&qp->vqp.qp, wr, &bad);
+		CHECK(ret == 0 && (sq_wqe(qp, 0)->flags & VRDMA_WQE_SIGNALED),
+		      "sq_sig_all sets SIGNALED");
+		vrdma_destroy_qp(&qp->vqp.qp);
+	}
+}
+
+static void check_doorbell_sharing(struct ibv_cq *ibcq)
+{
+	struct vrdma_qp *a, *b;
+	int maps = 0;
+	struct vrdma_db_map *m;
+
+	a = make_qp(ibcq, 1, 1, 1, 1, 0, 0);
+	b = make_qp(ibcq, 1, 1, 1, 1, 0, 0);
+	if (!a || !b) {
+		CHECK(0, "create_qp");
+		return;
+	}
+	list_for_each(&ctx->db_maps, m, entry)
+		maps++;
+	CHECK(maps == 1 && a->db == b->db && a->db->refcnt == 2,
+	      "two QPs on one doorbell queue share one mapping (%d maps)", maps);
+	vrdma_destroy_qp(&a->vqp.qp);
+	CHECK(b->db->refcnt == 1, "refcnt after one destroy");
+	vrdma_destroy_qp(&b->vqp.qp);
+	CHECK(list_empty(&ctx->db_maps), "mapping dropped with the last QP");
+}
+
+/*
+ * check_no_syscalls posts, polls and arms in a child under
+ * SECCOMP_MODE_STRICT: a system call other than read/write/_exit/sigreturn
+ * kills it with SIGKILL.
+ */
+static void check_no_syscalls(struct ibv_cq *ibcq)
+{
+	struct ibv_sge sge = { .addr = 0x1000, .length = 8, .lkey = 1 };
+	struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_recv_wr rwr = { .wr_id = 2, .sg_list = &sge, .num_sge = 1 };
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct vrdma_qp *qp;
+	int status;
+	pid_t pid;
+
+	qp = make_qp(ibcq, 64, 64, 1, 1, 0, 0);
+	if (!qp) {
+		CHECK(0, "create_qp");
+		return;
+	}
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		struct ibv_send_wr *bad;
+		struct ibv_recv_wr *rbad;
+		struct ibv_wc wc[4];
+		int i, n = 0;
+
+		if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_STRICT))
+			_exit(3);
+		for (i = 0; i < 1000; i++) {
+			*flags = (i & 1) ? VRDMA_DOORBELL_NO_NOTIFY : 0;
+			if (vrdma_post_send(&qp->vqp.qp, &wr, &bad) ||
+			    vrdma_post_recv(&qp->vqp.qp, &rwr, &rbad))
+				syscall(SYS_exit, 4);
+			atomic_store((_Atomic uint32_t *)&qp->rec->sq_ci, i + 1);
+			atomic_store((_Atomic uint32_t *)&qp->rec->rq_ci, i + 1);
+			device_complete(cq, i, 0, VRDMA_WC_SEND, 0, 0);
+			n += vrdma_poll_cq(ibcq, 4, wc);
+			vrdma_req_notify_cq(ibcq, i & 1);
+		}
+		syscall(SYS_exit, n == 1000 ? 0 : 5);
+	}
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork/wait");
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "post/poll/arm under SECCOMP_MODE_STRICT: %s %d",
+	      WIFSIGNALED(status) ? "killed by signal (a system call)" : "exit",
+	      WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+	vrdma_destroy_qp(&qp->vqp.qp);
+}
+
+int main(void)
+{
+	struct ibv_cq *cq;
+
+	setup();
+	check_cq();
+	cq = vrdma_create_cq(&ctx->ibv_ctx.context, 256, NULL, 0);
+	if (!cq) {
+		fprintf(stderr, "create_cq failed\n");
+		return 1;
+	}
+	check_qp_layout(cq);
+	check_post(cq);
+	check_doorbell_sharing(cq);
+	check_no_syscalls(cq);
+	vrdma_destroy_cq(cq);
+
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed ? 1 : 0;
+}

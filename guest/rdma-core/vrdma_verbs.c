@@ -1,0 +1,844 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
+/*
+ * vrdma provider: the verbs. Control verbs go to the kernel through the
+ * ibv_cmd_* helpers; the data path (post, poll, arm) works on the rings in
+ * this process's memory and never enters the kernel.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <util/mmio.h>
+#include <util/udma_barrier.h>
+
+#include "vrdma.h"
+#include "vrdma_abi.h"
+
+/* ---------------------------------------------------------------------- */
+/* Device, port, PD, MR, AH: the kernel does the work.                    */
+/* ---------------------------------------------------------------------- */
+
+int vrdma_query_device(struct ibv_context *context,
+		       const struct ibv_query_device_ex_input *input,
+		       struct ibv_device_attr_ex *attr, size_t attr_size)
+{
+	struct ib_uverbs_ex_query_device_resp resp;
+	size_t resp_size = sizeof(resp);
+	uint64_t fw;
+	int ret;
+
+	ret = ibv_cmd_query_device_any(context, input, attr, attr_size, &resp,
+				       &resp_size);
+	if (ret)
+		return ret;
+
+	/* fw_ver is the daemon's ABI revision (docs/spec.md, QUERY_DEVICE). */
+	fw = resp.base.fw_ver;
+	snprintf(attr->orig_attr.fw_ver, sizeof(attr->orig_attr.fw_ver),
+		 "%u.%u.%u", (unsigned int)(fw >> 32) & 0xffff,
+		 (unsigned int)(fw >> 16) & 0xffff, (unsigned int)fw & 0xffff);
+	return 0;
+}
+
+int vrdma_query_port(struct ibv_context *context, uint8_t port,
+		     struct ibv_port_attr *attr)
+{
+	struct ibv_query_port cmd;
+
+	return ibv_cmd_query_port(context, port, attr, &cmd, sizeof(cmd));
+}
+
+struct ibv_pd *vrdma_alloc_pd(struct ibv_context *context)
+{
+	struct ib_uverbs_alloc_pd_resp resp;
+	struct ibv_alloc_pd cmd;
+	struct ibv_pd *pd;
+	int ret;
+
+	pd = calloc(1, sizeof(*pd));
+	if (!pd)
+		return NULL;
+	ret = ibv_cmd_alloc_pd(context, pd, &cmd, sizeof(cmd), &resp,
+			       sizeof(resp));
+	if (ret) {
+		free(pd);
+		errno = ret;
+		return NULL;
+	}
+	return pd;
+}
+
+int vrdma_dealloc_pd(struct ibv_pd *pd)
+{
+	int ret;
+
+	ret = ibv_cmd_dealloc_pd(pd);
+	if (ret)
+		return ret;
+	free(pd);
+	return 0;
+}
+
+struct ibv_mr *vrdma_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
+			    uint64_t hca_va, int access)
+{
+	struct ib_uverbs_reg_mr_resp resp;
+	struct ibv_reg_mr cmd;
+	struct verbs_mr *vmr;
+	int ret;
+
+	vmr = calloc(1, sizeof(*vmr));
+	if (!vmr)
+		return NULL;
+	ret = ibv_cmd_reg_mr(pd, addr, length, hca_va, access, vmr, &cmd,
+			     sizeof(cmd), &resp, sizeof(resp));
+	if (ret) {
+		free(vmr);
+		errno = ret;
+		return NULL;
+	}
+	return &vmr->ibv_mr;
+}
+
+int vrdma_dereg_mr(struct verbs_mr *vmr)
+{
+	int ret;
+
+	ret = ibv_cmd_dereg_mr(vmr);
+	if (ret)
+		return ret;
+	free(vmr);
+	return 0;
+}
+
+struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
+{
+	struct ib_uverbs_create_ah_resp resp;
+	struct vrdma_ah *ah;
+	int ret;
+
+	ah = calloc(1, sizeof(*ah));
+	if (!ah)
+		return NULL;
+	/* RoCE: the kernel resolves the destination from the GID. */
+	ret = ibv_cmd_create_ah(pd, &ah->ibv_ah, attr, &resp, sizeof(resp));
+	if (ret) {
+		free(ah);
+		errno = ret;
+		return NULL;
+	}
+	return &ah->ibv_ah;
+}
+
+int vrdma_destroy_ah(struct ibv_ah *ibah)
+{
+	int ret;
+
+	ret = ibv_cmd_destroy_ah(ibah);
+	if (ret)
+		return ret;
+	free(to_vah(ibah));
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Ring buffers                                                           */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * vrdma_alloc_buf returns len bytes of zeroed, page-aligned memory excluded
+ * from fork (the kernel pins it with ib_umem), or NULL with errno set.
+ */
+static void *vrdma_alloc_buf(size_t len)
+{
+	void *buf;
+	int ret;
+
+	ret = posix_memalign(&buf, VRDMA_PAGE_SIZE, len);
+	if (ret) {
+		errno = ret;
+		return NULL;
+	}
+	memset(buf, 0, len);
+	ret = ibv_dontfork_range(buf, len);
+	if (ret) {
+		free(buf);
+		errno = ret;
+		return NULL;
+	}
+	return buf;
+}
+
+static void vrdma_free_buf(void *buf, size_t len)
+{
+	ibv_dofork_range(buf, len);
+	free(buf);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Completion queues                                                      */
+/* ---------------------------------------------------------------------- */
+
+struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe,
+			       struct ibv_comp_channel *channel,
+			       int comp_vector)
+{
+	struct vrdma_context *ctx = to_vctx(context);
+	struct vrdma_ucmd_create_cq_resp resp = {};
+	struct vrdma_ucmd_create_cq cmd = {};
+	size_t ring_len;
+	struct vrdma_cq *cq;
+	uint32_t depth;
+	int ret;
+
+	if (cqe < 0 || (uint32_t)cqe > ctx->max_cqe) {
+		errno = EINVAL;
+		return NULL;
+	}
+	depth = vrdma_roundup_pow2(cqe ? cqe : 1);
+	if (!depth || depth > ctx->max_cqe) {
+		errno = EINVAL;
+		return NULL;
+	}
+
+	cq = calloc(1, sizeof(*cq));
+	if (!cq)
+		return NULL;
+
+	/* The ring in whole pages, then the arm record in a page of its own. */
+	ring_len = vrdma_page_align((size_t)depth * sizeof(struct vrdma_cqe));
+	cq->buf_len = ring_len + VRDMA_PAGE_SIZE;
+	cq->buf = vrdma_alloc_buf(cq->buf_len);
+	if (!cq->buf)
+		goto err_free;
+	cq->ring = cq->buf;
+	cq->rec = (struct vrdma_cq_arm_record *)((uint8_t *)cq->buf +
+						  ring_len);
+	cq->depth = depth;
+
+	cmd.buf_addr = (uintptr_t)cq->buf;
+	cmd.buf_len = cq->buf_len;
+	cmd.record_offset = ring_len;
+	ret = ibv_cmd_create_cq(context, depth, channel, comp_vector,
+				&cq->vcq.cq, &cmd.ibv_cmd, sizeof(cmd),
+				&resp.ibv_resp, sizeof(resp));
+	if (ret) {
+		errno = ret;
+		goto err_buf;
+	}
+
+	pthread_spin_init(&cq->lock, PTHREAD_PROCESS_PRIVATE);
+	return &cq->vcq.cq;
+
+err_buf:
+	vrdma_free_buf(cq->buf, cq->buf_len);
+err_free:
+	free(cq);
+	return NULL;
+}
+
+int vrdma_destroy_cq(struct ibv_cq *ibcq)
+{
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	int ret;
+
+	ret = ibv_cmd_destroy_cq(ibcq);
+	if (ret)
+		return ret;
+	pthread_spin_destroy(&cq->lock);
+	vrdma_free_buf(cq->buf, cq->buf_len);
+	free(cq);
+	return 0;
+}
+
+static void vrdma_cqe_to_wc(const struct vrdma_cqe *cqe, struct ibv_wc *wc)
+{
+	/* The CQE's status and opcode are ibv_wc_status / ibv_wc_opcode. */
+	wc->wr_id = le64toh(cqe->wr_id);
+	wc->status = (enum ibv_wc_status)cqe->status;
+	wc->opcode = (enum ibv_wc_opcode)cqe->opcode;
+	wc->vendor_err = le32toh(cqe->vendor_err);
+	wc->byte_len = le32toh(cqe->byte_len);
+	wc->qp_num = le32toh(cqe->qp_num);
+	wc->src_qp = le32toh(cqe->src_qp);
+	wc->wc_flags = 0;
+	wc->imm_data = 0;
+	if (le16toh(cqe->wc_flags) & VRDMA_WC_F_WITH_IMM) {
+		wc->wc_flags |= IBV_WC_WITH_IMM;
+		/*
+		 * The device returns the 32 bits as the peer posted them, and
+		 * ibv_send_wr.imm_data was already in network order: no swap.
+		 */
+		wc->imm_data = (__be32)cqe->imm_data;
+	}
+	wc->pkey_index = 0;
+	wc->slid = 0;
+	wc->sl = 0;
+	wc->dlid_path_bits = 0;
+}
+
+int vrdma_poll_cq(struct ibv_cq *ibcq, int num_entries, struct ibv_wc *wc)
+{
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct vrdma_cqe cqe;
+	uint32_t pi, ci;
+	int n = 0;
+
+	pthread_spin_lock(&cq->lock);
+	ci = cq->ci;
+	/* Acquire: the CQEs before pi are visible once pi is. */
+	pi = vrdma_load_acquire(&cq->rec->pi);
+	if (pi - ci > cq->depth) {
+		/* The device wrote a producer index past the ring. */
+		pthread_spin_unlock(&cq->lock);
+		errno = EIO;
+		return -1;
+	}
+	while (n < num_entries && ci != pi) {
+		memcpy(&cqe, &cq->ring[ci & (cq->depth - 1)], sizeof(cqe));
+		vrdma_cqe_to_wc(&cqe, &wc[n]);
+		ci++;
+		n++;
+	}
+	if (n) {
+		cq->ci = ci;
+		/* Release: the slots are free for the device once ci is. */
+		vrdma_store_release(&cq->rec->ci, ci);
+	}
+	pthread_spin_unlock(&cq->lock);
+	return n;
+}
+
+int vrdma_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
+{
+	struct vrdma_cq *cq = to_vcq(ibcq);
+	uint32_t seq, arm;
+
+	/*
+	 * No system call: a new sequence in the arm word re-arms the CQ
+	 * (vrdma-abi.h, struct vrdma_cq_arm_record); the device posts the
+	 * event for the next (solicited) completion, or at once if entries are
+	 * waiting, and ibv_get_cq_event wakes through the kernel.
+	 */
+	seq = atomic_fetch_add_explicit(&cq->arm_seq, 1,
+					memory_order_relaxed) + 1;
+	arm = (seq << VRDMA_CQ_ARM_SEQ_SHIFT) |
+	      (solicited_only ? VRDMA_CQ_ARM_SOLICITED : 0);
+	vrdma_store_release(&cq->rec->arm, arm);
+	/* Full barrier: the arm word before any later read of the ring. */
+	atomic_thread_fence(memory_order_seq_cst);
+	return 0;
+}
+
+void vrdma_cq_event(struct ibv_cq *ibcq)
+{
+	/* libibverbs counts events for ibv_ack_cq_events itself. */
+	atomic_fetch_add_explicit(&to_vcq(ibcq)->events, 1,
+				  memory_order_relaxed);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Doorbell pages                                                         */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * vrdma_get_db returns the mapping of a doorbell queue's pages for this
+ * context, mapping them with the keys of a create_qp response if the
+ * context has none yet. NULL with errno set on failure.
+ */
+static struct vrdma_db_map *
+vrdma_get_db(struct vrdma_context *ctx,
+	     const struct vrdma_ucmd_create_qp_resp *resp)
+{
+	int fd = ctx->ibv_ctx.context.cmd_fd;
+	struct vrdma_db_map *m;
+
+	pthread_mutex_lock(&ctx->db_lock);
+	list_for_each(&ctx->db_maps, m, entry) {
+		if (m->queue == resp->doorbell_queue) {
+			m->refcnt++;
+			goto out;
+		}
+	}
+
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		goto out;
+	m->queue = resp->doorbell_queue;
+	m->refcnt = 1;
+	m->notify_page = mmap(NULL, VRDMA_MMAP_SIZE, PROT_WRITE, MAP_SHARED, fd,
+			      resp->notify_mmap_key);
+	if (m->notify_page == MAP_FAILED)
+		goto err_free;
+	m->flags_page = mmap(NULL, VRDMA_MMAP_SIZE, PROT_READ, MAP_SHARED, fd,
+			     resp->flags_mmap_key);
+	if (m->flags_page == MAP_FAILED)
+		goto err_notify;
+	list_add_tail(&ctx->db_maps, &m->entry);
+out:
+	pthread_mutex_unlock(&ctx->db_lock);
+	return m;
+
+err_notify:
+	munmap(m->notify_page, VRDMA_MMAP_SIZE);
+err_free:
+	free(m);
+	pthread_mutex_unlock(&ctx->db_lock);
+	return NULL;
+}
+
+static void vrdma_put_db(struct vrdma_context *ctx, struct vrdma_db_map *m)
+{
+	pthread_mutex_lock(&ctx->db_lock);
+	if (--m->refcnt == 0) {
+		list_del(&m->entry);
+		munmap(m->notify_page, VRDMA_MMAP_SIZE);
+		munmap(m->flags_page, VRDMA_MMAP_SIZE);
+		free(m);
+	}
+	pthread_mutex_unlock(&ctx->db_lock);
+}
+
+/*
+ * vrdma_ring_doorbell runs after a producer index was published (release).
+ * docs/spec.md: "advances the producer index in the QP record (release),
+ * issues a full memory barrier, and then reads the flags field of the used
+ * ring of the QP's doorbell queue: if bit 0 is clear, ... the driver
+ * notifies the queue".
+ */
+static inline void vrdma_ring_doorbell(struct vrdma_qp *qp)
+{
+	uint16_t flags;
+
+	atomic_thread_fence(memory_order_seq_cst);
+	flags = le16toh(*(const volatile uint16_t *)qp->flags);
+	if (!(flags & VRDMA_DOORBELL_NO_NOTIFY))
+		mmio_write16(qp->notify, qp->notify_value);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Queue pairs                                                            */
+/* ---------------------------------------------------------------------- */
+
+/* Smallest shift in [min, VRDMA_MAX_WQE_SHIFT] with 1 << shift >= bytes. */
+static int vrdma_wqe_shift(uint32_t bytes, uint32_t min)
+{
+	uint32_t s;
+
+	for (s = min; s <= VRDMA_MAX_WQE_SHIFT; s++)
+		if ((1U << s) >= bytes)
+			return s;
+	return -1;
+}
+
+/*
+ * vrdma_qp_layout checks the capabilities asked for against the context's
+ * limits, picks depths and strides (docs/spec.md, CREATE_QP), and writes
+ * the capabilities granted back into cap.
+ */
+static int vrdma_qp_layout(struct vrdma_context *ctx, struct vrdma_qp *qp,
+			   struct ibv_qp_cap *cap)
+{
+	uint32_t send_wr = cap->max_send_wr ? cap->max_send_wr : 1;
+	uint32_t recv_wr = cap->max_recv_wr ? cap->max_recv_wr : 1;
+	uint32_t send_sge = cap->max_send_sge ? cap->max_send_sge : 1;
+	uint32_t recv_sge = cap->max_recv_sge ? cap->max_recv_sge : 1;
+	uint32_t inline_data = cap->max_inline_data;
+	uint32_t sq_bytes;
+	int sq_shift, rq_shift;
+
+	if (send_wr > ctx->max_qp_wr || recv_wr > ctx->max_qp_wr ||
+	    send_sge > ctx->max_sge || recv_sge > ctx->max_sge ||
+	    inline_data > ctx->max_inline_data)
+		return EINVAL;
+
+	qp->sq.depth = vrdma_roundup_pow2(send_wr);
+	qp->rq.depth = vrdma_roundup_pow2(recv_wr);
+	if (!qp->sq.depth || qp->sq.depth > ctx->max_qp_wr ||
+	    !qp->rq.depth || qp->rq.depth > ctx->max_qp_wr)
+		return EINVAL;
+
+	sq_bytes = sizeof(struct vrdma_send_wqe) +
+		   sizeof(struct vrdma_sge) * send_sge;
+	if (sq_bytes < sizeof(struct vrdma_send_wqe) + inline_data)
+		sq_bytes = sizeof(struct vrdma_send_wqe) + inline_data;
+	sq_shift = vrdma_wqe_shift(sq_bytes, VRDMA_MIN_SQ_WQE_SHIFT);
+	rq_shift = vrdma_wqe_shift(sizeof(struct vrdma_recv_wqe) +
+				   sizeof(struct vrdma_sge) * recv_sge,
+				   VRDMA_MIN_RQ_WQE_SHIFT);
+	if (sq_shift < 0 || rq_shift < 0)
+		return EINVAL;
+	qp->sq.shift = sq_shift;
+	qp->rq.shift = rq_shift;
+
+	/* What the strides hold, within the device's limits. */
+	qp->sq.max_sge = ((1U << sq_shift) - sizeof(struct vrdma_send_wqe)) /
+			 sizeof(struct vrdma_sge);
+	if (qp->sq.max_sge > ctx->max_sge)
+		qp->sq.max_sge = ctx->max_sge;
+	qp->rq.max_sge = ((1U << rq_shift) - sizeof(struct vrdma_recv_wqe)) /
+			 sizeof(struct vrdma_sge);
+	if (qp->rq.max_sge > ctx->max_sge)
+		qp->rq.max_sge = ctx->max_sge;
+	qp->max_inline_data = (1U << sq_shift) - sizeof(struct vrdma_send_wqe);
+	if (qp->max_inline_data > ctx->max_inline_data)
+		qp->max_inline_data = ctx->max_inline_data;
+
+	cap->max_send_wr = qp->sq.depth;
+	cap->max_recv_wr = qp->rq.depth;
+	cap->max_send_sge = qp->sq.max_sge;
+	cap->max_recv_sge = qp->rq.max_sge;
+	cap->max_inline_data = qp->max_inline_data;
+	return 0;
+}
+
+struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
+			       struct ibv_qp_init_attr *attr)
+{
+	struct vrdma_context *ctx = to_vctx(pd->context);
+	struct vrdma_ucmd_create_qp_resp resp = {};
+	struct vrdma_ucmd_create_qp cmd = {};
+	size_t sq_len, rq_len;
+	struct vrdma_qp *qp;
+	struct ibv_qp_cap cap;
+	int ret;
+
+	if (attr->qp_type != IBV_QPT_RC || attr->srq) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+
+	qp = calloc(1, sizeof(*qp));
+	if (!qp)
+		return NULL;
+
+	cap = attr->cap;
+	ret = vrdma_qp_layout(ctx, qp, &cap);
+	if (ret) {
+		errno = ret;
+		goto err_free;
+	}
+
+	sq_len = vrdma_page_align((size_t)qp->sq.depth << qp->sq.shift);
+	rq_len = vrdma_page_align((size_t)qp->rq.depth << qp->rq.shift);
+	qp->buf_len = sq_len + rq_len + VRDMA_PAGE_SIZE;
+	qp->buf = vrdma_alloc_buf(qp->buf_len);
+	if (!qp->buf)
+		goto err_free;
+	qp->sq.ring = qp->buf;
+	qp->rq.ring = (uint8_t *)qp->buf + sq_len;
+	qp->rec = (struct vrdma_qp_record *)((uint8_t *)qp->buf + sq_len +
+					      rq_len);
+	qp->sq_sig_all = attr->sq_sig_all;
+
+	cmd.buf_addr = (uintptr_t)qp->buf;
+	cmd.buf_len = qp->buf_len;
+	cmd.sq_depth = qp->sq.depth;
+	cmd.rq_depth = qp->rq.depth;
+	cmd.sq_wqe_shift = qp->sq.shift;
+	cmd.rq_wqe_shift = qp->rq.shift;
+	cmd.record_offset = sq_len + rq_len;
+
+	/* The standard command carries the granted caps and sq_sig_all. */
+	attr->cap = cap;
+	ret = ibv_cmd_create_qp(pd, &qp->vqp.qp, attr, &cmd.ibv_cmd,
+				sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	if (ret) {
+		errno = ret;
+		goto err_buf;
+	}
+	/* The provider's layout is what the rings really hold. */
+	attr->cap = cap;
+
+	if (resp.doorbell_queue >= ctx->num_doorbell_queues ||
+	    resp.notify_offset > VRDMA_MMAP_SIZE - sizeof(uint16_t) ||
+	    resp.flags_offset > VRDMA_MMAP_SIZE - sizeof(uint16_t) ||
+	    (resp.notify_offset & 1) || (resp.flags_offset & 1)) {
+		verbs_err(&ctx->ibv_ctx,
+			  "bad doorbell in create_qp response: queue %u of %u, notify offset %u, flags offset %u\n",
+			  resp.doorbell_queue, ctx->num_doorbell_queues,
+			  resp.notify_offset, resp.flags_offset);
+		errno = EPROTO;
+		goto err_destroy;
+	}
+	qp->db = vrdma_get_db(ctx, &resp);
+	if (!qp->db)
+		goto err_destroy;
+	qp->notify = (uint16_t *)((uint8_t *)qp->db->notify_page +
+				  resp.notify_offset);
+	qp->flags = (const uint16_t *)((const uint8_t *)qp->db->flags_page +
+				       resp.flags_offset);
+	qp->notify_value = resp.notify_value;
+
+	pthread_spin_init(&qp->sq.lock, PTHREAD_PROCESS_PRIVATE);
+	pthread_spin_init(&qp->rq.lock, PTHREAD_PROCESS_PRIVATE);
+	return &qp->vqp.qp;
+
+err_destroy:
+	ret = errno;
+	ibv_cmd_destroy_qp(&qp->vqp.qp);
+	errno = ret;
+err_buf:
+	vrdma_free_buf(qp->buf, qp->buf_len);
+err_free:
+	free(qp);
+	return NULL;
+}
+
+int vrdma_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
+		   int attr_mask, struct ibv_qp_init_attr *init_attr)
+{
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct ibv_query_qp cmd;
+	int ret;
+
+	ret = ibv_cmd_query_qp(ibqp, attr, attr_mask, init_attr, &cmd,
+			       sizeof(cmd));
+	if (ret)
+		return ret;
+	attr->cap.max_send_wr = qp->sq.depth;
+	attr->cap.max_recv_wr = qp->rq.depth;
+	attr->cap.max_send_sge = qp->sq.max_sge;
+	attr->cap.max_recv_sge = qp->rq.max_sge;
+	attr->cap.max_inline_data = qp->max_inline_data;
+	init_attr->cap = attr->cap;
+	init_attr->sq_sig_all = qp->sq_sig_all;
+	return 0;
+}
+
+int vrdma_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr,
+		    int attr_mask)
+{
+	struct ibv_modify_qp cmd;
+
+	return ibv_cmd_modify_qp(ibqp, attr, attr_mask, &cmd, sizeof(cmd));
+}
+
+int vrdma_destroy_qp(struct ibv_qp *ibqp)
+{
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	int ret;
+
+	ret = ibv_cmd_destroy_qp(ibqp);
+	if (ret)
+		return ret;
+	/* The device no longer touches the rings once DESTROY_QP answered. */
+	vrdma_put_db(to_vctx(ibqp->context), qp->db);
+	pthread_spin_destroy(&qp->sq.lock);
+	pthread_spin_destroy(&qp->rq.lock);
+	vrdma_free_buf(qp->buf, qp->buf_len);
+	free(qp);
+	return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Posting                                                                */
+/* ---------------------------------------------------------------------- */
+
+static inline int vrdma_wr_opcode(enum ibv_wr_opcode op, bool *can_inline)
+{
+	*can_inline = false;
+	switch (op) {
+	case IBV_WR_SEND:
+		*can_inline = true;
+		return VRDMA_WR_SEND;
+	case IBV_WR_SEND_WITH_IMM:
+		*can_inline = true;
+		return VRDMA_WR_SEND_WITH_IMM;
+	case IBV_WR_RDMA_WRITE:
+		*can_inline = true;
+		return VRDMA_WR_RDMA_WRITE;
+	case IBV_WR_RDMA_WRITE_WITH_IMM:
+		*can_inline = true;
+		return VRDMA_WR_RDMA_WRITE_WITH_IMM;
+	case IBV_WR_RDMA_READ:
+		return VRDMA_WR_RDMA_READ;
+	case IBV_WR_ATOMIC_CMP_AND_SWP:
+		return VRDMA_WR_ATOMIC_CMP_AND_SWP;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD:
+		return VRDMA_WR_ATOMIC_FETCH_AND_ADD;
+	default:
+		return -1;
+	}
+}
+
+/*
+ * vrdma_build_send_wqe checks one work request and, only if it is good,
+ * writes its WQE into slot. Returns 0 or EINVAL (nothing written).
+ */
+static inline int vrdma_build_send_wqe(struct vrdma_qp *qp, uint8_t *slot,
+				       const struct ibv_send_wr *wr)
+{
+	struct vrdma_send_wqe *wqe = (struct vrdma_send_wqe *)slot;
+	struct vrdma_sge *sge = (struct vrdma_sge *)(wqe + 1);
+	bool can_inline, use_inline;
+	uint32_t inline_len = 0;
+	uint8_t flags = 0;
+	int opcode, i;
+
+	opcode = vrdma_wr_opcode(wr->opcode, &can_inline);
+	if (opcode < 0 || wr->num_sge < 0)
+		return EINVAL;
+	/* INLINE applies to SEND and RDMA WRITE; READ and atomics ignore it. */
+	use_inline = can_inline && (wr->send_flags & IBV_SEND_INLINE);
+	if (use_inline) {
+		for (i = 0; i < wr->num_sge; i++) {
+			inline_len += wr->sg_list[i].length;
+			if (inline_len > qp->max_inline_data ||
+			    wr->sg_list[i].length > qp->max_inline_data)
+				return EINVAL;
+		}
+		flags |= VRDMA_WQE_INLINE;
+	} else if ((uint32_t)wr->num_sge > qp->sq.max_sge) {
+		return EINVAL;
+	}
+
+	if ((wr->send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all)
+		flags |= VRDMA_WQE_SIGNALED;
+	if (wr->send_flags & IBV_SEND_FENCE)
+		flags |= VRDMA_WQE_FENCE;
+	if (wr->send_flags & IBV_SEND_SOLICITED)
+		flags |= VRDMA_WQE_SOLICITED;
+
+	memset(wqe, 0, sizeof(*wqe));
+	wqe->wr_id = htole64(wr->wr_id);
+	wqe->opcode = opcode;
+	wqe->flags = flags;
+
+	switch (opcode) {
+	case VRDMA_WR_SEND_WITH_IMM:
+		/* The 32 bits as posted (already network order). */
+		wqe->imm_data = (__le32)wr->imm_data;
+		break;
+	case VRDMA_WR_RDMA_WRITE_WITH_IMM:
+		wqe->imm_data = (__le32)wr->imm_data;
+		/* fall through */
+	case VRDMA_WR_RDMA_WRITE:
+	case VRDMA_WR_RDMA_READ:
+		wqe->remote_addr = htole64(wr->wr.rdma.remote_addr);
+		wqe->rkey = htole32(wr->wr.rdma.rkey);
+		break;
+	case VRDMA_WR_ATOMIC_CMP_AND_SWP:
+		wqe->swap = htole64(wr->wr.atomic.swap);
+		/* fall through */
+	case VRDMA_WR_ATOMIC_FETCH_AND_ADD:
+		wqe->remote_addr = htole64(wr->wr.atomic.remote_addr);
+		wqe->rkey = htole32(wr->wr.atomic.rkey);
+		wqe->compare_add = htole64(wr->wr.atomic.compare_add);
+		break;
+	}
+
+	if (use_inline) {
+		uint8_t *dst = (uint8_t *)(wqe + 1);
+
+		for (i = 0; i < wr->num_sge; i++) {
+			memcpy(dst, (const void *)(uintptr_t)wr->sg_list[i].addr,
+			       wr->sg_list[i].length);
+			dst += wr->sg_list[i].length;
+		}
+		wqe->inline_len = htole32(inline_len);
+	} else {
+		for (i = 0; i < wr->num_sge; i++) {
+			sge[i].addr = htole64(wr->sg_list[i].addr);
+			sge[i].length = htole32(wr->sg_list[i].length);
+			sge[i].lkey = htole32(wr->sg_list[i].lkey);
+		}
+		wqe->num_sge = htole16(wr->num_sge);
+	}
+	return 0;
+}
+
+int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
+		    struct ibv_send_wr **bad_wr)
+{
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct vrdma_wq *sq = &qp->sq;
+	uint32_t pi, ci, posted = 0;
+	int err = 0;
+
+	pthread_spin_lock(&sq->lock);
+	pi = sq->pi;
+	ci = vrdma_load_acquire(&qp->rec->sq_ci);
+	for (; wr; wr = wr->next) {
+		if (pi - ci >= sq->depth) {
+			/* Look again: the device may have moved on. */
+			ci = vrdma_load_acquire(&qp->rec->sq_ci);
+			if (pi - ci >= sq->depth) {
+				err = ENOMEM;
+				break;
+			}
+		}
+		err = vrdma_build_send_wqe(
+			qp, sq->ring + ((pi & (sq->depth - 1)) << sq->shift),
+			wr);
+		if (err)
+			break;
+		pi++;
+		posted++;
+	}
+	if (posted) {
+		sq->pi = pi;
+		/* Release: the WQEs before the producer index. */
+		vrdma_store_release(&qp->rec->sq_pi, pi);
+		vrdma_ring_doorbell(qp);
+	}
+	pthread_spin_unlock(&sq->lock);
+	if (err)
+		*bad_wr = wr;
+	return err;
+}
+
+int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
+		    struct ibv_recv_wr **bad_wr)
+{
+	struct vrdma_qp *qp = to_vqp(ibqp);
+	struct vrdma_wq *rq = &qp->rq;
+	uint32_t pi, ci, posted = 0;
+	int err = 0, i;
+
+	pthread_spin_lock(&rq->lock);
+	pi = rq->pi;
+	ci = vrdma_load_acquire(&qp->rec->rq_ci);
+	for (; wr; wr = wr->next) {
+		struct vrdma_recv_wqe *wqe;
+		struct vrdma_sge *sge;
+
+		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > rq->max_sge) {
+			err = EINVAL;
+			break;
+		}
+		if (pi - ci >= rq->depth) {
+			ci = vrdma_load_acquire(&qp->rec->rq_ci);
+			if (pi - ci >= rq->depth) {
+				err = ENOMEM;
+				break;
+			}
+		}
+		wqe = (struct vrdma_recv_wqe *)(rq->ring +
+						((pi & (rq->depth - 1))
+						 << rq->shift));
+		sge = (struct vrdma_sge *)(wqe + 1);
+		memset(wqe, 0, sizeof(*wqe));
+		wqe->wr_id = htole64(wr->wr_id);
+		wqe->num_sge = htole16(wr->num_sge);
+		for (i = 0; i < wr->num_sge; i++) {
+			sge[i].addr = htole64(wr->sg_list[i].addr);
+			sge[i].length = htole32(wr->sg_list[i].length);
+			sge[i].lkey = htole32(wr->sg_list[i].lkey);
+		}
+		pi++;
+		posted++;
+	}
+	if (posted) {
+		rq->pi = pi;
+		vrdma_store_release(&qp->rec->rq_pi, pi);
+		vrdma_ring_doorbell(qp);
+	}
+	pthread_spin_unlock(&rq->lock);
+	if (err)
+		*bad_wr = wr;
+	return err;
+}
