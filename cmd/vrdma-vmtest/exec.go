@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -14,9 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vrdma/vrdma/internal/daemon"
-	"github.com/vrdma/vrdma/internal/vrdmadproc"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/internal/stacklab"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
 )
@@ -78,40 +75,12 @@ type execFlags struct {
 	verbose, quiet      bool
 }
 
-// Addresses of the guests: MAC 52:54:00:00:00:0N, IPv4 10.11.0.N/24.
-const (
-	macPrefix = "52:54:00:00:00:0"
-	ipPrefix  = "10.11.0."
-	ipBits    = 24
-)
-
-// execGuest is one guest of an exec run.
-type execGuest struct {
-	name string // also the vrdmad device id and the guest's host name
-	mac  string
-	ip   netip.Prefix
-}
-
-func execGuests(pair bool) []execGuest {
-	names := []string{"vm"}
+// execGuests are the guests of exec (one) or exec-pair (server, client).
+func execGuests(pair bool) []stacklab.Guest {
 	if pair {
-		names = []string{guestvm.RoleServer, guestvm.RoleClient}
+		return stacklab.Guests([]string{guestvm.RoleServer, guestvm.RoleClient})
 	}
-	gs := make([]execGuest, len(names))
-	for i, n := range names {
-		gs[i] = execGuest{name: n, mac: fmt.Sprintf("%s%d", macPrefix, i+1),
-			ip: netip.PrefixFrom(netip.MustParseAddr(fmt.Sprintf("%s%d", ipPrefix, i+1)), ipBits)}
-	}
-	return gs
-}
-
-// substitute replaces {server} and {client} in cmd by the guests'
-// addresses.
-func substitute(cmd string, gs []execGuest) string {
-	for _, g := range gs {
-		cmd = strings.ReplaceAll(cmd, "{"+g.name+"}", g.ip.Addr().String())
-	}
-	return cmd
+	return stacklab.Guests([]string{"vm"})
 }
 
 // parseExec parses exec's or exec-pair's flags; o gives the defaults (the
@@ -221,12 +190,22 @@ func runExec(scenario string, args []string, o options, kernelSet bool, binDir s
 		return c
 	}
 
-	cfgs, cleanup, d, err := execSetup(ctx, f, guests, stderr)
-	defer cleanup()
+	names := make([]string, len(guests))
+	for i, g := range guests {
+		names[i] = g.Name
+	}
+	lab, err := stacklab.New(ctx, stacklab.Config{Names: names, VRDMAD: f.vrdmad, QEMU: f.qemuBin,
+		Kernel: f.kernel, Initrd: f.initrd, MemoryMiB: f.memory, SMP: f.smp, Append: f.append})
 	if err != nil {
 		say("%v", err)
 		return code(guestvm.ExitHarness)
 	}
+	defer func() {
+		if err := lab.Close(); err != nil {
+			fmt.Fprintf(stderr, "vrdma-vmtest: %v\n", err) // the error holds the log
+		}
+	}()
+	cfgs, d := lab.Configs, lab.Daemon
 	pr := &linePrinter{out: stdout, err: stderr, quiet: f.quiet}
 	start := time.Now()
 	if !pair {
@@ -256,8 +235,8 @@ func runExec(scenario string, args []string, o options, kernelSet bool, binDir s
 	}
 
 	pcfg := guestvm.StackPairConfig{Server: cfgs[0], Client: cfgs[1], ReadyTimeout: f.readyTimeout, PeerGrace: f.grace}
-	pcfg.Server.Command = substitute(f.server, guests)
-	pcfg.Client.Command = substitute(f.client, guests)
+	pcfg.Server.Command = stacklab.Substitute(f.server, guests)
+	pcfg.Client.Command = stacklab.Substitute(f.client, guests)
 	say("booting two VMs (%d MiB, %d vCPU each, TCG), a vrdma device each on one vrdmad, joined by virtio-net", f.memory, f.smp)
 	p, err := guestvm.StartStackPair(ctx, pcfg)
 	if err != nil {
@@ -340,79 +319,24 @@ func report(say func(string, ...any), role string, g *guestvm.Guest, r guestvm.C
 // checkCommands checks, before anything starts, that each command (with
 // {server} and {client} replaced) fits on its guest's kernel command line
 // with f.append.
-func checkCommands(f execFlags, guests []execGuest) error {
+func checkCommands(f execFlags, guests []stacklab.Guest) error {
 	cmds := []string{f.cmd}
 	if len(guests) == 2 {
 		cmds = []string{f.server, f.client}
 	}
 	var hosts []guestvm.Host
 	for _, g := range guests {
-		hosts = append(hosts, guestvm.Host{Name: g.name, IP: g.ip.Addr()})
+		hosts = append(hosts, guestvm.Host{Name: g.Name, IP: g.IP.Addr()})
 	}
 	for i, g := range guests {
-		c := guestvm.StackConfig{Name: g.name, QEMU: "qemu", Kernel: "kernel", Initrd: "initrd",
-			Command: substitute(cmds[i], guests), NIC: &qemu.NIC{ID: "net0", MAC: g.mac}, IP: g.ip,
+		c := guestvm.StackConfig{Name: g.Name, QEMU: "qemu", Kernel: "kernel", Initrd: "initrd",
+			Command: stacklab.Substitute(cmds[i], guests), NIC: &qemu.NIC{ID: "net0", MAC: g.MAC}, IP: g.IP,
 			Hosts: hosts, Append: f.append, MemoryMiB: f.memory}
 		if err := c.Validate(); err != nil {
-			return fmt.Errorf("%s: %w", g.name, err)
+			return fmt.Errorf("%s: %w", g.Name, err)
 		}
 	}
 	return nil
-}
-
-// execSetup starts vrdmad with one device per guest (node GUID from the
-// guest's MAC) and returns the guests' configurations without their
-// commands. cleanup (never nil) stops vrdmad and removes the NIC sockets;
-// call it on every path.
-func execSetup(ctx context.Context, f execFlags, guests []execGuest, stderr io.Writer) ([]guestvm.StackConfig, func(), *vrdmadproc.Proc, error) {
-	var undo []func()
-	cleanup := func() {
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i]()
-		}
-	}
-	dir, err := os.MkdirTemp("", "vrdma-exec-")
-	if err != nil {
-		return nil, cleanup, nil, err
-	}
-	undo = append(undo, func() { os.RemoveAll(dir) })
-	d, err := vrdmadproc.Start(ctx, vrdmadproc.Config{Binary: f.vrdmad})
-	if err != nil {
-		return nil, cleanup, nil, err
-	}
-	undo = append(undo, func() {
-		if err := d.Stop(); err != nil {
-			fmt.Fprintf(stderr, "vrdma-vmtest: %v\n", err) // the error holds the log
-		}
-	})
-	var hosts []guestvm.Host
-	for _, g := range guests {
-		hosts = append(hosts, guestvm.Host{Name: g.name, IP: g.ip.Addr()})
-	}
-	cfgs := make([]guestvm.StackConfig, len(guests))
-	for i, g := range guests {
-		guid, err := guestvm.GUIDFromMAC(g.mac)
-		if err != nil {
-			return nil, cleanup, d, err
-		}
-		sock := filepath.Join(d.Dir(), g.name+".sock")
-		info, err := d.AddDevice(ctx, daemon.AddRequest{ID: g.name, Socket: sock, GUID: guid, DoorbellQueues: f.smp})
-		if err != nil {
-			return nil, cleanup, d, err
-		}
-		nic := &qemu.NIC{ID: "net0", MAC: g.mac}
-		if len(guests) == 2 {
-			nic.LocalSocket = filepath.Join(dir, g.name+".net")
-			nic.RemoteSocket = filepath.Join(dir, guests[1-i].name+".net")
-		}
-		cfgs[i] = guestvm.StackConfig{
-			Name: g.name, QEMU: f.qemuBin, Kernel: f.kernel, Initrd: f.initrd,
-			MemoryMiB: f.memory, SMP: f.smp, NIC: nic, IP: g.ip, Hosts: hosts, Append: f.append,
-			Devices: []qemu.VhostUserDevice{{ID: "vrdma0", Socket: info.Socket, VirtioID: abi.DeviceID,
-				NumVQs: info.NumQueues, VQSize: 256, ConfigSize: abi.ConfigSize}},
-		}
-	}
-	return cfgs, cleanup, d, nil
 }
 
 // linePrinter prints the guests' console lines, whole lines at a time,

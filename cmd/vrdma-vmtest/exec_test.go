@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/stacklab"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 )
 
@@ -81,7 +82,7 @@ func TestParseExec(t *testing.T) {
 
 func TestExecGuests(t *testing.T) {
 	one := execGuests(false)
-	if len(one) != 1 || one[0].name != "vm" || one[0].mac != "52:54:00:00:00:01" || one[0].ip.String() != "10.11.0.1/24" {
+	if len(one) != 1 || one[0].Name != "vm" || one[0].MAC != "52:54:00:00:00:01" || one[0].IP.String() != "10.11.0.1/24" {
 		t.Fatalf("got %+v", one)
 	}
 	two := execGuests(true)
@@ -94,8 +95,8 @@ func TestExecGuests(t *testing.T) {
 	}
 	for i, w := range want {
 		g := two[i]
-		guid, err := guestvm.GUIDFromMAC(g.mac)
-		if g.name != w.name || g.mac != w.mac || g.ip.String() != w.ip || err != nil || guid != w.guid {
+		guid, err := guestvm.GUIDFromMAC(g.MAC)
+		if g.Name != w.name || g.MAC != w.mac || g.IP.String() != w.ip || err != nil || guid != w.guid {
 			t.Errorf("guest %d: got %+v (guid %s, %v), want %+v", i, g, guid, err, w)
 		}
 	}
@@ -109,7 +110,7 @@ func TestSubstitute(t *testing.T) {
 		{"no placeholders {serv} {SERVER}", "no placeholders {serv} {SERVER}"},
 	}
 	for _, tt := range tests {
-		if got := substitute(tt.in, gs); got != tt.want {
+		if got := stacklab.Substitute(tt.in, gs); got != tt.want {
 			t.Errorf("substitute(%q) = %q, want %q", tt.in, got, tt.want)
 		}
 	}
