@@ -14,7 +14,8 @@
  * fast path makes none.
  *
  * scripts/guest-provider.sh builds and runs it before it installs the
- * provider; it prints "N passed, 0 failed" and exits non-zero on a failure.
+ * provider; it prints "datapath_check: all N checks passed", or the failures
+ * and "... FAILED", and exits non-zero on a failure.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -670,6 +671,10 @@ int main(void)
 	check_no_syscalls(cq);
 	vrdma_destroy_cq(cq);
 
-	printf("%d passed, %d failed\n", passed, failed);
+	if (failed)
+		printf("datapath_check: %d of %d checks FAILED\n", failed,
+		       passed + failed);
+	else
+		printf("datapath_check: all %d checks passed\n", passed);
 	return failed ? 1 : 0;
 }

@@ -7,19 +7,26 @@
 // provider directory — and claims a vrdma device, by name or by its virtio
 // modalias, with no "couldn't load driver" warning.
 //
-// The host has no RDMA devices, so the last test shows libibverbs a fake
+// The host has no RDMA devices, so TestLibibverbsLoadsProvider shows libibverbs a fake
 // one: a sysfs tree under SYSFS_PATH (libibverbs' own knob; 44.0 has none
 // for its config directory) and, in a private mount namespace (root,
 // unshare), a /dev with infiniband/uverbs0, /etc/libibverbs.d holding only
 // vrdma.driver and the provider directory holding only the built provider.
 // Nothing outside the namespace changes.
 //
-// The tests skip when the build artefacts (or root, cc, libibverbs) are
-// missing, except under CI=true, where they fail.
+// TestVerbsInGuest runs testdata/verbs_check.c in a guest of the standard
+// stack image (vrdma-vmtest exec), with the provider under test laid over
+// the image's copy: every verb the provider implements, with data checked.
+//
+// The tests skip when the build artefacts (or root, cc, libibverbs, the
+// guest image) are missing, except under CI=true, where they fail.
 package providertest
 
 import (
+	"bytes"
+	"compress/gzip"
 	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -356,4 +363,102 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// cpioEntry is one file of a newc archive.
+type cpioEntry struct {
+	name string
+	mode uint32 // type and permission bits, e.g. 0o100755
+	data []byte
+}
+
+// newcArchive returns entries as a gzip-compressed newc cpio archive, the
+// format of the guest's initramfs; appended to it, its files replace the
+// image's (the kernel unpacks concatenated archives in order).
+func newcArchive(entries []cpioEntry) ([]byte, error) {
+	var raw bytes.Buffer
+	pad := func() {
+		for raw.Len()%4 != 0 {
+			raw.WriteByte(0)
+		}
+	}
+	write := func(ino int, e cpioEntry) {
+		fmt.Fprintf(&raw, "070701%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X%08X",
+			ino, e.mode, 0, 0, 1, 0, len(e.data), 0, 0, 0, 0, len(e.name)+1, 0)
+		raw.WriteString(e.name)
+		raw.WriteByte(0)
+		pad()
+		raw.Write(e.data)
+		pad()
+	}
+	for i, e := range entries {
+		write(i+1, e)
+	}
+	write(0, cpioEntry{name: "TRAILER!!!"})
+	var gz bytes.Buffer
+	w := gzip.NewWriter(&gz)
+	if _, err := w.Write(raw.Bytes()); err != nil {
+		return nil, err
+	}
+	if err := w.Close(); err != nil {
+		return nil, err
+	}
+	return gz.Bytes(), nil
+}
+
+func TestVerbsInGuest(t *testing.T) {
+	so, driver := artefacts(t)
+	needSystemLib(t)
+	root := repoRoot(t)
+	vmtest := filepath.Join(root, "bin", "vrdma-vmtest")
+	image := filepath.Join(root, "bin", "guest-stack", "initramfs.img")
+	for _, p := range []string{vmtest, image, filepath.Join(root, "bin", "guest-stack", "vmlinuz"),
+		filepath.Join(root, "bin", "guest-stack", "vrdma.ko"), filepath.Join(root, "bin", "qemu-system-x86_64")} {
+		if _, err := os.Stat(p); err != nil {
+			unavailable(t, "%s missing (make build qemu; scripts/guest-stack-image.sh): %v", p, err)
+		}
+	}
+	bin := compile(t, "verbs_check", "-O2", "-libverbs")
+
+	var entries []cpioEntry
+	for _, f := range []struct{ src, dst string }{
+		{bin, "vrdma-verbs-check"},
+		{so, "usr/lib/x86_64-linux-gnu/libibverbs/" + providerName},
+		{driver, "etc/libibverbs.d/vrdma.driver"},
+	} {
+		b, err := os.ReadFile(f.src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries = append(entries, cpioEntry{name: f.dst, mode: 0o100755, data: b})
+	}
+	extra, err := newcArchive(entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := os.ReadFile(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	initrd := filepath.Join(t.TempDir(), "initramfs.img")
+	if err := os.WriteFile(initrd, append(base, extra...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// GID index 1: the port's RoCE v2 link-local GID (the image's eth0).
+	cmd := exec.Command(vmtest, "exec", "--initrd", initrd, "--timeout", "5m",
+		"--cmd", "/vrdma-verbs-check vrdma0 1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("vrdma-vmtest exec:\n%s", out)
+	if err != nil {
+		t.Fatalf("verbs_check in the guest: %v", err)
+	}
+	if !strings.Contains(string(out), "verbs_check: all ") {
+		t.Errorf("verbs_check did not report \"verbs_check: all N checks passed\"")
+	}
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "VRDMA-KERNEL-WARNING") {
+			t.Errorf("kernel: %s", l)
+		}
+	}
 }
