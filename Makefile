@@ -13,7 +13,16 @@
 #   make soak    random operations and faults across 4 devices for SOAK (default 10m)
 
 SHELL      := /bin/bash
-GO         ?= go
+# The go command: scripts/go-toolchain.sh prints one at least as new as
+# go.mod asks, after getting one if there is none (Debian's golang-go from
+# bookworm-backports, then go.mod's toolchain through the Go module proxy),
+# or stops with one line saying what to install. It runs once, when a recipe
+# first uses $(GO) (deps does, first), and that go's directory goes first in
+# PATH, so scripts that run `go` use it too. GO=... on the command line or in
+# the environment skips it.
+ifeq ($(origin GO),undefined)
+GO = $(eval GO := $$(or $$(shell bash scripts/go-toolchain.sh),false))$(if $(filter-out false,$(GO)),$(eval export PATH := $(dir $(GO)):$$(PATH)))$(GO)
+endif
 BIN        := bin
 FUZZTIME   ?= 30s
 SOAK       ?= 10m
@@ -29,7 +38,7 @@ CMDS := $(notdir $(wildcard cmd/*))
 all: build
 
 deps:
-	@command -v $(GO) >/dev/null || { echo "Go toolchain not found: install Go 1.26 (/usr/local/go)"; exit 1; }
+	@test "$(GO)" != false || exit 1
 	$(GO) mod download
 
 build: deps
@@ -87,6 +96,13 @@ fuzz-short:
 # Debian packages the tests use beyond the build's: help2man (man pages in
 # the .deb test) and curl (the documented control-API examples are run).
 TEST_APT := help2man curl dpkg systemd
+# libvirt: virt-xml-validate (libvirt-clients, and xmllint from libxml2-utils)
+# checks the documented domain; libvirtd with its QEMU driver runs it.
+TEST_APT += libvirt-clients libxml2-utils libvirt-daemon libvirt-daemon-driver-qemu
+# Packaging and metrics: lintian checks the .deb, shellcheck its maintainer
+# scripts, and promtool (Debian ships it only in prometheus) a live /metrics
+# scrape (internal/metrics, packaging).
+TEST_APT += lintian shellcheck prometheus
 
 test-tools:
 	@missing=""; for p in $(TEST_APT); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

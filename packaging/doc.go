@@ -1,13 +1,19 @@
 // Package packaging holds what a hypervisor host installs besides the
-// binaries: the systemd unit (vrdmad.service) and the environment file
-// (vrdmad.default, installed as /etc/default/vrdmad). scripts/deb.sh puts
-// them, the binaries and their manual pages into a .deb.
+// binaries: the systemd units (vrdmad.service, vrdmad.socket,
+// vrdmad-device@.socket), the environment file (vrdmad.default, installed
+// as /etc/default/vrdmad) and, in deb/, the rest of the .deb: the
+// machine-readable copyright file, the changelog, the maintainer scripts,
+// the sysusers.d file of the vrdma user and the lintian overrides.
+// scripts/deb.sh puts them, the binaries, their manual pages and bash
+// completion into a .deb.
 //
 // The package has no code: its tests build the .deb and check its contents
-// and control fields, verify the unit with systemd-analyze, and run the
-// packaged vrdmad with --metrics. They skip when dpkg-deb or systemd-analyze
-// is missing, except under CI=true, where they fail instead.
+// and control fields, run lintian on it, install, upgrade, remove and purge
+// it with dpkg in a scratch root, verify the units with systemd-analyze, run
+// the packaged vrdmad with --metrics (promtool checks the scrape), and run
+// every command's --help. They skip when a tool is missing, except under
+// CI=true, where they fail instead.
 //
-// Non-goals: packaging for other distributions, and starting the service
-// on install (the host's administrator enables it).
+// Non-goals: packaging for other distributions, and a Debian source package
+// (the .deb is built from the tree with the upstream Go toolchain).
 package packaging

@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -77,67 +79,96 @@ func unitDirectives(t *testing.T, path string) map[string]map[string][]string {
 	return out
 }
 
-func TestUnit(t *testing.T) {
-	u := unitDirectives(t, "vrdmad.service")
-	tests := []struct {
-		section, key, want string
-	}{
-		{"Service", "Type", "exec"},
-		{"Service", "ExecStart", "/usr/bin/vrdmad --control /run/vrdma/control.sock $VRDMAD_ARGS"},
-		{"Service", "EnvironmentFile", "-/etc/default/vrdmad"},
-		{"Service", "RuntimeDirectory", "vrdma"},
-		{"Service", "StateDirectory", "vrdma"},
-		{"Service", "Restart", "on-failure"},
-		{"Service", "LimitMEMLOCK", "infinity"},
-		{"Service", "NoNewPrivileges", "yes"},
-		{"Service", "ProtectSystem", "full"},
-		{"Install", "WantedBy", "multi-user.target"},
+// sysusers returns the users and groups packaging/deb/sysusers.conf
+// creates, and the group memberships ("user group").
+func sysusers(t *testing.T) (users, groups, members []string) {
+	t.Helper()
+	b, err := os.ReadFile("deb/sysusers.conf")
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.key, func(t *testing.T) {
-			got := u[tt.section][tt.key]
-			if len(got) != 1 || got[0] != tt.want {
-				t.Errorf("[%s] %s: got %q, want %q", tt.section, tt.key, got, tt.want)
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		switch f[0] {
+		case "u":
+			users = append(users, f[1])
+			groups = append(groups, f[1]) // u creates the user's group
+		case "g":
+			groups = append(groups, f[1])
+		case "m":
+			members = append(members, f[1]+" "+f[2])
+			groups = append(groups, f[2])
+		default:
+			t.Fatalf("sysusers.conf: line %q: this test knows u, g and m", line)
+		}
+	}
+	return users, groups, members
+}
+
+// TestUnit checks that the units fit the package: ExecStart runs the
+// packaged vrdmad, EnvironmentFile is the conffile, every unit they name
+// is packaged, and every user and group they name is root or created by
+// the package's sysusers.conf (the maintainer scripts apply it).
+// packaging/systemd_test.go checks the units' directives themselves.
+func TestUnit(t *testing.T) {
+	units := []string{"vrdmad.service", "vrdmad.socket", "vrdmad-device@.socket"}
+	users, groups, members := sysusers(t)
+	users, groups = append(users, "root"), append(groups, "root")
+	svc := unitDirectives(t, "vrdmad.service")
+	t.Run("ExecStart", func(t *testing.T) {
+		if got := svc["Service"]["ExecStart"]; len(got) != 1 || !strings.HasPrefix(got[0], "/usr/bin/vrdmad ") {
+			t.Errorf("ExecStart %q: want /usr/bin/vrdmad (the packaged daemon)", got)
+		}
+		if got := svc["Service"]["EnvironmentFile"]; !slices.Equal(got, []string{"-/etc/default/vrdmad"}) {
+			t.Errorf("EnvironmentFile %q: want -/etc/default/vrdmad (the conffile)", got)
+		}
+		if got := svc["Install"]["WantedBy"]; !slices.Equal(got, []string{"multi-user.target"}) {
+			t.Errorf("[Install] WantedBy %q: want multi-user.target (the postinst enables the service)", got)
+		}
+	})
+	for _, name := range units {
+		u := unitDirectives(t, name)
+		t.Run(name, func(t *testing.T) {
+			for _, sec := range []string{"Unit", "Install"} {
+				for _, key := range []string{"Requires", "Wants", "Also", "BindsTo"} {
+					for _, v := range u[sec][key] {
+						for _, dep := range strings.Fields(v) {
+							if strings.HasPrefix(dep, "vrdmad") && !slices.Contains(units, dep) {
+								t.Errorf("%s=%s: not a packaged unit", key, dep)
+							}
+						}
+					}
+				}
+			}
+			check := func(key string, known []string, what string) {
+				for _, sec := range []string{"Service", "Socket"} {
+					for _, v := range u[sec][key] {
+						for _, name := range strings.Fields(v) {
+							if !slices.Contains(known, name) {
+								t.Errorf("%s=%s: a %s sysusers.conf does not create", key, name, what)
+							}
+						}
+					}
+				}
+			}
+			check("User", users, "user")
+			check("SocketUser", users, "user")
+			check("Group", groups, "group")
+			check("SocketGroup", groups, "group")
+			check("SupplementaryGroups", groups, "group")
+			if name == "vrdmad.service" {
+				user := strings.Join(u["Service"]["User"], "")
+				for _, g := range strings.Fields(strings.Join(u["Service"]["SupplementaryGroups"], " ")) {
+					if user != "" && !slices.Contains(members, user+" "+g) {
+						t.Errorf("SupplementaryGroups=%s: sysusers.conf does not make %s a member (m %s %s)", g, user, user, g)
+					}
+				}
 			}
 		})
 	}
-	t.Run("capabilities", func(t *testing.T) {
-		caps := strings.Fields(strings.Join(u["Service"]["CapabilityBoundingSet"], " "))
-		if len(caps) > 0 && !contains(caps, "CAP_IPC_LOCK") {
-			t.Errorf("CapabilityBoundingSet %v lacks CAP_IPC_LOCK (mlock beyond RLIMIT_MEMLOCK)", caps)
-		}
-	})
-	t.Run("address families", func(t *testing.T) {
-		fams := strings.Fields(strings.Join(u["Service"]["RestrictAddressFamilies"], " "))
-		if len(fams) > 0 && !contains(fams, "AF_UNIX") {
-			t.Errorf("RestrictAddressFamilies %v lacks AF_UNIX (vhost-user and control sockets)", fams)
-		}
-	})
-	t.Run("syscall filter keeps mlock", func(t *testing.T) {
-		filter := u["Service"]["SystemCallFilter"]
-		if len(filter) == 0 {
-			return
-		}
-		if len(filter) != 1 || filter[0] != "@system-service" {
-			t.Fatalf("SystemCallFilter %q: this test knows only @system-service", filter)
-		}
-		sa := need(t, "systemd-analyze")
-		out := run(t, nil, sa, "syscall-filter", "@system-service")
-		for _, want := range []string{"@memlock", "@ipc", "@network-io", "@file-system"} {
-			if !strings.Contains(out, want) {
-				t.Errorf("@system-service lacks %s here", want)
-			}
-		}
-	})
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 func TestEnvironmentFile(t *testing.T) {
@@ -158,17 +189,84 @@ func TestEnvironmentFile(t *testing.T) {
 	}
 }
 
-const testVersion = "1.2.3+test"
+// TestMaintainerScripts checks the maintainer scripts' syntax with sh -n
+// (and shellcheck where installed: POSIX sh, as dpkg runs them).
+func TestMaintainerScripts(t *testing.T) {
+	for _, s := range []string{"deb/postinst", "deb/prerm", "deb/postrm"} {
+		t.Run(s, func(t *testing.T) {
+			fi, err := os.Stat(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm()&0o111 == 0 {
+				t.Errorf("mode %v: want it executable", fi.Mode())
+			}
+			if out, err := exec.Command("sh", "-n", s).CombinedOutput(); err != nil {
+				t.Errorf("sh -n: %v\n%s", err, out)
+			}
+			if sc, err := exec.LookPath("shellcheck"); err == nil {
+				if out, err := exec.Command(sc, "-s", "sh", s).CombinedOutput(); err != nil {
+					t.Errorf("shellcheck: %v\n%s", err, out)
+				}
+			}
+		})
+	}
+}
+
+// TestCopyright checks that packaging/deb/copyright has a Files:
+// paragraph for every Go module linked into the packaged programs, and
+// none for a module they do not link (go list -deps).
+func TestCopyright(t *testing.T) {
+	goBin := need(t, "go")
+	out := run(t, nil, goBin, "list", "-deps", "-f", "{{with .Module}}{{if not .Main}}{{.Path}}{{end}}{{end}}",
+		"../cmd/vrdmad", "../cmd/vrdmactl", "../cmd/vrdma-perf")
+	var mods []string
+	for _, m := range strings.Fields(out) {
+		if !slices.Contains(mods, m) {
+			mods = append(mods, m)
+		}
+	}
+	b, err := os.ReadFile("deb/copyright")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var patterns []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(line, "Files: "); ok && p != "*" && p != "go/*" {
+			patterns = append(patterns, strings.TrimSuffix(p, "/*"))
+		}
+	}
+	covers := func(p, m string) bool { return m == p || strings.HasPrefix(m, p+"/") }
+	for _, m := range mods {
+		if !slices.ContainsFunc(patterns, func(p string) bool { return covers(p, m) }) {
+			t.Errorf("module %s is linked into the programs but has no Files: paragraph in deb/copyright", m)
+		}
+	}
+	for _, p := range patterns {
+		if !slices.ContainsFunc(mods, func(m string) bool { return covers(p, m) }) {
+			t.Errorf("deb/copyright has Files: %s/* but no packaged program links it", p)
+		}
+	}
+	for _, want := range []string{"Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n", "\nFiles: *\n", "\nFiles: go/*\n"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("deb/copyright lacks %q", want)
+		}
+	}
+}
+
+const (
+	testVersion    = "1.2.3+test"
+	testDebVersion = testVersion + "-1" // Debian revision 1
+)
 
 // TestDeb builds the .deb with scripts/deb.sh and checks it: contents,
-// control fields, conffiles, manual pages, the packaged unit under
-// systemd-analyze verify, and the packaged vrdmad serving metrics.
+// owners and modes, control fields, conffiles, md5sums, manual pages, the
+// maintainer scripts against a scratch root, lintian, the packaged units
+// under systemd-analyze verify, and the packaged vrdmad serving metrics
+// that promtool accepts.
 func TestDeb(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short mode: builds two packages (make test runs it in its full pass)")
-	}
-	if testing.Short() {
-		t.Skip("builds the binaries and a .deb")
 	}
 	need(t, "dpkg-deb")
 	need(t, "go")
@@ -183,7 +281,7 @@ func TestDeb(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			out := t.TempDir()
 			run(t, []string{"OUTDIR=" + out, "VERSION=" + testVersion, "HELP2MAN=" + tc.help2man, "DEB_COMPRESS=" + tc.compress}, "bash", "../scripts/deb.sh")
-			deb := filepath.Join(out, "vrdma_"+testVersion+"_amd64.deb")
+			deb := filepath.Join(out, "vrdma_"+testDebVersion+"_amd64.deb")
 			if _, err := os.Stat(deb); err != nil {
 				t.Fatalf("no .deb: %v", err)
 			}
@@ -204,19 +302,30 @@ func checkDeb(t *testing.T, deb string) {
 			if f[1] != "root/root" {
 				t.Errorf("%s: got owner %s, want root/root", f[5], f[1])
 			}
-			entries[strings.TrimPrefix(f[5], ".")] = f[0]
+			path := strings.TrimPrefix(f[5], ".")
+			entries[path] = f[0]
+			if strings.HasSuffix(path, "/") && f[0] != "drwxr-xr-x" {
+				t.Errorf("%s: got mode %s, want drwxr-xr-x", path, f[0])
+			}
 		}
 		for path, mode := range map[string]string{
-			"/usr/bin/vrdmad":                     "-rwxr-xr-x",
-			"/usr/bin/vrdmactl":                   "-rwxr-xr-x",
-			"/usr/bin/vrdma-perf":                 "-rwxr-xr-x",
-			"/lib/systemd/system/vrdmad.service":  "-rw-r--r--",
-			"/etc/default/vrdmad":                 "-rw-r--r--",
-			"/usr/share/doc/vrdma/README.md":      "-rw-r--r--",
-			"/usr/share/man/man8/vrdmad.8.gz":     "-rw-r--r--",
-			"/usr/share/man/man8/vrdmactl.8.gz":   "-rw-r--r--",
-			"/usr/share/man/man1/vrdma-perf.1.gz": "-rw-r--r--",
-			"/usr/share/doc/vrdma/spec.md":        "-rw-r--r--",
+			"/usr/bin/vrdmad":                                 "-rwxr-xr-x",
+			"/usr/bin/vrdmactl":                               "-rwxr-xr-x",
+			"/usr/bin/vrdma-perf":                             "-rwxr-xr-x",
+			"/lib/systemd/system/vrdmad.service":              "-rw-r--r--",
+			"/lib/systemd/system/vrdmad.socket":               "-rw-r--r--",
+			"/lib/systemd/system/vrdmad-device@.socket":       "-rw-r--r--",
+			"/usr/lib/sysusers.d/vrdma.conf":                  "-rw-r--r--",
+			"/etc/default/vrdmad":                             "-rw-r--r--",
+			"/usr/share/bash-completion/completions/vrdmactl": "-rw-r--r--",
+			"/usr/share/doc/vrdma/copyright":                  "-rw-r--r--",
+			"/usr/share/doc/vrdma/changelog.Debian.gz":        "-rw-r--r--",
+			"/usr/share/doc/vrdma/README.md":                  "-rw-r--r--",
+			"/usr/share/doc/vrdma/spec.md":                    "-rw-r--r--",
+			"/usr/share/man/man8/vrdmad.8.gz":                 "-rw-r--r--",
+			"/usr/share/man/man8/vrdmactl.8.gz":               "-rw-r--r--",
+			"/usr/share/man/man1/vrdma-perf.1.gz":             "-rw-r--r--",
+			"/usr/share/lintian/overrides/vrdma":              "-rw-r--r--",
 		} {
 			if got, ok := entries[path]; !ok {
 				t.Errorf("%s: missing", path)
@@ -231,13 +340,18 @@ func checkDeb(t *testing.T, deb string) {
 				t.Errorf("%s: missing (docs/%s)", p, filepath.Base(d))
 			}
 		}
+		if _, ok := entries["/var/lib/vrdma/"]; ok {
+			t.Error("/var/lib/vrdma/ is in the package: systemd creates it (StateDirectory=)")
+		}
 	})
 	t.Run("control", func(t *testing.T) {
 		for field, want := range map[string]string{
 			"Package":      "vrdma",
-			"Version":      testVersion,
+			"Version":      testDebVersion,
 			"Architecture": "amd64",
 			"Section":      "admin",
+			"Priority":     "optional",
+			"Depends":      "systemd | systemd-standalone-sysusers | systemd-sysusers",
 		} {
 			if got := strings.TrimSpace(run(t, nil, "dpkg-deb", "-f", deb, field)); got != want {
 				t.Errorf("%s: got %q, want %q", field, got, want)
@@ -255,28 +369,51 @@ func checkDeb(t *testing.T, deb string) {
 
 	root := t.TempDir()
 	run(t, nil, "dpkg-deb", "-x", deb, root)
+	ctrl := t.TempDir()
+	run(t, nil, "dpkg-deb", "-e", deb, ctrl)
 
+	t.Run("md5sums", func(t *testing.T) {
+		b, err := os.ReadFile(filepath.Join(ctrl, "md5sums"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed := map[string]bool{}
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			_, p, ok := strings.Cut(line, "  ")
+			if !ok {
+				t.Fatalf("md5sums line %q", line)
+			}
+			listed[p] = true
+		}
+		cmd := exec.Command("md5sum", "--check", "--quiet", filepath.Join(ctrl, "md5sums"))
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("md5sum --check: %v\n%s", err, out)
+		}
+		filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			rel, _ := filepath.Rel(root, p)
+			if !listed[rel] && !strings.HasPrefix(rel, "etc/") {
+				t.Errorf("%s: not in md5sums", rel)
+			}
+			return nil
+		})
+	})
+	t.Run("changelog", func(t *testing.T) {
+		page := gunzip(t, filepath.Join(root, "usr/share/doc/vrdma/changelog.Debian.gz"))
+		if want := "vrdma (" + testDebVersion + ") unstable; urgency=medium\n"; !strings.HasPrefix(page, want) {
+			t.Errorf("changelog starts %.80q, want %q", page, want)
+		}
+	})
 	t.Run("man pages", func(t *testing.T) {
 		for _, m := range []struct{ path, name, want string }{
 			{"usr/share/man/man8/vrdmad.8.gz", "VRDMAD", "metrics"},
-			{"usr/share/man/man8/vrdmactl.8.gz", "VRDMACTL", "device"},
-			{"usr/share/man/man1/vrdma-perf.1.gz", "VRDMA-PERF", "iters"},
+			{"usr/share/man/man8/vrdmactl.8.gz", "VRDMACTL", "completion"},
+			{"usr/share/man/man1/vrdma-perf.1.gz", "VRDMA-PERF", "report_gbits"},
 		} {
-			f, err := os.Open(filepath.Join(root, m.path))
-			if err != nil {
-				t.Fatal(err)
-			}
-			zr, err := gzip.NewReader(f)
-			if err != nil {
-				f.Close()
-				t.Fatalf("%s: %v", m.path, err)
-			}
-			b, err := io.ReadAll(zr)
-			f.Close()
-			if err != nil {
-				t.Fatalf("%s: %v", m.path, err)
-			}
-			page := string(b)
+			page := gunzip(t, filepath.Join(root, m.path))
 			if !strings.Contains(page, "\n.TH "+m.name+" ") && !strings.HasPrefix(page, ".TH "+m.name+" ") &&
 				!strings.Contains(page, "\n.TH "+m.name+` "`) {
 				t.Errorf("%s: no .TH %s header:\n%.300s", m.path, m.name, page)
@@ -286,8 +423,43 @@ func checkDeb(t *testing.T, deb string) {
 					t.Errorf("%s: lacks %q", m.path, s)
 				}
 			}
+			// What lintian's manpage-has-errors-from-man runs.
+			if man, err := exec.LookPath("man"); err == nil {
+				cmd := exec.Command(man, "--warnings", "-E", "UTF-8", "-l", "-Tutf8", "-Z", filepath.Join(root, m.path))
+				cmd.Env = append(os.Environ(), "LC_ALL=C.UTF-8", "MANWIDTH=80")
+				var stderr bytes.Buffer
+				cmd.Stdout, cmd.Stderr = io.Discard, &stderr
+				if err := cmd.Run(); err != nil || stderr.Len() != 0 {
+					t.Errorf("%s: man --warnings: %v\n%s", m.path, err, stderr.String())
+				}
+			}
 		}
 	})
+	t.Run("lintian", func(t *testing.T) {
+		lintian := need(t, "lintian")
+		// No error, and no warning that packaging/deb/lintian-overrides
+		// does not give a reason for.
+		cmd := exec.Command(lintian, "--fail-on", "error,warning", "--no-tag-display-limit", deb)
+		out, err := cmd.CombinedOutput()
+		var bad []string
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(line, "E: ") || strings.HasPrefix(line, "W: ") {
+				bad = append(bad, line)
+			}
+		}
+		if err != nil || len(bad) > 0 {
+			t.Errorf("lintian: %v\n%s", err, out)
+		}
+	})
+	t.Run("bash completion", func(t *testing.T) {
+		bash := need(t, "bash")
+		p := filepath.Join(root, "usr/share/bash-completion/completions/vrdmactl")
+		out := run(t, nil, bash, "--norc", "-c", `source "$1" && complete -p vrdmactl`, "bash", p)
+		if out != "complete -F _vrdmactl vrdmactl\n" {
+			t.Errorf("complete -p vrdmactl: got %q", out)
+		}
+	})
+	t.Run("dpkg install, remove, purge", func(t *testing.T) { checkScripts(t, deb) })
 
 	vrdmad := filepath.Join(root, "usr/bin/vrdmad")
 	t.Run("version", func(t *testing.T) {
@@ -297,21 +469,28 @@ func checkDeb(t *testing.T, deb string) {
 	})
 	t.Run("systemd-analyze verify", func(t *testing.T) {
 		sa := need(t, "systemd-analyze")
-		// The unit as installed, with ExecStart pointing at the extracted
-		// binary (verify checks that it exists and is executable).
-		b, err := os.ReadFile(filepath.Join(root, "lib/systemd/system/vrdmad.service"))
-		if err != nil {
-			t.Fatal(err)
+		// The units as installed, with ExecStart pointing at the extracted
+		// binary (verify checks that it exists and is executable) and the
+		// device socket template as an instance.
+		dir := t.TempDir()
+		var units []string
+		for src, dst := range map[string]string{"vrdmad.service": "vrdmad.service", "vrdmad.socket": "vrdmad.socket",
+			"vrdmad-device@.socket": "vrdmad-device@vm1.socket"} {
+			b, err := os.ReadFile(filepath.Join(root, "lib/systemd/system", src))
+			if err != nil {
+				t.Fatal(err)
+			}
+			unit := strings.ReplaceAll(string(b), "ExecStart=/usr/bin/vrdmad ", "ExecStart="+vrdmad+" ")
+			if src == "vrdmad.service" && unit == string(b) {
+				t.Fatal("no ExecStart=/usr/bin/vrdmad in the unit")
+			}
+			p := filepath.Join(dir, dst)
+			if err := os.WriteFile(p, []byte(unit), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			units = append(units, p)
 		}
-		unit := strings.ReplaceAll(string(b), "ExecStart=/usr/bin/vrdmad ", "ExecStart="+vrdmad+" ")
-		if unit == string(b) {
-			t.Fatal("no ExecStart=/usr/bin/vrdmad in the unit")
-		}
-		p := filepath.Join(t.TempDir(), "vrdmad.service")
-		if err := os.WriteFile(p, []byte(unit), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		cmd := exec.Command(sa, "verify", "--man=no", p)
+		cmd := exec.Command(sa, append([]string{"verify", "--man=no"}, units...)...)
 		out, err := cmd.CombinedOutput()
 		if err != nil || len(bytes.TrimSpace(out)) != 0 {
 			t.Errorf("systemd-analyze verify: got error %v, output %q; want neither", err, out)
@@ -320,9 +499,98 @@ func checkDeb(t *testing.T, deb string) {
 	t.Run("metrics", func(t *testing.T) { checkMetrics(t, vrdmad) })
 }
 
+func gunzip(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return string(b)
+}
+
+// checkScripts installs, upgrades, removes and purges the package with
+// dpkg in a scratch root (dpkg --root with --force-script-chrootless: the
+// maintainer scripts run on the host with DPKG_ROOT set, as for a
+// bootstrap, so nothing on the host changes and systemd is left alone).
+// The postinst must create the vrdma user and group and put vrdma into the
+// kvm group already there (as Debian's systemd makes it); remove must keep
+// the state directory and the conffile, purge must remove both.
+func checkScripts(t *testing.T, deb string) {
+	dpkg := need(t, "dpkg")
+	need(t, "systemd-sysusers")
+	if os.Geteuid() != 0 {
+		t.Skip("dpkg --root needs root")
+	}
+	r := t.TempDir()
+	for _, d := range []string{"var/lib/dpkg/info", "var/lib/dpkg/updates", "etc"} {
+		if err := os.MkdirAll(filepath.Join(r, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for f, content := range map[string]string{
+		"var/lib/dpkg/status": "", "var/lib/dpkg/available": "",
+		"etc/passwd": "root:x:0:0:root:/root:/bin/bash\n",
+		"etc/group":  "root:x:0:\nkvm:x:104:\n",
+	} {
+		if err := os.WriteFile(filepath.Join(r, f), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dpkgRun := func(args ...string) {
+		t.Helper()
+		// --force-depends: the scratch root has no systemd package.
+		run(t, nil, dpkg, append([]string{"--root=" + r, "--force-script-chrootless", "--force-depends", "--log=/dev/null"}, args...)...)
+	}
+	dpkgRun("--install", deb)
+	dpkgRun("--install", deb) // an upgrade (postinst configure OLD-VERSION): idempotent
+	passwd, _ := os.ReadFile(filepath.Join(r, "etc/passwd"))
+	group, _ := os.ReadFile(filepath.Join(r, "etc/group"))
+	if !regexp.MustCompile(`(?m)^vrdma:x:[0-9]+:[0-9]+:[^:]*:/var/lib/vrdma:/usr/sbin/nologin$`).Match(passwd) {
+		t.Errorf("/etc/passwd lacks the vrdma system user (home /var/lib/vrdma, shell nologin):\n%s", passwd)
+	}
+	if !regexp.MustCompile(`(?m)^vrdma:x:[0-9]+:$`).Match(group) {
+		t.Errorf("/etc/group lacks the group vrdma:\n%s", group)
+	}
+	if !regexp.MustCompile(`(?m)^kvm:x:104:vrdma$`).Match(group) {
+		t.Errorf("/etc/group: want vrdma in the existing kvm group (104):\n%s", group)
+	}
+	state := filepath.Join(r, "var/lib/vrdma")
+	if err := os.MkdirAll(state, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(state, "devices.json"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dpkgRun("--remove", "vrdma")
+	for _, keep := range []string{"var/lib/vrdma/devices.json", "etc/default/vrdmad"} {
+		if _, err := os.Stat(filepath.Join(r, keep)); err != nil {
+			t.Errorf("after remove: /%s: %v, want it kept until purge", keep, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(r, "usr/bin/vrdmad")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after remove: /usr/bin/vrdmad: got %v, want it gone", err)
+	}
+	dpkgRun("--purge", "vrdma")
+	for _, gone := range []string{"var/lib/vrdma", "etc/default/vrdmad"} {
+		if _, err := os.Stat(filepath.Join(r, gone)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("after purge: /%s: got %v, want it gone", gone, err)
+		}
+	}
+}
+
 // checkMetrics runs the packaged vrdmad with a device and --metrics on a
-// unix socket, scrapes it, and checks that a second vrdmad on the same
-// metrics address fails with a clear error.
+// unix socket, scrapes it, runs promtool check metrics on the scrape, and
+// checks that a second vrdmad on the same metrics address fails with a
+// clear error.
 func checkMetrics(t *testing.T, vrdmad string) {
 	dir, err := os.MkdirTemp("", "vrdma-pkg") // short: unix socket paths
 	if err != nil {
@@ -330,7 +598,7 @@ func checkMetrics(t *testing.T, vrdmad string) {
 	}
 	defer os.RemoveAll(dir)
 	msock := filepath.Join(dir, "metrics.sock")
-	cmd := exec.Command(vrdmad, "--control", filepath.Join(dir, "control.sock"),
+	cmd := exec.Command(vrdmad, "--control", filepath.Join(dir, "control.sock"), "--state-dir", filepath.Join(dir, "state"),
 		"--socket", "vm1="+filepath.Join(dir, "vm1.sock"), "--metrics", "unix:"+msock)
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
@@ -383,18 +651,32 @@ func checkMetrics(t *testing.T, vrdmad string) {
 	}
 	for _, want := range []string{
 		"vrdma_devices 1\n",
-		"vrdma_pinned_bytes_total 0\n",
+		"vrdma_global_pinned_bytes 0\n",
 		`vrdma_pinned_bytes{device="vm1"} 0` + "\n",
 		`vrdma_vhost_user_connected{device="vm1"} 0` + "\n",
 		`vrdma_operations_total{device="vm1",opcode="rdma_write"} 0` + "\n",
+		`vrdma_resource_limit{device="vm1",type="qp"} 1024` + "\n",
 		"# TYPE vrdma_vhost_user_sessions_total counter\n",
+		`version="` + testVersion + `"`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("scrape lacks %q", want)
 		}
 	}
+	if !regexp.MustCompile(`(?m)^vrdma_build_info\{[^}]*goversion="go[0-9.]+"[^}]*\} 1$`).MatchString(body) {
+		t.Errorf("scrape lacks vrdma_build_info{goversion=…} 1")
+	}
+	t.Run("promtool", func(t *testing.T) {
+		promtool := need(t, "promtool")
+		cmd := exec.Command(promtool, "check", "metrics")
+		cmd.Stdin = strings.NewReader(body)
+		if out, err := cmd.CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) != 0 {
+			t.Errorf("promtool check metrics: got error %v, output:\n%s\nwant neither", err, out)
+		}
+	})
 
-	second := exec.Command(vrdmad, "--control", filepath.Join(dir, "control2.sock"), "--metrics", "unix:"+msock)
+	second := exec.Command(vrdmad, "--control", filepath.Join(dir, "control2.sock"), "--state-dir", filepath.Join(dir, "state2"),
+		"--metrics", "unix:"+msock)
 	out, err := second.CombinedOutput()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) {

@@ -1,22 +1,36 @@
 #!/usr/bin/env bash
-# deb.sh builds bin/vrdma_<version>_amd64.deb for hypervisor hosts:
-#   /usr/bin/{vrdmad,vrdmactl,vrdma-perf}
-#   /lib/systemd/system/vrdmad.service
-#   /etc/default/vrdmad                    (conffile)
+# deb.sh builds bin/vrdma_<version>-<revision>_amd64.deb for hypervisor
+# hosts, without debhelper, to Debian policy (lintian reports no errors;
+# packaging/packaging_test.go runs it):
+#   /usr/bin/{vrdmad,vrdmactl,vrdma-perf}          Go programs (PIE, no shared library), stripped
+#   /lib/systemd/system/vrdmad.service, vrdmad.socket, vrdmad-device@.socket
+#   /usr/lib/sysusers.d/vrdma.conf                 the vrdma system user
+#   /etc/default/vrdmad                            (conffile)
 #   /usr/share/man/man8/{vrdmad,vrdmactl}.8.gz, man1/vrdma-perf.1.gz
-#   /usr/share/doc/vrdma/{README.md,*.md}
+#   /usr/share/bash-completion/completions/vrdmactl
+#   /usr/share/doc/vrdma/{copyright,changelog.Debian.gz,README.md,*.md,libvirt-domain.xml}
+#   /usr/share/lintian/overrides/vrdma             (the warnings kept, with reasons)
+# and the maintainer scripts of packaging/deb/ (postinst: the vrdma user
+# through systemd-sysusers, then enable vrdmad.socket and vrdmad.service
+# and start the socket, as dh_installsystemd would; prerm; postrm).
 #
 # Environment:
-#   VERSION   package version (default: from `git describe --always`)
-#   OUTDIR    where the .deb goes (default: bin)
-#   HELP2MAN  help2man to use, or "none" to write the man pages without it
-#             (default: help2man if installed)
-#   GO        go command (default: go)
+#   VERSION       upstream version (default: from `git describe --always`)
+#   DEB_REVISION  Debian revision (default: 1): the package is VERSION-DEB_REVISION
+#   DEB_MAINTAINER  the Maintainer field (default: packaging/deb/changelog's)
+#   OUTDIR        where the .deb goes (default: bin)
+#   HELP2MAN      help2man to use, or "none" to write the man pages without it
+#                 (default: help2man if installed)
+#   GO            go command (default: go)
 #   DEB_COMPRESS  dpkg-deb compressor: xz (default), gzip (faster; tests) or zstd
+#   SOURCE_DATE_EPOCH  timestamp of the files, the man pages and the changelog
+#                 entry (default: the last commit's time): the same tree gives
+#                 the same .deb
 #
-# Manual pages come from each program's --help: through help2man when it
-# is installed (apt-get install help2man), else as a short roff page that
-# wraps the --help text.
+# Manual pages come from each program's --help, which each program prints
+# from its flag definitions: through help2man when it is installed
+# (apt-get install help2man), else as a short roff page that wraps the
+# --help text.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,70 +39,145 @@ GO=${GO:-go}
 OUTDIR=${OUTDIR:-bin}
 ARCH=amd64
 export CGO_ENABLED=0 GOOS=linux GOARCH=$ARCH GOFLAGS=${GOFLAGS:--buildvcs=false}
+umask 022
 
-for t in dpkg-deb gzip; do
-	command -v "$t" >/dev/null || { echo "deb.sh: $t not found (apt-get install dpkg gzip)" >&2; exit 1; }
+for t in dpkg-deb gzip md5sum; do
+	command -v "$t" >/dev/null || { echo "deb.sh: $t not found (apt-get install dpkg gzip coreutils)" >&2; exit 1; }
 done
 command -v "$GO" >/dev/null || { echo "deb.sh: $GO not found: install Go 1.26" >&2; exit 1; }
+for f in packaging/vrdmad.service packaging/vrdmad.socket packaging/vrdmad-device@.socket packaging/vrdmad.default \
+	packaging/deb/copyright packaging/deb/changelog packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm \
+	packaging/deb/sysusers.conf packaging/deb/lintian-overrides; do
+	[ -f "$f" ] || { echo "deb.sh: $f is missing" >&2; exit 1; }
+done
 
-# debian_version turns `git describe` output into a Debian version: it must
-# start with a digit and may hold only [A-Za-z0-9.+~-].
+# debian_version turns `git describe` output into an upstream version: it
+# must start with a digit and may hold only [A-Za-z0-9.+~] (no '-': the
+# Debian revision follows it). A tag v1.2.3 gives 1.2.3, four commits past
+# it 1.2.3+4.gabcdef, an untagged tree 0.1.0+gabcdef; ".dirty" marks
+# uncommitted changes.
 debian_version() {
 	local d
-	d=$(git -C "$root" describe --always --tags --dirty 2>/dev/null) || d=""
-	case "$d" in
-	"") echo "0.1.0" ;;
-	v[0-9]* | [0-9]*)
+	if d=$(git -C "$root" describe --tags --dirty 2>/dev/null) && [[ "$d" =~ ^v?[0-9] ]]; then
 		# v1.2.3-4-gabcdef[-dirty] → 1.2.3+4.gabcdef[.dirty]
 		d=${d#v}
 		local base=${d%%-*} rest=""
 		[[ "$d" == *-* ]] && rest=${d#*-}
 		if [ -n "$rest" ]; then echo "${base}+${rest//-/.}"; else echo "$base"; fi
-		;;
-	*) echo "0.1.0+${d//-/.}" ;; # a bare commit: 0.1.0+abcdef[.dirty]
-	esac
+	elif d=$(git -C "$root" describe --always --dirty 2>/dev/null); then
+		echo "0.1.0+g${d//-/.}" # 0.1.0+gabcdef[.dirty]
+	else
+		echo "0.1.0"
+	fi
 }
 VERSION=${VERSION:-$(debian_version)}
-if ! [[ "$VERSION" =~ ^[0-9][A-Za-z0-9.+~-]*$ ]]; then
-	echo "deb.sh: VERSION $VERSION is not a Debian version" >&2
+if ! [[ "$VERSION" =~ ^[0-9][A-Za-z0-9.+~]*$ ]]; then
+	echo "deb.sh: VERSION $VERSION is not an upstream version (a digit, then [A-Za-z0-9.+~])" >&2
 	exit 1
 fi
+DEB_REVISION=${DEB_REVISION:-1}
+if ! [[ "$DEB_REVISION" =~ ^[A-Za-z0-9.+~]+$ ]]; then
+	echo "deb.sh: DEB_REVISION $DEB_REVISION is not a Debian revision" >&2
+	exit 1
+fi
+DEB_VERSION=$VERSION-$DEB_REVISION
+# The maintainer of packaging/deb/changelog's latest entry.
+DEB_MAINTAINER=${DEB_MAINTAINER:-$(sed -n 's/^ -- \(.*>\)  .*/\1/p' packaging/deb/changelog | head -1)}
+if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
+	SOURCE_DATE_EPOCH=$(git -C "$root" log -1 --format=%ct 2>/dev/null || date +%s)
+fi
+export SOURCE_DATE_EPOCH
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 pkg=$stage/pkg
-mkdir -p "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/lib/systemd/system" "$pkg/etc/default" \
-	"$pkg/usr/share/doc/vrdma" "$pkg/usr/share/man/man1" "$pkg/usr/share/man/man8"
+doc=$pkg/usr/share/doc/vrdma
+mkdir -p "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/lib/systemd/system" "$pkg/etc/default" "$pkg/usr/lib/sysusers.d" \
+	"$doc" "$pkg/usr/share/man/man1" "$pkg/usr/share/man/man8" \
+	"$pkg/usr/share/bash-completion/completions" "$pkg/usr/share/lintian/overrides"
 
-echo "deb.sh: building vrdma $VERSION"
+echo "deb.sh: building vrdma $DEB_VERSION"
 for c in vrdmad vrdmactl vrdma-perf; do
-	"$GO" build -trimpath -ldflags "-s -w -X main.version=$VERSION" -o "$pkg/usr/bin/$c" "./cmd/$c"
+	# -buildmode=pie: a position-independent executable (ASLR; Debian's
+	# default for C programs): with CGO_ENABLED=0 it needs only the dynamic
+	# loader for its relocations, no shared library. A static Go program
+	# is a lintian error (statically-linked-binary) unless it comes from a
+	# source package that build-depends on golang-go, which this is not.
+	# -s -w: stripped (no symbol table, no DWARF), as dh_strip leaves a
+	# binary; -trimpath: no build paths in it.
+	"$GO" build -buildmode=pie -trimpath -ldflags "-s -w -X main.version=$VERSION" -o "$pkg/usr/bin/$c" "./cmd/$c"
 done
-install -m 0644 packaging/vrdmad.service "$pkg/lib/systemd/system/vrdmad.service"
+install -m 0644 packaging/vrdmad.service packaging/vrdmad.socket packaging/vrdmad-device@.socket "$pkg/lib/systemd/system/"
 install -m 0644 packaging/vrdmad.default "$pkg/etc/default/vrdmad"
-install -m 0644 README.md "$pkg/usr/share/doc/vrdma/README.md"
-for f in docs/*.md; do
-	[ -e "$f" ] && install -m 0644 "$f" "$pkg/usr/share/doc/vrdma/$(basename "$f")"
+install -m 0644 packaging/deb/sysusers.conf "$pkg/usr/lib/sysusers.d/vrdma.conf"
+install -m 0644 packaging/deb/lintian-overrides "$pkg/usr/share/lintian/overrides/vrdma"
+"$pkg/usr/bin/vrdmactl" completion bash >"$pkg/usr/share/bash-completion/completions/vrdmactl"
+chmod 0644 "$pkg/usr/share/bash-completion/completions/vrdmactl"
+
+install -m 0644 packaging/deb/copyright "$doc/copyright"
+install -m 0644 README.md "$doc/README.md"
+for f in docs/*.md docs/*.xml; do
+	[ -e "$f" ] && install -m 0644 "$f" "$doc/$(basename "$f")"
 done
+
+# changelog.Debian.gz: packaging/deb/changelog, under an entry for this
+# build when its version is not the latest entry's.
+{
+	if [ "$(sed -n '1s/^vrdma (\([^)]*\)).*/\1/p' packaging/deb/changelog)" != "$DEB_VERSION" ]; then
+		printf 'vrdma (%s) unstable; urgency=medium\n\n' "$DEB_VERSION"
+		printf '  * Built from the vrdma tree at %s.\n\n' \
+			"$(git -C "$root" describe --always --tags --dirty 2>/dev/null || echo "$VERSION")"
+		printf ' -- %s  %s\n\n' "$DEB_MAINTAINER" "$(date -u -R -d "@$SOURCE_DATE_EPOCH")"
+	fi
+	cat packaging/deb/changelog
+} | gzip -9n >"$doc/changelog.Debian.gz"
+chmod 0644 "$doc/changelog.Debian.gz"
 
 # roff_escape makes plain text safe inside a .nf block of a man page.
 roff_escape() {
 	sed -e 's/\\/\\e/g' -e "s/^\\([.']\\)/\\\\\\&\\1/"
 }
 
-# manpage NAME SECTION SUMMARY writes usr/share/man/manSECTION/NAME.SECTION.gz.
+# commands_section writes a man page section, in roff, with the --help of
+# each of vrdmactl's commands (its --help lists them under "Commands:"), so
+# that its manual page has every command's flags.
+commands_section() {
+	local bin=$pkg/usr/bin/vrdmactl cmd
+	printf '.SH "COMMAND OPTIONS"\n'
+	"$bin" --help | sed -n 's/^  vrdmactl \([a-z][a-z]*\( [a-z][a-z]*\)\{0,1\}\)\( .*\)\{0,1\}$/\1/p' |
+		grep -v '^help$' | awk '!seen[$0]++' | while read -r cmd; do
+		# shellcheck disable=SC2086 # cmd is one or two words
+		printf '.SS "vrdmactl %s"\n.nf\n' "$cmd"
+		# shellcheck disable=SC2086
+		"$bin" $cmd --help | roff_escape
+		printf '.fi\n'
+	done
+}
+
+# manpage NAME SECTION SUMMARY [INCLUDE] writes
+# usr/share/man/manSECTION/NAME.SECTION.gz; INCLUDE is roff to add (one or
+# more .SH sections).
 manpage() {
-	local name=$1 sec=$2 summary=$3 bin=$pkg/usr/bin/$1
+	local name=$1 sec=$2 summary=$3 include=${4:-} bin=$pkg/usr/bin/$1
 	local out=$stage/$name.$sec help
 	local h2m=${HELP2MAN-}
+	local date
+	date=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%d)
 	if [ -z "$h2m" ]; then h2m=$(command -v help2man || true); fi
+	local h2m_include=()
+	if [ -n "$include" ]; then
+		# help2man's include format: "[SECTION]" then its text.
+		local title
+		title=$(sed -n '1s/^\.SH "\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$include")
+		{ printf '[%s]\n' "$title"; sed 1d "$include"; } >"$stage/$name.h2m"
+		h2m_include=(--include="$stage/$name.h2m")
+	fi
 	if [ -n "$h2m" ] && [ "$h2m" != none ] &&
-		"$h2m" --no-info --no-discard-stderr --section="$sec" --name="$summary" \
+		"$h2m" --no-info --no-discard-stderr --section="$sec" --name="$summary" "${h2m_include[@]}" \
 			--version-string="$VERSION" --help-option=--help --output="$out" "$bin" 2>/dev/null &&
 		[ -s "$out" ]; then
 		:
 	else
-		# --help may exit non-zero and may print on stderr (flag's default).
 		help=$("$bin" --help 2>&1 || true)
 		if [ -z "$help" ]; then
 			echo "deb.sh: $name --help printed nothing" >&2
@@ -97,78 +186,59 @@ manpage() {
 		local upper
 		upper=$(tr '[:lower:]' '[:upper:]' <<<"$name")
 		{
-			printf '.TH %s %s "%s" "vrdma %s" "vrdma"\n' "$upper" "$sec" "$(date -u +%Y-%m-%d ${SOURCE_DATE_EPOCH:+-d @$SOURCE_DATE_EPOCH})" "$VERSION"
+			printf '.TH %s %s "%s" "vrdma %s" "vrdma"\n' "$upper" "$sec" "$date" "$VERSION"
 			printf '.SH NAME\n%s \\- %s\n' "$name" "$summary"
 			printf '.SH SYNOPSIS\n.B %s\n[\\fIOPTIONS\\fR]\n' "$name"
 			printf '.SH DESCRIPTION\nThe text below is the output of\n.BR "%s --help" .\n.PP\n.nf\n' "$name"
 			roff_escape <<<"$help"
-			printf '.fi\n.SH SEE ALSO\n'
-			printf '.BR vrdmad (8),\n.BR vrdmactl (8),\n.BR vrdma-perf (1),\n/usr/share/doc/vrdma/\n'
+			printf '.fi\n'
+			[ -z "$include" ] || cat "$include"
+			printf '.SH SEE ALSO\n'
+			printf '.BR vrdmad (8),\n.BR vrdmactl (8),\n.BR vrdma\\-perf (1),\n/usr/share/doc/vrdma/\n'
 		} >"$out"
 	fi
 	gzip -9n -c "$out" >"$pkg/usr/share/man/man$sec/$name.$sec.gz"
 	chmod 0644 "$pkg/usr/share/man/man$sec/$name.$sec.gz"
 }
+commands_section >"$stage/vrdmactl-commands.roff"
 manpage vrdmad 8 "vrdma host daemon: para-virtual RDMA devices for QEMU over vhost-user"
-manpage vrdmactl 8 "control a running vrdmad: add, remove and list devices"
-manpage vrdma-perf 1 "measure vrdma's data path with in-process front-ends"
+manpage vrdmactl 8 "control a running vrdmad: devices, VM hot-plug" "$stage/vrdmactl-commands.roff"
+manpage vrdma-perf 1 "measure a vrdma device pair as perftest measures RNICs"
 
 echo /etc/default/vrdmad >"$pkg/DEBIAN/conffiles"
+install -m 0755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm "$pkg/DEBIAN/"
 
-# The service is not enabled or started on install: the administrator
-# decides (systemctl enable --now vrdmad). Upgrades restart it if it runs.
-cat >"$pkg/DEBIAN/postinst" <<'SH'
-#!/bin/sh
-set -e
-if [ -d /run/systemd/system ]; then
-	systemctl daemon-reload >/dev/null || true
-	if [ "$1" = configure ] && [ -n "$2" ]; then
-		systemctl try-restart vrdmad.service >/dev/null || true
-	fi
-fi
-exit 0
-SH
-cat >"$pkg/DEBIAN/prerm" <<'SH'
-#!/bin/sh
-set -e
-if [ -d /run/systemd/system ] && [ "$1" = remove ]; then
-	systemctl stop vrdmad.service >/dev/null || true
-	systemctl disable vrdmad.service >/dev/null 2>&1 || true
-fi
-exit 0
-SH
-cat >"$pkg/DEBIAN/postrm" <<'SH'
-#!/bin/sh
-set -e
-if [ -d /run/systemd/system ]; then
-	systemctl daemon-reload >/dev/null || true
-fi
-if [ "$1" = purge ]; then
-	rm -rf /var/lib/vrdma
-fi
-exit 0
-SH
-chmod 0755 "$pkg/DEBIAN/postinst" "$pkg/DEBIAN/prerm" "$pkg/DEBIAN/postrm"
+# md5sums of every file but the conffiles (dpkg keeps theirs), as
+# dh_md5sums writes it.
+(cd "$pkg" && find . -type f ! -path ./DEBIAN/\* ! -path ./etc/\* -printf '%P\0' | LC_ALL=C sort -z |
+	xargs -0 md5sum) >"$pkg/DEBIAN/md5sums"
+chmod 0644 "$pkg/DEBIAN/md5sums" "$pkg/DEBIAN/conffiles"
+find "$pkg" -type d -exec chmod 0755 {} +
+find "$pkg" -exec touch --no-dereference -d "@$SOURCE_DATE_EPOCH" {} +
 
-size=$(du -sk --exclude=DEBIAN "$pkg" | cut -f1)
+size=$(du -sk --apparent-size --exclude=DEBIAN "$pkg" | cut -f1)
 cat >"$pkg/DEBIAN/control" <<CTRL
 Package: vrdma
-Version: $VERSION
+Version: $DEB_VERSION
 Architecture: $ARCH
-Maintainer: vrdma developers <vrdma@localhost>
+Maintainer: $DEB_MAINTAINER
+Installed-Size: $size
+Depends: systemd | systemd-standalone-sysusers | systemd-sysusers
+Recommends: qemu-system-x86
 Section: admin
 Priority: optional
-Installed-Size: $size
-Recommends: qemu-system-x86
+Homepage: https://github.com/vrdma/vrdma
 Description: para-virtual RDMA for QEMU VMs over vhost-user
  vrdmad is a host daemon that implements the device side of a para-virtual
  RDMA device (virtio device ID 42) over the vhost-user protocol: QEMU
  attaches it with a unix socket. The package holds vrdmad, its control
- tool vrdmactl, the vrdma-perf benchmark, a systemd unit (not enabled on
- install) and documentation.
+ tool vrdmactl, the vrdma-perf benchmark, the systemd units (vrdmad.socket
+ and vrdmad.service, enabled on install; the daemon runs as the system user
+ vrdma) and documentation.
 CTRL
+chmod 0644 "$pkg/DEBIAN/control"
 
 mkdir -p "$OUTDIR"
-deb=$OUTDIR/vrdma_${VERSION}_${ARCH}.deb
+deb=$OUTDIR/vrdma_${DEB_VERSION}_${ARCH}.deb
 dpkg-deb --root-owner-group -Z"${DEB_COMPRESS:-xz}" --build "$pkg" "$deb" >/dev/null
 echo "deb.sh: wrote $deb"

@@ -8,8 +8,16 @@
 # qemu-system-x86_64, caches the binary outside the checkout and leaves a copy
 # in <repo>/bin/qemu-system-x86_64.
 #
-# Usage (as root):  scripts/qemu-build.sh [fetch]
+# The source is pinned by checksum (QEMU_TARBALL_SHA256): a cached tarball is
+# used only if it matches, and works offline; a new one comes from
+# bookworm-backports while it serves 10.0.2, else (backports moved on to a
+# newer 10.0.x or to 10.2, which is said loudly) from the mirror's pool and
+# then snapshot.debian.org, always checked against the pin.
+#
+# Usage (as root):  scripts/qemu-build.sh [fetch|check]
 #   fetch   only install the build dependencies and download the source tarball
+#   check   say whether bookworm-backports still serves the pinned source (exit 1
+#           if it moved on); needs no root and builds nothing
 #
 # Environment:
 #   JOBS=N              parallel build jobs (default: 2)
@@ -22,6 +30,14 @@ set -euo pipefail
 
 readonly QEMU_VERSION=10.0.2
 readonly QEMU_TARBALL="qemu_${QEMU_VERSION}+ds.orig.tar.xz"
+# The pinned source: Debian's orig tarball of QEMU 10.0.2 as bookworm-backports
+# served it (39449628 bytes; the same SHA-256 its signed Sources index lists).
+# The SHA-1 names the file in snapshot.debian.org's store of every file Debian
+# ever shipped.
+readonly QEMU_TARBALL_SHA256=0901da33844a331bf8b3602b9c1fbd178e60b737c8e3ade678255bd090c9b9f1
+readonly QEMU_TARBALL_SHA1=0da721835b445ce31e3d69631ac878ebe218a6af
+readonly QEMU_POOL_PATH="pool/main/q/qemu/qemu_${QEMU_VERSION}%2bds.orig.tar.xz"
+readonly SNAPSHOT_URL="https://snapshot.debian.org/file/$QEMU_TARBALL_SHA1"
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 readonly REPO_ROOT
@@ -55,7 +71,7 @@ readonly CONFIGURE_ARGS=(
 # come from bookworm-backports (meson >= 1.5 is required by QEMU 10).
 readonly RUNTIME_DEPS=(seabios qemu-system-data libglib2.0-0 libpixman-1-0 libfdt1 zlib1g)
 readonly BUILD_DEPS=(ninja-build python3-venv pkg-config libglib2.0-dev libpixman-1-dev
-	libfdt-dev zlib1g-dev flex bison xz-utils patch gcc make)
+	libfdt-dev zlib1g-dev flex bison xz-utils patch gcc make curl ca-certificates)
 readonly BACKPORTS_DEPS=(meson python3-pycotap)
 readonly MESON_MIN=1.5
 
@@ -69,16 +85,12 @@ run() {
 	"$@"
 }
 
-# APT_COMMON are the options every apt-get call gets: wait for the dpkg lock
-# (other engineers may run apt at the same time) and never ask.
-readonly APT_COMMON=(-o DPkg::Lock::Timeout=600 -y -q)
-
-# Private apt configuration used for bookworm-backports (deb and deb-src):
-# the system's sources plus two lines, and its own lists directory so the
-# machine's apt state is not changed.
-readonly APT_DIR="$CACHE_ROOT/apt"
-APT_PRIVATE=()
-SUITE_BPO=""
+BPO_APT_DIR="$CACHE_ROOT/apt"
+# The private apt configuration for bookworm-backports (codename,
+# find_mirror, setup_backports_apt, APT_COMMON, APT_PRIVATE, SUITE_BPO,
+# BPO_MIRROR).
+# shellcheck source=lib-backports.sh
+. "$REPO_ROOT/scripts/lib-backports.sh"
 
 missing_pkgs() {
 	local p status
@@ -88,114 +100,6 @@ missing_pkgs() {
 			printf '%s\n' "$p"
 		fi
 	done
-}
-
-# codename prints the distribution codename (bookworm).
-codename() {
-	local c=""
-	if [[ -r /etc/os-release ]]; then
-		c=$(. /etc/os-release && printf '%s' "${VERSION_CODENAME:-}")
-	fi
-	[[ -n "$c" ]] || die "cannot tell the distribution codename from /etc/os-release"
-	printf '%s\n' "$c"
-}
-
-# find_mirror prints "URI<TAB>signed-by" for the first apt source of type deb
-# whose suites include the release itself (e.g. "bookworm", not
-# "bookworm-security"). It reads one-line .list files and deb822 .sources.
-find_mirror() {
-	local suite=$1 f
-	local files=()
-	[[ -f /etc/apt/sources.list ]] && files+=(/etc/apt/sources.list)
-	for f in /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-		[[ -f "$f" ]] && files+=("$f")
-	done
-	for f in "${files[@]}"; do
-		case "$f" in
-		*.sources)
-			# deb822: paragraphs separated by blank lines; fields may repeat case-insensitively.
-			awk -v suite="$suite" '
-				function flush() {
-					if (types ~ /(^| )deb( |$)/ && enabled != "no" && uris != "") {
-						n = split(suites, s, /[ \t]+/)
-						for (i = 1; i <= n; i++) if (s[i] == suite) {
-							split(uris, u, /[ \t]+/)
-							print u[1] "\t" signed
-							found = 1
-							exit
-						}
-					}
-					types = uris = suites = signed = enabled = ""
-				}
-				/^[ \t]*#/ { next }
-				/^[ \t]*$/ { flush(); next }
-				{
-					line = $0
-					key = tolower(line); sub(/:.*/, "", key)
-					val = line; sub(/^[^:]*:[ \t]*/, "", val); sub(/[ \t]+$/, "", val)
-					if (key == "types") types = val
-					else if (key == "uris") uris = val
-					else if (key == "suites") suites = val
-					else if (key == "enabled") enabled = tolower(val)
-					else if (key == "signed-by" && val ~ /^\//) signed = val
-				}
-				END { if (!found) flush() }
-			' "$f"
-			;;
-		*)
-			# one-line: deb [opt=val ...] URI suite component...
-			awk -v suite="$suite" '
-				/^[ \t]*#/ { next }
-				$1 == "deb" {
-					signed = ""; i = 2
-					if ($2 ~ /^\[/) {
-						for (; i <= NF; i++) {
-							if ($i ~ /signed-by=/) { v = $i; sub(/.*signed-by=/, "", v); sub(/\]$/, "", v); signed = v }
-							if ($i ~ /\]$/) { i++; break }
-						}
-					}
-					if ($(i+1) == suite) { print $i "\t" signed; exit }
-				}
-			' "$f"
-			;;
-		esac
-	done | head -n 1
-}
-
-setup_backports_apt() {
-	if ((${#APT_PRIVATE[@]} > 0)); then
-		return
-	fi
-	local suite mirror uri signed opt=""
-	suite=$(codename)
-	mirror=$(find_mirror "$suite")
-	[[ -n "$mirror" ]] || die "no apt source for suite $suite in /etc/apt/sources.list{,.d/*}: cannot derive the $suite-backports mirror"
-	uri=${mirror%%$'\t'*}
-	signed=${mirror#*$'\t'}
-	[[ -n "$signed" ]] && opt="[signed-by=$signed] "
-	log "backports mirror derived from the apt sources: $uri ($suite-backports)"
-
-	mkdir -p "$APT_DIR/lists/partial"
-	local list="$APT_DIR/sources.list" tmp
-	tmp=$(mktemp "$APT_DIR/sources.list.XXXXXX")
-	{
-		echo "# generated by scripts/qemu-build.sh: the system's sources plus $suite-backports"
-		[[ -f /etc/apt/sources.list ]] && cat /etc/apt/sources.list
-		echo "deb ${opt}${uri} ${suite}-backports main"
-		echo "deb-src ${opt}${uri} ${suite}-backports main"
-	} >"$tmp"
-	mv -f "$tmp" "$list"
-	# The system's sources.list.d stays in use (deb822 files included); only
-	# the main list file and the lists directory are private.
-	APT_PRIVATE=(-o "Dir::Etc::sourcelist=$list" -o "Dir::State::Lists=$APT_DIR/lists")
-
-	# Refresh the private lists once a day at most.
-	local stamp="$APT_DIR/updated"
-	if [[ ! -f "$stamp" || "$list" -nt "$stamp" || -n "$(find "$stamp" -mmin +1440 2>/dev/null)" ]]; then
-		run apt-get "${APT_COMMON[@]}" "${APT_PRIVATE[@]}" update >&2
-		touch "$stamp"
-	fi
-	SUITE_BPO="${suite}-backports"
 }
 
 meson_ok() {
@@ -241,40 +145,86 @@ ensure_build_deps() {
 	meson_ok || die "meson >= $MESON_MIN is required, have $(meson --version 2>/dev/null || echo none)"
 }
 
-# fetch_source downloads the orig tarball with apt-get source into
-# $CACHE_ROOT/downloads and prints its path.
+# tarball_ok FILE: FILE is the pinned source tarball.
+tarball_ok() {
+	[[ -s "$1" ]] && [[ "$(sha256sum "$1" | cut -d' ' -f1)" == "$QEMU_TARBALL_SHA256" ]]
+}
+
+# served_tarball prints the name of the qemu orig tarball that
+# bookworm-backports serves now (its Sources index), or nothing.
+served_tarball() {
+	setup_backports_apt
+	# Lines look like: 'URI' qemu_10.0.2+ds.orig.tar.xz 39449628 SHA256:...
+	apt-get "${APT_PRIVATE[@]}" source --print-uris "qemu/$SUITE_BPO" 2>/dev/null |
+		awk '$2 ~ /^qemu_.*\.orig\.tar\./ { print $2; exit }' || true
+}
+
+# fetch_source prints the path of the pinned source tarball in
+# $CACHE_ROOT/downloads, fetching it when the cache has no good copy: with
+# apt-get source while bookworm-backports serves it, else by its checksum
+# from the mirror's pool and from snapshot.debian.org.
 fetch_source() {
 	local dl="$CACHE_ROOT/downloads"
 	local tarball="$dl/$QEMU_TARBALL"
-	if [[ -s "$tarball" ]] && xz -t "$tarball" 2>/dev/null; then
-		log "source tarball cached: $tarball"
-		printf '%s\n' "$tarball"
-		return
+	if [[ -e "$tarball" ]]; then
+		if tarball_ok "$tarball"; then
+			log "source tarball cached, sha256 matches the pin: $tarball"
+			printf '%s\n' "$tarball"
+			return
+		fi
+		log "cached $QEMU_TARBALL does not match the pinned sha256: kept as $tarball.bad, fetching again"
+		mv -f "$tarball" "$tarball.bad"
 	fi
-	setup_backports_apt
 	mkdir -p "$dl"
-	# The expected checksum comes from the signed Sources index.
-	local uris want
-	uris=$(apt-get "${APT_PRIVATE[@]}" source --print-uris "qemu/$SUITE_BPO" 2>/dev/null) ||
-		die "apt-get source --print-uris qemu/$SUITE_BPO failed (no deb-src for $SUITE_BPO?)"
-	grep -qF "$QEMU_TARBALL" <<<"$uris" ||
-		die "$SUITE_BPO does not offer $QEMU_TARBALL; the patch targets QEMU $QEMU_VERSION. Offered: $(grep -o "qemu_[^ ']*orig[^ ']*" <<<"$uris" | head -n 1)"
-	want=$(grep -F "$QEMU_TARBALL" <<<"$uris" | grep -o 'SHA256:[0-9a-f]*' | head -n 1 | cut -d: -f2)
-	# The .dsc may 404 on some mirrors; the tarball is all we need, so the exit
-	# status of apt-get source does not matter, only the tarball's checksum.
-	(cd "$dl" && run apt-get "${APT_PRIVATE[@]}" source --download-only "qemu/$SUITE_BPO" >&2) ||
-		log "apt-get source reported an error; checking the tarball anyway"
-	[[ -s "$tarball" ]] || die "apt-get source did not download $QEMU_TARBALL"
-	if [[ -n "$want" ]]; then
-		local got
-		got=$(sha256sum "$tarball" | cut -d' ' -f1)
-		[[ "$got" == "$want" ]] || {
-			rm -f "$tarball"
-			die "$QEMU_TARBALL: sha256 $got, want $want"
-		}
-		log "sha256 verified: $want"
+	setup_backports_apt
+	local served
+	served=$(served_tarball)
+	if [[ "$served" != "$QEMU_TARBALL" ]]; then
+		log "NOTE: $SUITE_BPO now serves ${served:-no qemu source}, not $QEMU_TARBALL (QEMU $QEMU_VERSION, which vmm/qemu/patches target);" \
+			"fetching the pinned tarball by checksum from $BPO_MIRROR/pool, then snapshot.debian.org"
 	fi
-	printf '%s\n' "$tarball"
+	local from
+	for from in apt pool snapshot; do
+		case "$from" in
+		apt)
+			[[ "$served" == "$QEMU_TARBALL" ]] || continue
+			# The .dsc may 404 on some mirrors; the tarball is all we need,
+			# so the exit status does not matter, only the checksum.
+			(cd "$dl" && run apt-get "${APT_PRIVATE[@]}" source --download-only "qemu/$SUITE_BPO" >&2) ||
+				log "apt-get source reported an error; checking the tarball anyway"
+			;;
+		pool)
+			run curl -fL --connect-timeout 20 --retry 2 -o "$tarball" "$BPO_MIRROR/$QEMU_POOL_PATH" >&2 || true
+			;;
+		snapshot)
+			run curl -fL --connect-timeout 20 --retry 2 -o "$tarball" "$SNAPSHOT_URL" >&2 || true
+			;;
+		esac
+		if tarball_ok "$tarball"; then
+			log "sha256 verified ($from): $QEMU_TARBALL_SHA256"
+			printf '%s\n' "$tarball"
+			return
+		fi
+		[[ -e "$tarball" ]] && log "$from: $QEMU_TARBALL does not match the pinned sha256; discarded"
+		rm -f "$tarball"
+	done
+	die "cannot get $QEMU_TARBALL (sha256 $QEMU_TARBALL_SHA256): $SUITE_BPO serves ${served:-no qemu source}, and neither $BPO_MIRROR/$QEMU_POOL_PATH nor $SNAPSHOT_URL gave it; put the file into $dl, or port vmm/qemu/patches to the served QEMU and update QEMU_VERSION and the checksums in $0"
+}
+
+# check_source says whether bookworm-backports still serves the pinned
+# source; exit status 1 if it moved on.
+check_source() {
+	local served
+	setup_backports_apt
+	served=$(served_tarball)
+	if [[ "$served" == "$QEMU_TARBALL" ]]; then
+		printf 'qemu-build: %s serves the pinned %s (sha256 %s)\n' "$SUITE_BPO" "$QEMU_TARBALL" "$QEMU_TARBALL_SHA256"
+		return 0
+	fi
+	local cached="no cached copy"
+	tarball_ok "$CACHE_ROOT/downloads/$QEMU_TARBALL" && cached="a verified copy is cached in $CACHE_ROOT/downloads"
+	printf 'qemu-build: %s serves %s, not the pinned %s; %s\n' "$SUITE_BPO" "${served:-no qemu source}" "$QEMU_TARBALL" "$cached"
+	return 1
 }
 
 patches() {
@@ -373,12 +323,16 @@ build() {
 }
 
 main() {
-	[[ $EUID -eq 0 ]] || die "run as root (installs packages with apt-get)"
 	local mode=${1:-build}
 	case "$mode" in
 	build | fetch) ;;
-	*) die "usage: $0 [fetch]" ;;
+	check)
+		check_source
+		return
+		;;
+	*) die "usage: $0 [fetch|check]" ;;
 	esac
+	[[ $EUID -eq 0 ]] || die "run as root (installs packages with apt-get)"
 
 	ensure_runtime_deps
 	if [[ "$mode" == fetch ]]; then
@@ -412,4 +366,7 @@ main() {
 	log "ready: $dest ($("$dest" --version | head -n 1))"
 }
 
-main "$@"
+# Sourced (by the tests) it only defines the functions.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+	main "$@"
+fi

@@ -359,9 +359,14 @@ func TestStackHotUnplug(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cfg := lab.Configs[0]
-	cfg.Command = "ib_write_bw -d vrdma0 -s 65536 >/tmp/bw.out 2>&1 & sleep 2; " +
-		"echo VRDMA-TEST-READY; ibv_asyncwatch -d vrdma0; echo asyncwatch-exit=$?; " +
-		"kill %1 2>/dev/null; wait; cat /tmp/bw.out; " +
+	// The device goes away once both processes hold it (READY); the
+	// watcher's wait is bounded (60 s) so a missing event fails the test
+	// instead of hanging the guest.
+	cfg.Command = "ib_write_bw -d vrdma0 -s 65536 >/tmp/bw.out 2>&1 & bw=$!; " +
+		"ibv_asyncwatch -d vrdma0 >/tmp/aw.out 2>&1 & aw=$!; sleep 3; echo VRDMA-TEST-READY; " +
+		"i=0; while kill -0 $aw 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; " +
+		"kill $aw 2>/dev/null; wait $aw; echo asyncwatch-exit=$?; cat /tmp/aw.out; " +
+		"kill $bw; wait $bw; echo perftest-exit=$?; cat /tmp/bw.out; " +
 		"n=$(ls /sys/class/infiniband | wc -l); echo ib-devices=$n; test $n = 0"
 	g, err := guestvm.BootStack(ctx, cfg)
 	if err != nil {

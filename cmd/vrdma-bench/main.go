@@ -33,7 +33,7 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil {
+	if err := run(os.Args[1:], os.Stdout); err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "vrdma-bench:", err)
 		os.Exit(1)
 	}
@@ -95,7 +95,11 @@ func (o options) want(sec string) bool {
 }
 
 func run(args []string, stdout io.Writer) error {
-	o, err := parseFlags(args, os.Stderr)
+	out := io.Writer(os.Stderr)
+	if helpWanted(args) {
+		out = stdout // --help: usage on standard output, exit 0
+	}
+	o, err := parseFlags(args, out)
 	if err != nil {
 		return err
 	}
@@ -356,4 +360,14 @@ func loadavg() string {
 func readOld(path string) []byte {
 	b, _ := os.ReadFile(path)
 	return b
+}
+
+// helpWanted reports whether args ask for the usage (-h, -help, --help).
+func helpWanted(args []string) bool {
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" {
+			return true
+		}
+	}
+	return false
 }

@@ -54,6 +54,9 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	var o options
 	fs := flag.NewFlagSet("vrdma-compare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	if helpWanted(argv) {
+		fs.SetOutput(stdout) // --help: usage on standard output, exit 0
+	}
 	fs.StringVar(&o.vrdmad, "vrdmad", filepath.Join(binDir, "vrdmad"), "the vrdmad `binary`")
 	fs.StringVar(&o.qemuBin, "qemu", "", "the patched qemu-system-x86_64 `binary` (default: $VRDMA_QEMU, else beside this program)")
 	fs.StringVar(&o.kernel, "kernel", filepath.Join(binDir, "guest", "vmlinuz"), "vrdma guest kernel `path`")
@@ -229,4 +232,14 @@ func compare(ctx context.Context, o options, ws []Workload, stdout, logw io.Writ
 		}
 	}
 	return rows, nil
+}
+
+// helpWanted reports whether args ask for the usage (-h, -help, --help).
+func helpWanted(args []string) bool {
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" {
+			return true
+		}
+	}
+	return false
 }

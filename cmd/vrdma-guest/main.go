@@ -113,9 +113,15 @@ func (e *env) result(v any) error {
 	return err
 }
 
+const guestUsage = "usage: vrdma-guest probe|selftest|server|client|hotplug|restart [flags] (-h after a subcommand lists its flags)"
+
 func (e *env) run(args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: vrdma-guest probe|selftest|server|client|hotplug|restart [flags]")
+		return errors.New(guestUsage)
+	}
+	if args[0] == "-h" || args[0] == "-help" || args[0] == "--help" {
+		_, err := fmt.Fprintln(e.stdout, guestUsage)
+		return err
 	}
 	cmd, args := args[0], args[1:]
 	fs := flag.NewFlagSet("vrdma-guest "+cmd, flag.ContinueOnError)

@@ -77,7 +77,10 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	var o options
 	fs := flag.NewFlagSet("vrdma-vmtest", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	if len(argv) > 0 && (argv[0] == "-h" || argv[0] == "-help" || argv[0] == "--help") {
+		fs.SetOutput(stdout) // --help: usage on standard output, exit 0
+	}
+	fs.Usage = func() { fmt.Fprint(fs.Output(), usage); fs.PrintDefaults() }
 	fs.StringVar(&o.vrdmad, "vrdmad", filepath.Join(binDir, "vrdmad"), "the vrdmad `binary`")
 	fs.StringVar(&o.vrdmactl, "vrdmactl", filepath.Join(binDir, "vrdmactl"), "the vrdmactl `binary` (spinup)")
 	fs.StringVar(&o.qemuBin, "qemu", "", "the patched qemu-system-x86_64 `binary` (default: $VRDMA_QEMU, else qemu-system-x86_64 beside this program)")

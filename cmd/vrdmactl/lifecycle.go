@@ -4,14 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"text/tabwriter"
 	"time"
+
+	"github.com/digitalocean/go-qemu/qmp"
 
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/internal/units"
@@ -19,9 +21,21 @@ import (
 	"github.com/vrdma/vrdma/vmm/qemu"
 )
 
+// client talks HTTP to the control socket.
+func client(control string) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", control)
+		},
+	}}
+}
+
 // do sends one request with a JSON body (nil: none) and decodes a 2xx
 // answer into v (nil: ignore it). Any other status is an error carrying
-// the API's JSON error message.
+// the API's JSON error message, matching errNotFound (404), errConflict
+// (409) or errUsage (400); a control socket nobody answers on is
+// errUnreachable.
 func do(control, method, path string, body, v any) error {
 	var rd io.Reader
 	if body != nil {
@@ -40,7 +54,7 @@ func do(control, method, path string, body, v any) error {
 	}
 	resp, err := client(control).Do(req)
 	if err != nil {
-		return fmt.Errorf("control API at %s: %w", control, err)
+		return fmt.Errorf("%w: control API at %s: %w", errUnreachable, control, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
@@ -48,7 +62,16 @@ func do(control, method, path string, body, v any) error {
 			Error string `json:"error"`
 		}
 		json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&e)
-		return fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, e.Error)
+		err := fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, e.Error)
+		switch resp.StatusCode {
+		case http.StatusNotFound:
+			return fmt.Errorf("%w: %w", errNotFound, err)
+		case http.StatusConflict:
+			return fmt.Errorf("%w: %w", errConflict, err)
+		case http.StatusBadRequest:
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+		return err
 	}
 	if v == nil {
 		return nil
@@ -56,123 +79,184 @@ func do(control, method, path string, body, v any) error {
 	return json.NewDecoder(resp.Body).Decode(v)
 }
 
-// interleaved parses args whose flags may come before or after the
-// positional ones ("device add vm1 --socket S" and "device add --socket S
-// vm1").
-func interleaved(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return pos, nil
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
-	}
-}
-
-func deviceAdd(control string, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("device add", flag.ContinueOnError)
-	sock := fs.String("socket", "", "vhost-user socket `PATH` the device is served on (default: next to the control socket, ID.sock)")
-	maxQPs := fs.Uint("max-qps", 0, "most QPs (0: default)")
-	maxCQs := fs.Uint("max-cqs", 0, "most CQs (0: default)")
-	maxMRs := fs.Uint("max-mrs", 0, "most MRs (0: default)")
+func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
+	sock := fs.String("socket", "", "vhost-user socket `PATH` the device is served on (default: ID.sock beside the control socket)")
+	maxQPs := fs.Uint("max-qps", 0, "most QPs (0: the daemon's default)")
+	maxCQs := fs.Uint("max-cqs", 0, "most CQs (0: the daemon's default)")
+	maxMRs := fs.Uint("max-mrs", 0, "most MRs (0: the daemon's default)")
 	maxPinned := fs.String("max-pinned", "0", "pin quota in bytes, e.g. 1G (0: the daemon's --max-pinned)")
 	guid := fs.String("guid", "", "node GUID xxxx:xxxx:xxxx:xxxx (default: from a random UUID)")
 	gid := fs.String("gid", "", "port GID 0, fe80::/64 with the GUID (default: from the GUID)")
 	doorbells := fs.Int("doorbell-queues", 0, "doorbell queues, one per guest vCPU (0: 1)")
-	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := interleaved(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return errors.New("device add needs one device ID")
-	}
-	id := pos[0]
-	if *sock == "" {
-		*sock = filepath.Join(filepath.Dir(control), id+".sock")
-	}
-	if abs, err := filepath.Abs(*sock); err == nil {
-		*sock = abs
-	}
-	pinned, err := units.ParseBytes(*maxPinned)
-	if err != nil {
-		return fmt.Errorf("--max-pinned: %w", err)
-	}
-	for name, v := range map[string]uint{"max-qps": *maxQPs, "max-cqs": *maxCQs, "max-mrs": *maxMRs} {
-		if uint64(v) > 1<<32-1 {
-			return fmt.Errorf("--%s %d: more than 2^32-1", name, v)
+	return func(pos []string) error {
+		if err := wantArgs("device add", pos, "ID"); err != nil {
+			return err
 		}
+		id := pos[0]
+		if *sock == "" {
+			*sock = filepath.Join(filepath.Dir(c.control), id+".sock")
+		}
+		if abs, err := filepath.Abs(*sock); err == nil {
+			*sock = abs
+		}
+		pinned, err := units.ParseBytes(*maxPinned)
+		if err != nil {
+			return usageErr("--max-pinned: %v", err)
+		}
+		for name, v := range map[string]uint{"max-qps": *maxQPs, "max-cqs": *maxCQs, "max-mrs": *maxMRs} {
+			if uint64(v) > 1<<32-1 {
+				return usageErr("--%s %d: more than 2^32-1", name, v)
+			}
+		}
+		req := daemon.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, DoorbellQueues: *doorbells}
+		if *maxQPs != 0 || *maxCQs != 0 || *maxMRs != 0 || pinned != 0 {
+			req.Limits = &daemon.Limits{MaxQPs: uint32(*maxQPs), MaxCQs: uint32(*maxCQs), MaxMRs: uint32(*maxMRs), MaxPinnedBytes: pinned}
+		}
+		var info daemon.DeviceInfo
+		if err := do(c.control, http.MethodPost, "/v1/devices", req, &info); err != nil {
+			return err
+		}
+		if c.json {
+			return printJSON(c.out, info)
+		}
+		return showInfo(c.out, info)
 	}
-	req := daemon.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, DoorbellQueues: *doorbells}
-	if *maxQPs != 0 || *maxCQs != 0 || *maxMRs != 0 || pinned != 0 {
-		req.Limits = &daemon.Limits{MaxQPs: uint32(*maxQPs), MaxCQs: uint32(*maxCQs), MaxMRs: uint32(*maxMRs), MaxPinnedBytes: pinned}
-	}
-	var info daemon.DeviceInfo
-	if err := do(control, http.MethodPost, "/v1/devices", req, &info); err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(out, info)
-	}
-	return showInfo(out, info)
 }
 
-func deviceRm(control string, args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("device rm", flag.ContinueOnError)
-	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := interleaved(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return errors.New("device rm needs one device ID")
-	}
-	var res map[string]any
-	if err := do(control, http.MethodDelete, "/v1/devices/"+pos[0], nil, &res); err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(out, res)
-	}
-	_, err = fmt.Fprintf(out, "removed %s\n", pos[0])
-	return err
+// rmResult is what device rm prints with --json.
+type rmResult struct {
+	ID      string `json:"id"`
+	Removed bool   `json:"removed"`
 }
 
-// vmFlags are the flags of vm attach and vm detach.
+func defineDeviceRm(_ *flag.FlagSet, c *cli) func([]string) error {
+	return func(pos []string) error {
+		if err := wantArgs("device rm", pos, "ID"); err != nil {
+			return err
+		}
+		var res rmResult
+		if err := do(c.control, http.MethodDelete, "/v1/devices/"+pos[0], nil, &res); err != nil {
+			return err
+		}
+		if c.json {
+			return printJSON(c.out, res)
+		}
+		_, err := fmt.Fprintf(c.out, "removed %s\n", pos[0])
+		return err
+	}
+}
+
+func defineDeviceLs(_ *flag.FlagSet, c *cli) func([]string) error {
+	return func(pos []string) error {
+		if err := wantArgs("device ls", pos); err != nil {
+			return err
+		}
+		devs := []daemon.DeviceInfo{}
+		if err := do(c.control, http.MethodGet, "/v1/devices", nil, &devs); err != nil {
+			return err
+		}
+		if c.json {
+			return printJSON(c.out, devs)
+		}
+		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tSOCKET\tCONNECTED\tPINNED\tPDS\tMRS\tCQS\tQPS\tMOVED\tERRORS")
+		for _, d := range devs {
+			fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%d\t%d\t%d\t%d\t%s\t%d\n", d.ID, d.Socket, d.Connected,
+				units.FormatBytes(d.PinnedBytes), d.PDs, d.MRs, d.CQs, d.QPs, units.FormatBytes(d.BytesMoved), d.Errors)
+		}
+		return tw.Flush()
+	}
+}
+
+func defineDeviceShow(_ *flag.FlagSet, c *cli) func([]string) error {
+	return func(pos []string) error {
+		if err := wantArgs("device show", pos, "ID"); err != nil {
+			return err
+		}
+		var d daemon.DeviceInfo
+		if err := do(c.control, http.MethodGet, "/v1/devices/"+pos[0], nil, &d); err != nil {
+			return err
+		}
+		if c.json {
+			return printJSON(c.out, d)
+		}
+		return showInfo(c.out, d)
+	}
+}
+
+// printIDs prints the device IDs, one a line (the completion scripts' way
+// to complete IDs).
+func printIDs(c *cli) error {
+	var devs []daemon.DeviceInfo
+	if err := do(c.control, http.MethodGet, "/v1/devices", nil, &devs); err != nil {
+		return err
+	}
+	for _, d := range devs {
+		fmt.Fprintln(c.out, d.ID)
+	}
+	return nil
+}
+
+// vmFlags are the flags of the vm commands.
 type vmFlags struct {
-	qmp, device, bus string
-	vqSize           int
-	timeout          time.Duration
-	asJSON           bool
+	qmp, libvirt, uri, device, bus string
+	vqSize                         int
+	timeout                        time.Duration
 }
 
-func parseVM(name string, args []string, attach bool) (vmFlags, error) {
-	var f vmFlags
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+func defineVM(fs *flag.FlagSet, device, attach bool) *vmFlags {
+	f := &vmFlags{}
 	fs.StringVar(&f.qmp, "qmp", "", "QEMU's QMP unix `SOCKET`")
-	fs.StringVar(&f.device, "device", "", "vrdmad device `ID` (also the QEMU device id)")
+	fs.StringVar(&f.libvirt, "libvirt", "", "the libvirt `DOMAIN` (name, id or UUID) instead of --qmp: commands go through virsh qemu-monitor-command")
+	fs.StringVar(&f.uri, "connect", "", "libvirt connection `URI` for --libvirt (virsh -c; default: virsh's)")
 	fs.DurationVar(&f.timeout, "timeout", 30*time.Second, "give up after this long")
-	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+	if device {
+		fs.StringVar(&f.device, "device", "", "vrdmad device `ID` (also the QEMU device id)")
+	}
 	if attach {
 		fs.StringVar(&f.bus, "bus", "", "pcie-root-port id to plug into (default: the first free one)")
 		fs.IntVar(&f.vqSize, "vq-size", 256, "virtqueue size (power of two)")
 	}
-	pos, err := interleaved(fs, args)
+	return f
+}
+
+// check validates the flags of command name.
+func (f *vmFlags) check(name string, pos []string, device bool) error {
+	if err := wantArgs(name, pos); err != nil {
+		return err
+	}
+	switch {
+	case f.qmp != "" && f.libvirt != "":
+		return usageErr("%s: --qmp and --libvirt exclude each other", name)
+	case f.qmp == "" && f.libvirt == "":
+		if device {
+			return usageErr("%s needs --qmp SOCKET or --libvirt DOMAIN, and --device ID", name)
+		}
+		return usageErr("%s needs --qmp SOCKET or --libvirt DOMAIN", name)
+	case f.uri != "" && f.libvirt == "":
+		return usageErr("%s: --connect goes with --libvirt", name)
+	case device && f.device == "":
+		return usageErr("%s needs --device ID", name)
+	case f.timeout <= 0:
+		return usageErr("%s: --timeout %v: want more than 0", name, f.timeout)
+	}
+	return nil
+}
+
+// dial connects to the QEMU the flags name.
+func (f *vmFlags) dial(ctx context.Context) (qmp.Monitor, *qmp.Version, error) {
+	if f.libvirt != "" {
+		mon, err := qemu.DialLibvirt(ctx, f.libvirt, qemu.LibvirtOptions{URI: f.uri})
+		if err != nil {
+			return nil, nil, err
+		}
+		return mon, mon.Version, nil
+	}
+	mon, err := qemu.DialQMP(ctx, f.qmp)
 	if err != nil {
-		return f, err
+		return nil, nil, err
 	}
-	if len(pos) != 0 {
-		return f, fmt.Errorf("%s: unexpected arguments %q", name, pos)
-	}
-	if f.qmp == "" || f.device == "" {
-		return f, fmt.Errorf("%s needs --qmp SOCKET and --device ID", name)
-	}
-	return f, nil
+	return mon, mon.Version, nil
 }
 
 // vmResult is what vm attach and vm detach print with --json.
@@ -184,63 +268,117 @@ type vmResult struct {
 	Seconds float64 `json:"seconds"`
 }
 
-func vmAttach(control string, args []string, out io.Writer) error {
-	f, err := parseVM("vm attach", args, true)
-	if err != nil {
+func defineVMAttach(fs *flag.FlagSet, c *cli) func([]string) error {
+	f := defineVM(fs, true, true)
+	return func(pos []string) error {
+		if err := f.check("vm attach", pos, true); err != nil {
+			return err
+		}
+		start := time.Now()
+		var info daemon.DeviceInfo
+		if err := do(c.control, http.MethodGet, "/v1/devices/"+f.device, nil, &info); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+		defer cancel()
+		mon, version, err := f.dial(ctx)
+		if err != nil {
+			return err
+		}
+		defer mon.Disconnect()
+		o := qemu.HotplugOptions{}
+		if version != nil {
+			o.Version = *version
+		}
+		dev := qemu.VhostUserDevice{ID: info.ID, Socket: info.Socket, VirtioID: abi.DeviceID,
+			NumVQs: info.NumQueues, VQSize: f.vqSize, ConfigSize: abi.ConfigSize}
+		bus, err := qemu.AttachVhostUserQMP(ctx, mon, dev, f.bus, o)
+		if err != nil {
+			return err
+		}
+		res := vmResult{Device: info.ID, Action: "attached", Bus: bus, Socket: info.Socket, Seconds: time.Since(start).Seconds()}
+		if c.json {
+			return printJSON(c.out, res)
+		}
+		_, err = fmt.Fprintf(c.out, "attached %s (socket %s) on %s in %.3f s\n", res.Device, res.Socket, res.Bus, res.Seconds)
 		return err
 	}
-	start := time.Now()
-	var info daemon.DeviceInfo
-	if err := do(control, http.MethodGet, "/v1/devices/"+f.device, nil, &info); err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
-	defer cancel()
-	mon, err := qemu.DialQMP(ctx, f.qmp)
-	if err != nil {
-		return err
-	}
-	defer mon.Disconnect()
-	o := qemu.HotplugOptions{}
-	if mon.Version != nil {
-		o.Version = *mon.Version
-	}
-	dev := qemu.VhostUserDevice{ID: info.ID, Socket: info.Socket, VirtioID: abi.DeviceID,
-		NumVQs: info.NumQueues, VQSize: f.vqSize, ConfigSize: abi.ConfigSize}
-	bus, err := qemu.AttachVhostUserQMP(ctx, mon, dev, f.bus, o)
-	if err != nil {
-		return err
-	}
-	res := vmResult{Device: info.ID, Action: "attached", Bus: bus, Socket: info.Socket, Seconds: time.Since(start).Seconds()}
-	if f.asJSON {
-		return printJSON(out, res)
-	}
-	_, err = fmt.Fprintf(out, "attached %s (socket %s) on %s in %.3f s\n", res.Device, res.Socket, res.Bus, res.Seconds)
-	return err
 }
 
-func vmDetach(args []string, out io.Writer) error {
-	f, err := parseVM("vm detach", args, false)
-	if err != nil {
+func defineVMDetach(fs *flag.FlagSet, c *cli) func([]string) error {
+	f := defineVM(fs, true, false)
+	return func(pos []string) error {
+		if err := f.check("vm detach", pos, true); err != nil {
+			return err
+		}
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+		defer cancel()
+		mon, _, err := f.dial(ctx)
+		if err != nil {
+			return err
+		}
+		defer mon.Disconnect()
+		if err := qemu.DetachVhostUserQMP(ctx, mon, f.device, nil); err != nil {
+			return err
+		}
+		res := vmResult{Device: f.device, Action: "detached", Seconds: time.Since(start).Seconds()}
+		if c.json {
+			return printJSON(c.out, res)
+		}
+		_, err = fmt.Fprintf(c.out, "detached %s in %.3f s\n", res.Device, res.Seconds)
 		return err
 	}
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
-	defer cancel()
-	mon, err := qemu.DialQMP(ctx, f.qmp)
-	if err != nil {
-		return err
+}
+
+func defineVMPCI(fs *flag.FlagSet, c *cli) func([]string) error {
+	f := defineVM(fs, false, false)
+	return func(pos []string) error {
+		if err := f.check("vm pci", pos, false); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+		defer cancel()
+		mon, _, err := f.dial(ctx)
+		if err != nil {
+			return err
+		}
+		defer mon.Disconnect()
+		devs, err := qemu.QueryPCIQMP(ctx, mon)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return printJSON(c.out, devs)
+		}
+		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "BDF\tVENDOR:DEVICE\tCLASS\tID\t")
+		for _, d := range devs {
+			note := ""
+			if d.VendorID == 0x1af4 && d.DeviceID == 0x106a {
+				note = "<- vrdma (virtio RDMA device, ID 42)"
+			}
+			fmt.Fprintf(tw, "%02x:%02x.%d\t%04x:%04x\t%s\t%s\t%s\n", d.Bus, d.Slot, d.Function, d.VendorID, d.DeviceID, d.ClassInfo, d.ID, note)
+		}
+		return tw.Flush()
 	}
-	defer mon.Disconnect()
-	if err := qemu.DetachVhostUserQMP(ctx, mon, f.device, nil); err != nil {
-		return err
+}
+
+func defineCompletion(_ *flag.FlagSet, c *cli) func([]string) error {
+	return func(pos []string) error {
+		if err := wantArgs("completion", pos, "SHELL"); err != nil {
+			return err
+		}
+		switch pos[0] {
+		case "bash":
+			_, err := io.WriteString(c.out, bashCompletion())
+			return err
+		case "zsh":
+			_, err := io.WriteString(c.out, zshCompletion())
+			return err
+		}
+		return usageErr("completion %q: want bash or zsh", pos[0])
 	}
-	res := vmResult{Device: f.device, Action: "detached", Seconds: time.Since(start).Seconds()}
-	if f.asJSON {
-		return printJSON(out, res)
-	}
-	_, err = fmt.Fprintf(out, "detached %s in %.3f s\n", res.Device, res.Seconds)
-	return err
 }
 
 // showInfo prints one device as a two-column table.

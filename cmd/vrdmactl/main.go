@@ -1,98 +1,319 @@
 // Command vrdmactl manages a running vrdmad through its control API (HTTP
-// over a unix socket) and, for VMs, QEMU through QMP.
+// over a unix socket) and, for VMs, QEMU through QMP or libvirt.
 //
 // Usage:
 //
-//	vrdmactl [--control PATH] device add ID [--socket PATH] [--max-qps N] [--max-cqs N]
-//	         [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G] [--json]
-//	vrdmactl [--control PATH] device rm ID [--json]
-//	vrdmactl [--control PATH] device ls [--json]
-//	vrdmactl [--control PATH] device show ID [--json]
-//	vrdmactl [--control PATH] vm attach --qmp SOCKET --device ID [--bus PORT] [--json]
-//	vrdmactl vm detach --qmp SOCKET --device ID [--json]
-//	vrdmactl vm pci --qmp SOCKET [--json]
+//	vrdmactl [--control PATH] [--json] device add ID [--socket PATH] [--max-qps N] [--max-cqs N]
+//	         [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G]
+//	vrdmactl [--control PATH] [--json] device rm ID
+//	vrdmactl [--control PATH] [--json] device ls
+//	vrdmactl [--control PATH] [--json] device show ID
+//	vrdmactl [--control PATH] [--json] vm attach (--qmp SOCKET | --libvirt DOMAIN) --device ID [--bus PORT]
+//	vrdmactl [--json] vm detach (--qmp SOCKET | --libvirt DOMAIN) --device ID
+//	vrdmactl [--json] vm pci (--qmp SOCKET | --libvirt DOMAIN)
+//	vrdmactl completion bash|zsh
 //
-// vm attach hot-plugs a vrdmad device into a running QEMU over QMP
-// (chardev-add of a reconnecting unix client socket, then device_add of
+// Every command that prints takes --json (before or after the command):
+// its output is then one JSON document, and an error is {"error": MSG,
+// "exit_code": N} on standard error. Exit statuses: 0 success, 1 failure,
+// 2 bad usage (including a request vrdmad rejects as invalid), 3 no such
+// device, 4 conflict (the device ID or socket is in use, or the daemon
+// holds all the devices it may), 5 vrdmad unreachable (no control socket,
+// or nobody answers on it).
+//
+// vm attach hot-plugs a vrdmad device into a running QEMU (chardev-add of
+// a reconnecting unix client socket, then device_add of
 // vhost-user-device-pci, or vhost-user-test-device-pci on QEMU 10.2+, on a
-// free pcie-root-port); vm detach unplugs it (device_del, wait for
-// DEVICE_DELETED, chardev-remove).
+// free pcie-root-port); vm detach unplugs it (device_del, wait until QEMU
+// deleted it, chardev-remove). --qmp talks to QEMU's QMP socket; --libvirt
+// goes through `virsh qemu-monitor-command` for a libvirt domain, whose
+// QMP socket libvirt owns.
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
-	"text/tabwriter"
-	"time"
-
-	"github.com/vrdma/vrdma/internal/daemon"
-	"github.com/vrdma/vrdma/internal/units"
-	"github.com/vrdma/vrdma/vmm/qemu"
+	"sort"
+	"strings"
 )
 
 const defaultControl = "/run/vrdma/control.sock"
 
+// Exit statuses.
+const (
+	exitFailure     = 1
+	exitUsage       = 2
+	exitNotFound    = 3
+	exitConflict    = 4
+	exitUnreachable = 5
+)
+
+// Errors that choose the exit status; errors.Is matches them.
+var (
+	errUsage       = errors.New("bad usage")
+	errNotFound    = errors.New("not found")
+	errConflict    = errors.New("conflict")
+	errUnreachable = errors.New("vrdmad unreachable")
+)
+
+// usageErr is a command line vrdmactl cannot run.
+func usageErr(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{errUsage}, args...)...)
+}
+
+// exitCode is the exit status for err.
+func exitCode(err error) int {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errUsage):
+		return exitUsage
+	case errors.Is(err, errNotFound):
+		return exitNotFound
+	case errors.Is(err, errConflict):
+		return exitConflict
+	case errors.Is(err, errUnreachable):
+		return exitUnreachable
+	}
+	return exitFailure
+}
+
 func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "vrdmactl:", err)
-		os.Exit(1)
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// cli is one invocation's settings.
+type cli struct {
+	control string
+	json    bool
+	out     io.Writer
+}
+
+// command is one vrdmactl command.
+type command struct {
+	path     string // "device add"
+	synopsis string // after the path
+	summary  string
+	// control: the command talks to vrdmad (--control matters).
+	control bool
+	// prints: the command prints a result (it takes --json).
+	prints bool
+	// define defines the command's flags on fs and returns its body,
+	// which gets the positional arguments.
+	define func(fs *flag.FlagSet, c *cli) func(pos []string) error
+}
+
+// commands is every command; the usage text, the completion scripts and
+// the tests are generated from it. (Set by init: the completion command
+// reads it.)
+var commands []command
+
+func init() {
+	commands = []command{
+		{"device add", "ID [--socket PATH] [--max-qps N] [--max-cqs N] [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G] [--doorbell-queues N]",
+			"add a device (its socket defaults to ID.sock beside the control socket)", true, true, defineDeviceAdd},
+		{"device rm", "ID", "remove a device (a connected front-end is disconnected)", true, true, defineDeviceRm},
+		{"device ls", "", "list the devices", true, true, defineDeviceLs},
+		{"device show", "ID", "show one device", true, true, defineDeviceShow},
+		{"vm attach", "(--qmp SOCKET | --libvirt DOMAIN [--connect URI]) --device ID [--bus PORT] [--vq-size N]",
+			"hot-plug a device into a running QEMU", true, true, defineVMAttach},
+		{"vm detach", "(--qmp SOCKET | --libvirt DOMAIN [--connect URI]) --device ID",
+			"hot-unplug a device from a running QEMU", false, true, defineVMDetach},
+		{"vm pci", "(--qmp SOCKET | --libvirt DOMAIN [--connect URI])", "list a running QEMU's PCI functions", false, true, defineVMPCI},
+		{"completion", "bash|zsh", "print a shell completion script (see below)", false, false, defineCompletion},
 	}
 }
 
+// groups are the first words of two-word commands.
+var groups = []string{"device", "vm"}
+
 func usage(w io.Writer) {
-	fmt.Fprint(w, `Usage:
-  vrdmactl [--control PATH] device add ID [--socket PATH] [--max-qps N] [--max-cqs N]
-           [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G] [--json]   add a device
-  vrdmactl [--control PATH] device rm ID [--json]     remove a device (a connected one is torn down)
-  vrdmactl [--control PATH] device ls [--json]        list devices
-  vrdmactl [--control PATH] device show ID [--json]   one device
-  vrdmactl [--control PATH] vm attach --qmp SOCKET --device ID [--bus PORT] [--json]
-                                                      hot-plug a device into a running QEMU
-  vrdmactl vm detach --qmp SOCKET --device ID [--json]  hot-unplug it
-  vrdmactl vm pci --qmp SOCKET [--json]               PCI functions of a running QEMU
+	fmt.Fprint(w, "Usage: vrdmactl [--control PATH] [--json] COMMAND [ARGS]\n\n"+
+		"vrdmactl manages a running vrdmad through its control socket and hot-plugs\n"+
+		"its devices into running VMs through QEMU's QMP or libvirt.\n\nCommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  vrdmactl %s %s\n      %s\n", c.path, c.synopsis, c.summary)
+	}
+	fmt.Fprint(w, `  vrdmactl help [COMMAND]
+      print this help, or a command's flags
+
+Options:
+  --control PATH
+      vrdmad's control socket (default $VRDMA_CONTROL, else `+defaultControl+`)
+  --json
+      print JSON: every command that prints takes it, before or after the
+      command; errors are then {"error": MSG, "exit_code": N} on standard error
+  -h, --help
+      print this help and exit
+
+Exit status:
+  0  success
+  1  failure (vrdmad, QEMU or libvirt reported an error)
+  2  bad usage: unknown command or flag, missing or extra argument, a value
+     vrdmad rejects as invalid
+  3  no such device
+  4  conflict: the device ID or socket is in use, or vrdmad holds all the
+     devices it may
+  5  vrdmad unreachable: no control socket, or nobody answers on it
+
+Shell completion:
+  source <(vrdmactl completion bash)      # bash; the .deb installs it
+  source <(vrdmactl completion zsh)       # zsh (through bashcompinit)
+
+Examples:
+  vrdmactl device add vm1 --max-pinned 8G
+  vrdmactl vm attach --libvirt guest1 --device vm1
+  vrdmactl --json device ls
 `)
 }
 
-func run(args []string, out io.Writer) error {
+// commandUsage prints one command's help: its synopsis, summary and flags.
+func commandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
+	ctl := ""
+	if cmd.control {
+		ctl = "[--control PATH] "
+	}
+	js := ""
+	if cmd.prints {
+		js = "[--json] "
+	}
+	fmt.Fprintf(w, "Usage: vrdmactl %s%s%s %s\n\n%s.\n", ctl, js, cmd.path, cmd.synopsis, cmd.summary)
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	if n > 0 {
+		fmt.Fprint(w, "\nOptions:\n")
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+}
+
+func findCommand(path string) *command {
+	for i := range commands {
+		if commands[i].path == path {
+			return &commands[i]
+		}
+	}
+	return nil
+}
+
+// run is vrdmactl; it returns the exit status.
+func run(args []string, stdout, stderr io.Writer) int {
+	c := &cli{out: stdout}
+	err := dispatch(c, args, stdout)
+	if err == nil {
+		return 0
+	}
+	code := exitCode(err)
+	if c.json || jsonRequested(args) {
+		b, _ := json.Marshal(struct {
+			Error    string `json:"error"`
+			ExitCode int    `json:"exit_code"`
+		}{err.Error(), code})
+		fmt.Fprintf(stderr, "%s\n", b)
+	} else {
+		fmt.Fprintln(stderr, "vrdmactl:", err)
+		if code == exitUsage {
+			fmt.Fprintln(stderr, "vrdmactl: see vrdmactl --help")
+		}
+	}
+	return code
+}
+
+// jsonRequested reports whether --json is on the command line (for errors
+// found before it was parsed).
+func jsonRequested(args []string) bool {
+	for _, a := range args {
+		if a == "--json" || a == "-json" || a == "--json=true" || a == "-json=true" {
+			return true
+		}
+	}
+	return false
+}
+
+func dispatch(c *cli, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("vrdmactl", flag.ContinueOnError)
-	control := fs.String("control", envOr("VRDMA_CONTROL", defaultControl), "vrdmad control socket `PATH` ($VRDMA_CONTROL)")
-	fs.Usage = func() { usage(fs.Output()); fs.PrintDefaults() }
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&c.control, "control", envOr("VRDMA_CONTROL", defaultControl), "vrdmad's control socket `PATH`")
+	fs.BoolVar(&c.json, "json", false, "print JSON")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			usage(stdout)
 			return nil
 		}
-		return err
+		return usageErr("%v", err)
 	}
 	rest := fs.Args()
-	if len(rest) < 2 {
-		usage(os.Stderr)
-		return errors.New("missing command")
+	if len(rest) == 0 {
+		return usageErr("missing command")
 	}
-	switch rest[0] + " " + rest[1] {
-	case "device add":
-		return deviceAdd(*control, rest[2:], out)
-	case "device rm":
-		return deviceRm(*control, rest[2:], out)
-	case "vm attach":
-		return vmAttach(*control, rest[2:], out)
-	case "vm detach":
-		return vmDetach(rest[2:], out)
-	case "device ls":
-		return deviceLs(*control, rest[2:], out)
-	case "device show":
-		return deviceShow(*control, rest[2:], out)
-	case "vm pci":
-		return vmPCI(rest[2:], out)
+	switch rest[0] {
+	case "help":
+		if len(rest) == 1 {
+			usage(stdout)
+			return nil
+		}
+		return dispatch(c, append(append([]string{}, rest[1:]...), "--help"), stdout)
+	case "__ids": // for the completion scripts
+		return printIDs(c)
 	}
-	usage(os.Stderr)
-	return fmt.Errorf("unknown command %q", rest[0]+" "+rest[1])
+	path := rest[0]
+	n := 1
+	for _, g := range groups {
+		if rest[0] == g {
+			if len(rest) < 2 || rest[1] == "-h" || rest[1] == "--help" || rest[1] == "-help" {
+				if len(rest) >= 2 {
+					groupUsage(stdout, g)
+					return nil
+				}
+				return usageErr("%s needs a command: %s", g, strings.Join(groupCommands(g), ", "))
+			}
+			path, n = g+" "+rest[1], 2
+		}
+	}
+	cmd := findCommand(path)
+	if cmd == nil {
+		return usageErr("unknown command %q", path)
+	}
+	cfs := flag.NewFlagSet("vrdmactl "+cmd.path, flag.ContinueOnError)
+	cfs.SetOutput(io.Discard)
+	body := cmd.define(cfs, c)
+	if cmd.prints {
+		cfs.BoolVar(&c.json, "json", c.json, "print JSON")
+	}
+	pos, err := interleaved(cfs, rest[n:])
+	if errors.Is(err, flag.ErrHelp) {
+		commandUsage(stdout, cmd, cfs)
+		return nil
+	}
+	if err != nil {
+		return usageErr("%s: %v", cmd.path, err)
+	}
+	return body(pos)
+}
+
+func groupCommands(g string) []string {
+	var out []string
+	for _, c := range commands {
+		if w, sub, ok := strings.Cut(c.path, " "); ok && w == g {
+			out = append(out, sub)
+		}
+	}
+	return out
+}
+
+func groupUsage(w io.Writer, g string) {
+	fmt.Fprintf(w, "Usage: vrdmactl %s COMMAND [ARGS]\n\nCommands:\n", g)
+	for _, c := range commands {
+		if strings.HasPrefix(c.path, g+" ") {
+			fmt.Fprintf(w, "  vrdmactl %s %s\n      %s\n", c.path, c.synopsis, c.summary)
+		}
+	}
+	fmt.Fprintf(w, "\nvrdmactl %s COMMAND --help prints a command's flags.\n", g)
 }
 
 func envOr(k, def string) string {
@@ -102,110 +323,56 @@ func envOr(k, def string) string {
 	return def
 }
 
-// client talks HTTP to the control socket.
-func client(control string) *http.Client {
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", control)
-		},
-	}}
-}
-
-func get(control, path string, v any) error {
-	resp, err := client(control).Get("http://vrdmad" + path)
-	if err != nil {
-		return fmt.Errorf("control API at %s: %w", control, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error string `json:"error"`
+// interleaved parses args whose flags may come before or after the
+// positional ones ("device add vm1 --socket S" and "device add --socket S
+// vm1").
+func interleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
 		}
-		json.NewDecoder(resp.Body).Decode(&e)
-		return fmt.Errorf("%s: %s: %s", path, resp.Status, e.Error)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
-}
-
-func jsonFlag(name string, args []string) (*flag.FlagSet, *bool, error) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	j := fs.Bool("json", false, "print JSON")
-	return fs, j, fs.Parse(args)
-}
-
-func deviceLs(control string, args []string, out io.Writer) error {
-	_, asJSON, err := jsonFlag("device ls", args)
-	if err != nil {
-		return err
-	}
-	var devs []daemon.DeviceInfo
-	if err := get(control, "/v1/devices", &devs); err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(out, devs)
-	}
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSOCKET\tCONNECTED\tPINNED\tPDS\tMRS\tCQS\tQPS\tMOVED\tERRORS")
-	for _, d := range devs {
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%d\t%d\t%d\t%d\t%s\t%d\n", d.ID, d.Socket, d.Connected,
-			units.FormatBytes(d.PinnedBytes), d.PDs, d.MRs, d.CQs, d.QPs, units.FormatBytes(d.BytesMoved), d.Errors)
-	}
-	return tw.Flush()
-}
-
-func deviceShow(control string, args []string, out io.Writer) error {
-	fs, asJSON, err := jsonFlag("device show", args)
-	if err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return errors.New("device show needs one device ID")
-	}
-	var d daemon.DeviceInfo
-	if err := get(control, "/v1/devices/"+fs.Arg(0), &d); err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(out, d)
-	}
-	return showInfo(out, d)
-}
-
-func vmPCI(args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("vm pci", flag.ContinueOnError)
-	sock := fs.String("qmp", "", "QEMU's QMP unix socket")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *sock == "" {
-		return errors.New("vm pci needs --qmp SOCKET")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	devs, err := qemu.QueryPCISocket(ctx, *sock)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(out, devs)
-	}
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "BDF\tVENDOR:DEVICE\tCLASS\tID\t")
-	for _, d := range devs {
-		note := ""
-		if d.VendorID == 0x1af4 && d.DeviceID == 0x106a {
-			note = "<- vrdma (virtio RDMA device, ID 42)"
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
 		}
-		fmt.Fprintf(tw, "%02x:%02x.%d\t%04x:%04x\t%s\t%s\t%s\n", d.Bus, d.Slot, d.Function, d.VendorID, d.DeviceID, d.ClassInfo, d.ID, note)
+		pos = append(pos, args[0])
+		args = args[1:]
 	}
-	return tw.Flush()
+}
+
+// wantArgs checks the number of positional arguments.
+func wantArgs(cmd string, pos []string, names ...string) error {
+	if len(pos) != len(names) {
+		if len(names) == 0 {
+			return usageErr("%s: unexpected arguments %q", cmd, pos)
+		}
+		return usageErr("%s needs %s (got %d arguments)", cmd, strings.Join(names, " "), len(pos))
+	}
+	return nil
 }
 
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// commandWords is every command path word by position, for completion.
+func commandWords() (first []string, second map[string][]string) {
+	second = map[string][]string{}
+	seen := map[string]bool{}
+	for _, c := range commands {
+		w, sub, _ := strings.Cut(c.path, " ")
+		if !seen[w] {
+			seen[w] = true
+			first = append(first, w)
+		}
+		if sub != "" {
+			second[w] = append(second[w], sub)
+		}
+	}
+	first = append(first, "help")
+	sort.Strings(first)
+	return first, second
 }

@@ -343,7 +343,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 	var ms *metrics.Server
 	if f.metricsAddr != "" {
-		ms, err = metrics.Listen(f.metricsAddr, metrics.DaemonSource{D: d}, entry)
+		ms, err = metrics.Listen(f.metricsAddr, metrics.DaemonSource{D: d, GlobalMaxPinned: dcfg.GlobalMaxPinned}, entry, metrics.WithVersion(version))
 		if err != nil {
 			return fail(fmt.Errorf("--metrics: %w", err))
 		}

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -17,34 +18,60 @@ type DeviceStats struct {
 	Connected bool // a vhost-user front-end is connected now
 	Device    rdma.Stats
 	Server    backend.StatsSnapshot
+	Limits    Limits
+}
+
+// Limits are a device's resource limits and pin quota, exported as
+// gauges. A zero field is not exported (no limit known).
+type Limits struct {
+	// Resources by type, indexed as ResourceTypes (pd, mr, cq, qp, ah).
+	Resources [5]uint32
+	// PinnedBytes is the device's pin quota; zero means none.
+	PinnedBytes uint64
+}
+
+// Snapshot is what a Source reports at one scrape.
+type Snapshot struct {
+	Devices []DeviceStats
+	// PinnedBytes is the memory pinned by all devices together.
+	PinnedBytes uint64
+	// PinnedLimitBytes bounds PinnedBytes (--global-max-pinned); zero
+	// means none and is not exported.
+	PinnedLimitBytes uint64
 }
 
 // Source is what a Collector reads at scrape time. Implementations must be
 // safe for concurrent use: scrapes may overlap.
 type Source interface {
-	// Snapshot returns every device's counters and the bytes pinned by
-	// all devices together.
-	Snapshot() (devices []DeviceStats, pinnedBytes uint64)
+	Snapshot() Snapshot
 }
 
 // DaemonSource is the Source of a running daemon.
 type DaemonSource struct {
 	D *daemon.Daemon
+	// GlobalMaxPinned is the daemon's bound on the pinned bytes of all
+	// devices (daemon.Config.GlobalMaxPinned); zero means none.
+	GlobalMaxPinned uint64
 }
 
 // Snapshot implements Source.
-func (s DaemonSource) Snapshot() ([]DeviceStats, uint64) {
+func (s DaemonSource) Snapshot() Snapshot {
 	devs := s.D.Devices()
 	out := make([]DeviceStats, 0, len(devs))
 	for _, dv := range devs {
+		cs := dv.Dev.ConfigSpace()
 		out = append(out, DeviceStats{
 			ID:        dv.ID,
 			Connected: dv.Server.Connected(),
 			Device:    dv.Dev.Stats(),
 			Server:    dv.Server.Stats(),
+			Limits: Limits{
+				Resources:   [5]uint32{cs.MaxPD, cs.MaxMR, cs.MaxCQ, cs.MaxQP, cs.MaxAH},
+				PinnedBytes: dv.MaxPinned,
+			},
 		})
 	}
-	return out, s.D.PinnedBytes()
+	return Snapshot{Devices: out, PinnedBytes: s.D.PinnedBytes(), PinnedLimitBytes: s.GlobalMaxPinned}
 }
 
 // Opcodes names the send opcodes, indexed as rdma.Stats.Engine.Ops is
@@ -107,8 +134,9 @@ func WCStatusName(s uint8) string {
 	return fmt.Sprintf("status_%d", s)
 }
 
-// Resource types, the values of vrdma_resources' type label.
-var ResourceTypes = []string{"pd", "mr", "cq", "qp", "ah"}
+// ResourceTypes are the values of the type label of vrdma_resources and
+// vrdma_resource_limit, in the order of Limits.Resources.
+var ResourceTypes = [5]string{"pd", "mr", "cq", "qp", "ah"}
 
 // Collector is a prometheus.Collector over a Source.
 type Collector struct {
@@ -119,13 +147,23 @@ type Collector struct {
 	sessions, refused, messages, connected                     *prometheus.Desc
 	ringErrors, protoErrors, interrupts, memTables             *prometheus.Desc
 	commands, commandErrors, eventsLost, eventsDropped         *prometheus.Desc
-	devices, pinnedTotal                                       *prometheus.Desc
+	resourceLimit, pinnedLimit                                 *prometheus.Desc
+	devices, globalPinned, globalPinnedLimit, buildInfo        *prometheus.Desc
+	build                                                      BuildInfo
+}
+
+// BuildInfo labels vrdma_build_info.
+type BuildInfo struct {
+	Version   string // the program's version ("devel" when empty)
+	Revision  string // VCS revision ("unknown" when empty)
+	GoVersion string // runtime.Version() when empty
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
 
-// NewCollector returns a Collector reading src at every scrape.
-func NewCollector(src Source) *Collector {
+// NewCollector returns a Collector reading src at every scrape; bi labels
+// vrdma_build_info (its zero fields are filled in, see BuildInfo).
+func NewCollector(src Source, bi BuildInfo) *Collector {
 	dev := []string{"device"}
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc("vrdma_"+name, help, append(dev[:1:1], labels...), nil)
@@ -153,9 +191,29 @@ func NewCollector(src Source) *Collector {
 		commandErrors:  d("control_command_errors_total", "Control-queue commands that failed."),
 		eventsLost:     d("events_lost_total", "Asynchronous events the guest did not receive (event queue full)."),
 		eventsDropped:  d("events_dropped_total", "Asynchronous events raised while no guest was attached."),
+		resourceLimit:  d("resource_limit", "Most RDMA objects of a type the guest may create (device limit).", "type"),
+		pinnedLimit:    d("pinned_limit_bytes", "Pin quota of the device in bytes; absent when it has none."),
 		devices:        prometheus.NewDesc("vrdma_devices", "Devices the daemon serves.", nil, nil),
-		pinnedTotal:    prometheus.NewDesc("vrdma_pinned_bytes_total", "Bytes of guest memory pinned by all devices together.", nil, nil),
+		globalPinned:   prometheus.NewDesc("vrdma_global_pinned_bytes", "Bytes of guest memory pinned by all devices together.", nil, nil),
+		globalPinnedLimit: prometheus.NewDesc("vrdma_global_pinned_limit_bytes",
+			"Bound on the bytes pinned by all devices together (--global-max-pinned); absent when there is none.", nil, nil),
+		buildInfo: prometheus.NewDesc("vrdma_build_info", "Always 1; the labels describe the running build.",
+			[]string{"version", "revision", "goversion", "goos", "goarch"}, nil),
+		build: bi.withDefaults(),
 	}
+}
+
+func (bi BuildInfo) withDefaults() BuildInfo {
+	if bi.Version == "" {
+		bi.Version = "devel"
+	}
+	if bi.Revision == "" {
+		bi.Revision = "unknown"
+	}
+	if bi.GoVersion == "" {
+		bi.GoVersion = runtime.Version()
+	}
+	return bi
 }
 
 // Describe implements prometheus.Collector.
@@ -166,7 +224,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.sessions, c.refused, c.messages, c.connected,
 		c.ringErrors, c.protoErrors, c.interrupts, c.memTables,
 		c.commands, c.commandErrors, c.eventsLost, c.eventsDropped,
-		c.devices, c.pinnedTotal,
+		c.resourceLimit, c.pinnedLimit,
+		c.devices, c.globalPinned, c.globalPinnedLimit, c.buildInfo,
 	} {
 		ch <- d
 	}
@@ -174,11 +233,11 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	devs, pinned := c.src.Snapshot()
-	seen := make(map[string]bool, len(devs))
+	snap := c.src.Snapshot()
+	seen := make(map[string]bool, len(snap.Devices))
 	n := 0
-	for i := range devs {
-		ds := &devs[i]
+	for i := range snap.Devices {
+		ds := &snap.Devices[i]
 		if seen[ds.ID] {
 			continue
 		}
@@ -187,7 +246,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		c.collectDevice(ch, ds)
 	}
 	ch <- prometheus.MustNewConstMetric(c.devices, prometheus.GaugeValue, float64(n))
-	ch <- prometheus.MustNewConstMetric(c.pinnedTotal, prometheus.GaugeValue, float64(pinned))
+	ch <- prometheus.MustNewConstMetric(c.globalPinned, prometheus.GaugeValue, float64(snap.PinnedBytes))
+	if snap.PinnedLimitBytes != 0 {
+		ch <- prometheus.MustNewConstMetric(c.globalPinnedLimit, prometheus.GaugeValue, float64(snap.PinnedLimitBytes))
+	}
+	b := c.build
+	ch <- prometheus.MustNewConstMetric(c.buildInfo, prometheus.GaugeValue, 1, b.Version, b.Revision, b.GoVersion, runtime.GOOS, runtime.GOARCH)
 }
 
 func (c *Collector) collectDevice(ch chan<- prometheus.Metric, ds *DeviceStats) {
@@ -208,6 +272,14 @@ func (c *Collector) collectDevice(ch chan<- prometheus.Metric, ds *DeviceStats) 
 
 	for i, n := range []int{st.PDs, st.MRs, st.CQs, st.QPs, st.AHs} {
 		gauge(c.resources, float64(n), ResourceTypes[i])
+	}
+	for i, n := range ds.Limits.Resources {
+		if n != 0 {
+			gauge(c.resourceLimit, float64(n), ResourceTypes[i])
+		}
+	}
+	if q := ds.Limits.PinnedBytes; q != 0 {
+		gauge(c.pinnedLimit, float64(q))
 	}
 	counter(c.bytesMoved, st.Engine.BytesMoved)
 	for op, n := range st.Engine.Ops {

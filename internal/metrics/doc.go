@@ -8,8 +8,16 @@
 // over TCP ("host:port") or a unix socket ("unix:PATH").
 //
 // Metric names all start with vrdma_ and per-device series carry the label
-// device (the device ID). docs/packaging.md lists them; the names are a
-// contract with dashboards and alerts, so renaming one is a breaking change.
+// device (the device ID); the other labels have fixed value sets (type,
+// opcode, status), so series grow with devices only. Besides the counters
+// and gauges of each device there are its limits (vrdma_resource_limit,
+// vrdma_pinned_limit_bytes), the daemon's totals and vrdma_build_info.
+// The names follow Prometheus's conventions as `promtool check metrics`
+// enforces them (counters end in _total, gauges do not, base units, help
+// text everywhere); the tests run promtool on a live scrape.
+// docs/packaging.md lists them; the names are a contract with dashboards
+// and alerts, so renaming one is a breaking change (vrdma_pinned_bytes_total,
+// a gauge, became vrdma_global_pinned_bytes for the convention).
 //
 // Non-goals: pushing metrics, histograms of per-operation latency (that
 // would need work on the data path), and authentication: bind the TCP

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -35,12 +36,13 @@ type fakeSource struct {
 	mu     sync.Mutex
 	devs   []DeviceStats
 	pinned uint64
+	limit  uint64
 }
 
-func (f *fakeSource) Snapshot() ([]DeviceStats, uint64) {
+func (f *fakeSource) Snapshot() Snapshot {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]DeviceStats(nil), f.devs...), f.pinned
+	return Snapshot{Devices: append([]DeviceStats(nil), f.devs...), PinnedBytes: f.pinned, PinnedLimitBytes: f.limit}
 }
 
 // scrape serves h with httptest and returns the parsed families.
@@ -130,10 +132,11 @@ func TestCollectorValues(t *testing.T) {
 			EventsLost: 6,
 		},
 		Server: backend.StatsSnapshot{Sessions: 3, Refused: 1, Messages: 100, ProtocolErrors: 2, RingErrors: 1, Interrupts: 50, MemTables: 2},
+		Limits: Limits{Resources: [5]uint32{256, 4096, 1024, 32, 1024}, PinnedBytes: 64 << 20},
 	}
 	b := DeviceStats{ID: "vm2"}
-	src := &fakeSource{devs: []DeviceStats{a, b, a}, pinned: 9 << 20}
-	h, err := Handler(src)
+	src := &fakeSource{devs: []DeviceStats{a, b, a}, pinned: 9 << 20, limit: 1 << 30}
+	h, err := Handler(src, WithVersion("1.2.3"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,8 +185,17 @@ func TestCollectorValues(t *testing.T) {
 		{"vrdma_control_command_errors_total", dev("vm1"), 2, dto.MetricType_COUNTER},
 		{"vrdma_events_lost_total", dev("vm1"), 6, dto.MetricType_COUNTER},
 		{"vrdma_events_dropped_total", dev("vm1"), 4, dto.MetricType_COUNTER},
+		{"vrdma_resource_limit", with(dev("vm1"), "type", "pd"), 256, dto.MetricType_GAUGE},
+		{"vrdma_resource_limit", with(dev("vm1"), "type", "mr"), 4096, dto.MetricType_GAUGE},
+		{"vrdma_resource_limit", with(dev("vm1"), "type", "cq"), 1024, dto.MetricType_GAUGE},
+		{"vrdma_resource_limit", with(dev("vm1"), "type", "qp"), 32, dto.MetricType_GAUGE},
+		{"vrdma_resource_limit", with(dev("vm1"), "type", "ah"), 1024, dto.MetricType_GAUGE},
+		{"vrdma_pinned_limit_bytes", dev("vm1"), 64 << 20, dto.MetricType_GAUGE},
 		{"vrdma_devices", nil, 2, dto.MetricType_GAUGE},
-		{"vrdma_pinned_bytes_total", nil, 9 << 20, dto.MetricType_GAUGE},
+		{"vrdma_global_pinned_bytes", nil, 9 << 20, dto.MetricType_GAUGE},
+		{"vrdma_global_pinned_limit_bytes", nil, 1 << 30, dto.MetricType_GAUGE},
+		{"vrdma_build_info", map[string]string{"version": "1.2.3", "revision": "unknown", "goversion": runtime.Version(),
+			"goos": runtime.GOOS, "goarch": runtime.GOARCH}, 1, dto.MetricType_GAUGE},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%s%v", tt.name, tt.labels), func(t *testing.T) {
@@ -204,6 +216,9 @@ func TestCollectorValues(t *testing.T) {
 		// vm1 twice in the source is reported once.
 		for name, want := range map[string]int{
 			"vrdma_pinned_bytes":            2,
+			"vrdma_pinned_limit_bytes":      1, // vm2 has no quota: no series
+			"vrdma_resource_limit":          len(ResourceTypes),
+			"vrdma_build_info":              1,
 			"vrdma_resources":               2 * len(ResourceTypes),
 			"vrdma_operations_total":        2 * len(Opcodes),
 			"vrdma_completion_errors_total": 2*len(reportedStatuses) + 1,
@@ -317,8 +332,8 @@ func TestListenTCP(t *testing.T) {
 	defer s.Close()
 	url := "http://" + s.Addr().String()
 	fams := scrapeURL(t, http.DefaultClient, url+"/metrics")
-	if got, _ := value(fams, "vrdma_pinned_bytes_total", nil); got != 4096 {
-		t.Errorf("vrdma_pinned_bytes_total: got %v, want 4096", got)
+	if got, _ := value(fams, "vrdma_global_pinned_bytes", nil); got != 4096 {
+		t.Errorf("vrdma_global_pinned_bytes: got %v, want 4096", got)
 	}
 
 	t.Run("other paths", func(t *testing.T) {
@@ -459,7 +474,8 @@ func TestDaemonSource(t *testing.T) {
 		{"vrdma_vhost_user_connected", dev("dev0"), 0},
 		{"vrdma_vhost_user_sessions_total", dev("dev0"), 0},
 		{"vrdma_resources", with(dev("dev0"), "type", "qp"), 0},
-		{"vrdma_pinned_bytes_total", nil, 0},
+		{"vrdma_global_pinned_bytes", nil, 0},
+		{"vrdma_resource_limit", with(dev("dev0"), "type", "qp"), 1024},
 	} {
 		if got, ok := value(fams, tt.name, tt.labels); !ok || got != tt.want {
 			t.Errorf("before connecting: %s%v: got %v (present %v), want %v", tt.name, tt.labels, got, ok, tt.want)

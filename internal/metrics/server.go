@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -95,12 +96,46 @@ type Server struct {
 	done chan struct{} // closed when Serve returned
 }
 
+// Option configures Handler and Listen.
+type Option func(*options)
+
+type options struct {
+	build BuildInfo
+}
+
+// WithVersion sets the version label of vrdma_build_info (the program's
+// version, as --version prints it). Without it the label is the main
+// module's version from the binary's build information (set by go
+// install MODULE@VERSION), else "devel".
+func WithVersion(v string) Option {
+	return func(o *options) { o.build.Version = v }
+}
+
+func buildOptions(opts []Option) options {
+	var o options
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if v := bi.Main.Version; v != "" && v != "(devel)" {
+			o.build.Version = v
+		}
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				o.build.Revision = s.Value
+			}
+		}
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
 // Handler returns the /metrics handler for src: the Collector, plus the Go
 // runtime and process collectors of this process.
-func Handler(src Source) (http.Handler, error) {
+func Handler(src Source, opts ...Option) (http.Handler, error) {
+	o := buildOptions(opts)
 	reg := prometheus.NewRegistry()
 	for _, c := range []prometheus.Collector{
-		NewCollector(src),
+		NewCollector(src, o.build),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	} {
@@ -119,7 +154,7 @@ func Handler(src Source) (http.Handler, error) {
 // /metrics until Close. A unix socket left by a process that is gone is
 // replaced; one that a process still listens on is ErrAddrInUse, as is a
 // TCP port in use. A nil log discards.
-func Listen(addr string, src Source, log *logrus.Entry) (*Server, error) {
+func Listen(addr string, src Source, log *logrus.Entry, opts ...Option) (*Server, error) {
 	network, address, err := ParseAddr(addr)
 	if err != nil {
 		return nil, err
@@ -129,7 +164,7 @@ func Listen(addr string, src Source, log *logrus.Entry) (*Server, error) {
 		l.SetOutput(discard{})
 		log = logrus.NewEntry(l)
 	}
-	h, err := Handler(src)
+	h, err := Handler(src, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 )
 
 // EnvBinary names the environment variable that overrides the QEMU binary.
@@ -55,8 +57,53 @@ const maxHelpOutput = 1 << 20
 // DeviceName runs `binary -device help` and returns the name of its
 // user-creatable generic vhost-user PCI device: DeviceNameGeneric or, on
 // QEMU 10.2+, DeviceNameTest. If there is none (stock QEMU 10.0 hides the
-// device) the error matches ErrNoGenericDevice.
+// device) the error matches ErrNoGenericDevice. The answer is kept for the
+// life of the process, per binary file (path, inode, size, modification
+// time), so QEMU is asked once however many VMs start; a rebuilt binary is
+// asked again.
 func DeviceName(ctx context.Context, binary string) (string, error) {
+	key, keyed := deviceNameKeyOf(binary)
+	if keyed {
+		if name, ok := deviceNames.Load(key); ok {
+			return name.(string), nil
+		}
+	}
+	name, err := probeDeviceName(ctx, binary)
+	if err == nil && keyed {
+		deviceNames.Store(key, name)
+	}
+	return name, err
+}
+
+// deviceNames caches DeviceName: deviceNameKey → device name.
+var deviceNames sync.Map
+
+// deviceNameKey identifies one version of a binary file.
+type deviceNameKey struct {
+	path       string
+	dev, inode uint64
+	size       int64
+	mtime      int64
+}
+
+func deviceNameKeyOf(binary string) (deviceNameKey, bool) {
+	abs, err := filepath.Abs(binary)
+	if err != nil {
+		return deviceNameKey{}, false
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		return deviceNameKey{}, false
+	}
+	k := deviceNameKey{path: abs, size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		k.dev, k.inode = uint64(st.Dev), st.Ino
+	}
+	return k, true
+}
+
+// probeDeviceName is DeviceName without the cache.
+func probeDeviceName(ctx context.Context, binary string) (string, error) {
 	var out limitedBuffer
 	out.limit = maxHelpOutput
 	cmd := exec.CommandContext(ctx, binary, "-nodefaults", "-machine", "none", "-device", "help")

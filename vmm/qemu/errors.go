@@ -3,6 +3,7 @@ package qemu
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinel errors. Typed errors below match them with errors.Is.
@@ -67,4 +68,54 @@ func (e *QMPError) Is(target error) bool { return target == ErrQMP }
 
 func configErr(field, format string, args ...any) error {
 	return &ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// ErrLibvirt means a virsh command failed: virsh is missing, libvirt
+// refused the connection, or the domain is unknown or not running.
+// Returned as *LibvirtError.
+var ErrLibvirt = errors.New("libvirt command failed")
+
+// LibvirtError is a virsh run that failed (LibvirtMonitor).
+type LibvirtError struct {
+	// Domain is the libvirt domain; URI the connection ("" for virsh's
+	// default).
+	Domain, URI string
+	// Op is the virsh command ("qemu-monitor-command").
+	Op string
+	// Message is what virsh said ("failed to get domain 'vm9'"), if
+	// anything.
+	Message string
+	// Err is the cause: the exit status, a timeout, a missing virsh.
+	Err error
+}
+
+func (e *LibvirtError) Error() string {
+	s := "libvirt domain " + e.Domain
+	if e.URI != "" {
+		s += " (" + e.URI + ")"
+	}
+	s += ": virsh " + e.Op
+	if e.Message != "" {
+		return s + ": " + e.Message
+	}
+	return fmt.Sprintf("%s: %v", s, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *LibvirtError) Unwrap() error { return e.Err }
+
+// ErrNoDomain means libvirt has no domain of that name, id or UUID. A
+// *LibvirtError matches it (and ErrLibvirt) when virsh says so.
+var ErrNoDomain = errors.New("no such libvirt domain")
+
+// Is reports whether target is ErrLibvirt, or ErrNoDomain when virsh could
+// not find the domain.
+func (e *LibvirtError) Is(target error) bool {
+	switch target {
+	case ErrLibvirt:
+		return true
+	case ErrNoDomain:
+		return strings.Contains(e.Message, "failed to get domain") || strings.Contains(e.Message, "Domain not found")
+	}
+	return false
 }

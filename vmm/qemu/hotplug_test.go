@@ -169,10 +169,29 @@ func TestAttachVhostUser(t *testing.T) {
 		wantRecon    string
 	}{
 		{
+			// vrdma-rp* before rdma0-port: ports kept for vrdma first.
 			name: "free port picked", major: 10, ports: portsFree, share: true, connectAfter: 2,
-			wantCmds: []string{"query-memdev", "qom-list", "qom-list", "qom-list", "qom-list",
+			wantCmds: []string{"query-memdev", "qom-list", "qom-list", "qom-list",
 				"chardev-add", "query-chardev", "query-chardev", "query-chardev", "device_add"},
 			wantBus:   "vrdma-rp1",
+			wantRecon: "reconnect-ms",
+		},
+		{
+			// libvirt: its own pci.N ports are free too, but the one
+			// with the user alias ua-vrdma-* is taken.
+			name: "libvirt spare port first", major: 10, share: true,
+			ports: map[string]bool{"pci.1": true, "pci.2": false, "pci.3": false, "ua-vrdma-rp0": true, "ua-vrdma-rp1": false},
+			wantCmds: []string{"query-memdev", "qom-list", "qom-list", "qom-list",
+				"chardev-add", "query-chardev", "device_add"},
+			wantBus:   "ua-vrdma-rp1",
+			wantRecon: "reconnect-ms",
+		},
+		{
+			name: "no spare port: any free one", major: 10, share: true,
+			ports: map[string]bool{"pci.1": true, "pci.2": false},
+			wantCmds: []string{"query-memdev", "qom-list", "qom-list", "qom-list",
+				"chardev-add", "query-chardev", "device_add"},
+			wantBus:   "pci.2",
 			wantRecon: "reconnect-ms",
 		},
 		{

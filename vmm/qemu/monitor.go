@@ -3,6 +3,7 @@ package qemu
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -199,17 +200,24 @@ func waitChardevConnected(ctx context.Context, mon qmp.Monitor, chr string) erro
 }
 
 // DetachVhostUserQMP hot-unplugs device id from the QEMU behind mon:
-// device_del, wait for QEMU's DEVICE_DELETED event for it (the guest must
-// release the device: Linux pciehp or ACPI hot-plug does; firmware alone
-// may not), then chardev-remove id+"-chr". It listens to mon's events and
-// keeps draining them until mon disconnects (a go-qemu SocketMonitor
-// blocks command replies behind unread events once anyone listened). ctx
-// bounds the whole call (at most 30 s). log may be nil.
+// device_del, wait until QEMU has deleted the device (the guest must
+// release it: Linux pciehp or ACPI hot-plug does; firmware alone may not),
+// then chardev-remove id+"-chr". A monitor with events (a go-qemu
+// SocketMonitor) is waited on for QEMU's DEVICE_DELETED: it listens to
+// mon's events and keeps draining them until mon disconnects (a
+// SocketMonitor blocks command replies behind unread events once anyone
+// listened). A monitor without (Events returns qmp.ErrEventsNotSupported:
+// a LibvirtMonitor) is polled instead: qom-list /machine/peripheral every
+// 50 ms until id is gone. ctx bounds the whole call (at most 30 s). log
+// may be nil.
 func DetachVhostUserQMP(ctx context.Context, mon qmp.Monitor, id string, log *logrus.Entry) error {
 	if err := validateID("id", id); err != nil {
 		return err
 	}
 	events, err := mon.Events(ctx)
+	if errors.Is(err, qmp.ErrEventsNotSupported) {
+		return detachVhostUser(ctx, mon, id, log, nil)
+	}
 	if err != nil {
 		return fmt.Errorf("detach %s: qmp events: %w", id, err)
 	}
@@ -230,7 +238,8 @@ func DetachVhostUserQMP(ctx context.Context, mon qmp.Monitor, id string, log *lo
 }
 
 // detachVhostUser is DetachVhostUserQMP with events already subscribed to
-// (before device_del, so the event cannot be missed).
+// (before device_del, so the event cannot be missed); with events nil it
+// polls QOM for the device instead.
 func detachVhostUser(ctx context.Context, mon qmp.Monitor, id string, log *logrus.Entry, events <-chan qmp.Event) error {
 	ctx, cancel := context.WithTimeout(ctx, attachTimeout)
 	defer cancel()
@@ -243,14 +252,71 @@ func detachVhostUser(ctx context.Context, mon qmp.Monitor, id string, log *logru
 	if _, err := runQMP(ctx, mon, "device_del", map[string]any{"id": id}); err != nil {
 		return fmt.Errorf("detach %s: %w", id, err)
 	}
-	if err := waitDeviceDeleted(ctx, events, id); err != nil {
+	wait := func() error { return waitDeviceDeleted(ctx, events, id) }
+	if events == nil {
+		wait = func() error { return waitDeviceGone(ctx, mon, id) }
+	}
+	if err := wait(); err != nil {
 		return fmt.Errorf("detach %s: %w", id, err)
 	}
-	if _, err := runQMP(ctx, mon, qmpCmdChardevRemove, map[string]any{"id": id + chrSuffix}); err != nil {
+	if err := removeChardev(ctx, mon, id+chrSuffix); err != nil {
 		return fmt.Errorf("detach %s: %w", id, err)
 	}
 	log.WithField("device", id).Info("vhost-user device detached")
 	return nil
+}
+
+// pollInterval is how often waitDeviceGone asks QEMU (through virsh, each
+// ask is a process).
+const pollInterval = 50 * time.Millisecond
+
+// waitDeviceGone polls qom-list /machine/peripheral until id is no longer
+// a child there: QEMU unparents a device when the guest has released it,
+// just before it finalizes it and sends DEVICE_DELETED.
+func waitDeviceGone(ctx context.Context, mon qmp.Monitor, id string) error {
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	for {
+		props, err := qomList(ctx, mon, peripheralPath)
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("still present (did the guest release the device?): %w", ctx.Err())
+			}
+			return err
+		}
+		present := false
+		for _, p := range props {
+			if p.Name == id && strings.HasPrefix(p.Type, "child<") {
+				present = true
+				break
+			}
+		}
+		if !present {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("still present (did the guest release the device?): %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// removeChardev runs chardev-remove for chr, again while QEMU says the
+// chardev is busy: a device that has left the QOM tree may be finalized
+// (and let go of its chardev) a moment later, after an RCU grace period.
+func removeChardev(ctx context.Context, mon qmp.Monitor, chr string) error {
+	for {
+		_, err := runQMP(ctx, mon, qmpCmdChardevRemove, map[string]any{"id": chr})
+		if err == nil || !strings.Contains(err.Error(), "is busy") || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pollInterval):
+		}
+	}
 }
 
 // waitDeviceDeleted waits for DEVICE_DELETED with data.device == id.

@@ -33,12 +33,16 @@ const (
 	qmpCmdDeviceAdd     = "device_add"
 	qmpCmdChardevAdd    = "chardev-add"
 	qmpCmdChardevRemove = "chardev-remove"
+	// libvirtPortPrefix starts the ids of root ports a libvirt domain
+	// keeps for vrdma: libvirt gives a controller with the user alias
+	// "ua-vrdma-rp0" that id in QEMU.
+	libvirtPortPrefix = "ua-vrdma-"
 )
 
-// runQMP runs one QMP command on mon and returns its "return" value. The
-// go-qemu monitor cannot be cancelled, so the call continues in the
+// runQMP runs one QMP command on mon and returns its "return" value. A
+// go-qemu monitor cannot be cancelled, so there the call continues in the
 // background after ctx ends (it finishes when QEMU answers or the
-// connection closes).
+// connection closes); a LibvirtMonitor's virsh is killed.
 func runQMP(ctx context.Context, mon qmp.Monitor, execute string, args any) (json.RawMessage, error) {
 	cmd, err := json.Marshal(qmp.Command{Execute: execute, Args: args})
 	if err != nil {
@@ -47,21 +51,31 @@ func runQMP(ctx context.Context, mon qmp.Monitor, execute string, args any) (jso
 	return runRawQMP(ctx, mon, execute, cmd)
 }
 
+// contextRunner is a monitor whose commands can be cancelled
+// (LibvirtMonitor).
+type contextRunner interface {
+	RunContext(ctx context.Context, cmd []byte) ([]byte, error)
+}
+
 func runRawQMP(ctx context.Context, mon qmp.Monitor, execute string, cmd []byte) (json.RawMessage, error) {
 	type result struct {
 		out []byte
 		err error
 	}
-	res := make(chan result, 1)
-	go func() {
-		out, err := mon.Run(cmd)
-		res <- result{out, err}
-	}()
 	var r result
-	select {
-	case r = <-res:
-	case <-ctx.Done():
-		return nil, &QMPError{Command: execute, Err: ctx.Err()}
+	if cr, ok := mon.(contextRunner); ok {
+		r.out, r.err = cr.RunContext(ctx, cmd)
+	} else {
+		res := make(chan result, 1)
+		go func() {
+			out, err := mon.Run(cmd)
+			res <- result{out, err}
+		}()
+		select {
+		case r = <-res:
+		case <-ctx.Done():
+			return nil, &QMPError{Command: execute, Err: ctx.Err()}
+		}
 	}
 	if r.err != nil {
 		return nil, &QMPError{Command: execute, Err: r.err}
@@ -211,8 +225,11 @@ func (d *queryPCIDevice) flat() (PCIDevice, error) {
 // FreeRootPort returns the id of the first (by name) pcie-root-port with
 // an id and no device on its bus, asking mon through QOM: query-pci cannot
 // tell, because it shows what is behind a bridge only once firmware has
-// numbered the buses. The error matches ErrNoFreeRootPort when every port
-// is taken.
+// numbered the buses. Ports kept for vrdma come first: Config.RootPorts'
+// vrdma-rp0, vrdma-rp1, ... and libvirt's ua-vrdma-* (a controller with
+// <alias name='ua-vrdma-rp0'/>), so that a libvirt-managed VM does not
+// lose a port libvirt means for its own hot-plug. The error matches
+// ErrNoFreeRootPort when every port is taken.
 func FreeRootPort(ctx context.Context, mon qmp.Monitor) (string, error) {
 	props, err := qomList(ctx, mon, peripheralPath)
 	if err != nil {
@@ -227,7 +244,15 @@ func FreeRootPort(ctx context.Context, mon qmp.Monitor) (string, error) {
 	if len(ports) > maxRootPorts {
 		return "", &QMPError{Command: "qom-list", Err: fmt.Errorf("%d root ports, more than %d", len(ports), maxRootPorts)}
 	}
-	slices.Sort(ports)
+	slices.SortFunc(ports, func(a, b string) int {
+		if ka, kb := isVrdmaPort(a), isVrdmaPort(b); ka != kb {
+			if ka {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
 	for _, port := range ports {
 		// A bridge's secondary bus is its child named like the bridge;
 		// each device on a bus is a link property "child[N]" of the bus.
@@ -247,6 +272,11 @@ func FreeRootPort(ctx context.Context, mon qmp.Monitor) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%w: all %d pcie-root-ports with an id hold a device (start the VM with more RootPorts)", ErrNoFreeRootPort, len(ports))
+}
+
+// isVrdmaPort tells a root port kept for vrdma devices by its id.
+func isVrdmaPort(id string) bool {
+	return strings.HasPrefix(id, freePortPrefix) || strings.HasPrefix(id, libvirtPortPrefix)
 }
 
 // qomProperty is one entry of a qom-list reply.
