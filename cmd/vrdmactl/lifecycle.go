@@ -86,6 +86,7 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 	maxMRs := fs.Uint("max-mrs", 0, "most MRs (0: the daemon's default)")
 	maxPinned := fs.String("max-pinned", "0", "pin quota in bytes, e.g. 1G (0: the daemon's --max-pinned)")
 	guid := fs.String("guid", "", "node GUID xxxx:xxxx:xxxx:xxxx (default: from a random UUID)")
+	mac := fs.String("mac", "", "pair the device with the guest NIC of this MAC `address` (the node GUID becomes its EUI-64)")
 	gid := fs.String("gid", "", "port GID 0, fe80::/64 with the GUID (default: from the GUID)")
 	doorbells := fs.Int("doorbell-queues", 0, "doorbell queues, one per guest vCPU (0: 1)")
 	return func(pos []string) error {
@@ -108,7 +109,7 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 				return usageErr("--%s %d: more than 2^32-1", name, v)
 			}
 		}
-		req := daemon.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, DoorbellQueues: *doorbells}
+		req := daemon.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, MAC: *mac, DoorbellQueues: *doorbells}
 		if *maxQPs != 0 || *maxCQs != 0 || *maxMRs != 0 || pinned != 0 {
 			req.Limits = &daemon.Limits{MaxQPs: uint32(*maxQPs), MaxCQs: uint32(*maxCQs), MaxMRs: uint32(*maxMRs), MaxPinnedBytes: pinned}
 		}
@@ -385,7 +386,7 @@ func defineCompletion(_ *flag.FlagSet, c *cli) func([]string) error {
 func showInfo(out io.Writer, d daemon.DeviceInfo) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	rows := [][2]string{
-		{"id", d.ID}, {"socket", d.Socket}, {"uuid", d.UUID}, {"guid", d.GUID}, {"gid", d.GID},
+		{"id", d.ID}, {"socket", d.Socket}, {"uuid", d.UUID}, {"guid", d.GUID}, {"gid", d.GID}, {"mac", d.MAC},
 		{"connected", fmt.Sprint(d.Connected)}, {"num_queues", fmt.Sprint(d.NumQueues)},
 		{"max_qps", fmt.Sprint(d.Limits.MaxQPs)}, {"max_cqs", fmt.Sprint(d.Limits.MaxCQs)}, {"max_mrs", fmt.Sprint(d.Limits.MaxMRs)},
 		{"max_pinned", pinnedLimit(d.Limits.MaxPinnedBytes)},

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"path/filepath"
@@ -42,7 +43,11 @@ type DeviceInfo struct {
 	EventsLost  uint64 `json:"events_lost"`
 	GUID        string `json:"guid"`
 	GID         string `json:"gid"`
-	Limits      Limits `json:"limits"`
+	// MAC is the guest NIC the device pairs with (docs/spec.md, "The
+	// device's MAC"): the EUI-48 in the GUID; empty when the GUID has no
+	// ff:fe in its middle.
+	MAC    string `json:"mac,omitempty"`
+	Limits Limits `json:"limits"`
 	// NumQueues is the number of virtqueues QEMU must create (num_vqs):
 	// control, events and the doorbell queues.
 	NumQueues int `json:"num_queues"`
@@ -93,6 +98,7 @@ func (dv *Device) Info() DeviceInfo {
 		EventsLost:  ds.EventsLost,
 		GUID:        FormatGUID(cs.NodeGUID),
 		GID:         netip.AddrFrom16(cs.PortGID).String(),
+		MAC:         MACOfGUID(cs.NodeGUID),
 		Limits:      Limits{MaxQPs: cs.MaxQP, MaxCQs: cs.MaxCQ, MaxMRs: cs.MaxMR, MaxPinnedBytes: dv.MaxPinned},
 		NumQueues:   dv.Dev.NumQueues(),
 		Persisted:   dv.persist,
@@ -161,6 +167,11 @@ type AddRequest struct {
 	GUID string `json:"guid,omitempty"`
 	GID  string `json:"gid,omitempty"`
 	UUID string `json:"uuid,omitempty"`
+	// MAC pairs the device with the guest NIC of that address
+	// ("52:54:00:12:34:56"): the node GUID is its EUI-64 (ff:fe inserted),
+	// which must agree with guid, gid and uuid when they are given too.
+	// The guest's kernel driver binds the RDMA port to that NIC.
+	MAC string `json:"mac,omitempty"`
 	// DoorbellQueues is the number of doorbell queues (one per guest
 	// vCPU); 0 means 1.
 	DoorbellQueues int `json:"doorbell_queues,omitempty"`
@@ -288,6 +299,16 @@ func (r AddRequest) identity() (uuid.UUID, error) {
 		}
 		guid, hasGUID = g, true
 	}
+	if r.MAC != "" {
+		g, err := GUIDOfMAC(r.MAC)
+		if err != nil {
+			return uuid.Nil, reqErr("mac", "%v", err)
+		}
+		if hasGUID && g != guid {
+			return uuid.Nil, reqErr("mac", "%s gives node GUID %s, not %s", r.MAC, FormatGUID(g), FormatGUID(guid))
+		}
+		guid, hasGUID = g, true
+	}
 	if r.GID != "" {
 		a, err := netip.ParseAddr(r.GID)
 		if err != nil || !a.Is6() || a.Zone() != "" {
@@ -319,6 +340,31 @@ func (r AddRequest) identity() (uuid.UUID, error) {
 		u = uuid.New()
 	}
 	return u, nil
+}
+
+// GUIDOfMAC is the node GUID of a device paired with the NIC of MAC
+// address mac ("52:54:00:12:34:56"): its EUI-64, mac[0:3] ff fe mac[3:6].
+// The MAC must be locally administered and unicast, as device GUIDs are.
+func GUIDOfMAC(mac string) (uint64, error) {
+	hw, err := net.ParseMAC(mac)
+	if err != nil || len(hw) != 6 {
+		return 0, fmt.Errorf("%q is not an EUI-48 MAC address", mac)
+	}
+	g := uint64(hw[0])<<56 | uint64(hw[1])<<48 | uint64(hw[2])<<40 | 0xfffe<<24 |
+		uint64(hw[3])<<16 | uint64(hw[4])<<8 | uint64(hw[5])
+	if err := checkGUID(g); err != nil {
+		return 0, fmt.Errorf("%s: %v", mac, err)
+	}
+	return g, nil
+}
+
+// MACOfGUID is the MAC address a node GUID pairs with, or "" when the GUID
+// is not an EUI-48 in an EUI-64 (bytes 3 and 4 are not ff fe).
+func MACOfGUID(g uint64) string {
+	if g>>24&0xffff != 0xfffe {
+		return ""
+	}
+	return net.HardwareAddr{byte(g >> 56), byte(g >> 48), byte(g >> 40), byte(g >> 16), byte(g >> 8), byte(g)}.String()
 }
 
 // ParseGUID parses a GUID written as four colon-separated groups of four
