@@ -215,7 +215,7 @@ func TestMalformedCommands(t *testing.T) {
 		{"CREATE_PD with a payload", abi.CmdCreatePD, []byte{1}, abi.StatusInvalid},
 		{"QUERY_DEVICE with a payload", abi.CmdQueryDevice, []byte{0, 0}, abi.StatusInvalid},
 		{"QUERY_PORT of port 2", abi.CmdQueryPort, abi.Marshal(&abi.PortReq{PortNum: 2}), abi.StatusInvalid},
-		{"QUERY_GID index 1", abi.CmdQueryGID, abi.Marshal(&abi.GIDReq{PortNum: 1, Index: 1}), abi.StatusInvalid},
+		{"QUERY_GID index past the table", abi.CmdQueryGID, abi.Marshal(&abi.GIDReq{PortNum: 1, Index: abi.GIDTableLen}), abi.StatusInvalid},
 		{"DESTROY_PD of an unknown PD", abi.CmdDestroyPD, handle(pdn ^ 0xff), abi.StatusNotFound},
 		{"DESTROY_PD truncated", abi.CmdDestroyPD, handle(pdn)[:6], abi.StatusInvalid},
 		{"DESTROY_PD reserved bits", abi.CmdDestroyPD, abi.Marshal(&abi.Handle{Handle: pdn, Reserved: 1}), abi.StatusInvalid},

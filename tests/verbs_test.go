@@ -115,7 +115,7 @@ func TestVerbsQuery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pa.State != rdma.PortActive || pa.LinkLayer != rdma.LinkLayerEthernet || pa.GIDTblLen != 1 {
+	if pa.State != rdma.PortActive || pa.LinkLayer != rdma.LinkLayerEthernet || pa.GIDTblLen != rdma.GIDTableLen {
 		t.Errorf("QUERY_PORT: %+v", pa)
 	}
 	qa, err := a.qp.Query()
