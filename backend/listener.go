@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 
-	"github.com/sirupsen/logrus"
 )
 
 // FromListener serves cfg.Device on ln, a listening unix socket the caller
@@ -28,15 +27,7 @@ func FromListener(ln *net.UnixListener, cfg Config, opts ...Option) (*Server, er
 	if cfg.Socket == "" {
 		cfg.Socket = ln.Addr().String()
 	}
-	s := &Server{cfg: cfg, ln: ln}
-	for _, o := range opts {
-		o(s)
-	}
-	if s.log == nil {
-		l := logrus.New()
-		l.SetOutput(discard{})
-		s.log = logrus.NewEntry(l)
-	}
-	s.log = s.log.WithField("socket", cfg.Socket)
+	s := newServer(cfg, opts)
+	s.ln = ln
 	return s, nil
 }

@@ -77,11 +77,9 @@ type Server struct {
 	wg     sync.WaitGroup
 }
 
-// Listen creates the device socket.
-func Listen(cfg Config, opts ...Option) (*Server, error) {
-	if cfg.Socket == "" || cfg.Device == nil {
-		return nil, errors.New("backend: socket path and device are required")
-	}
+// newServer is a Server for cfg with its options applied and its logger
+// set (silent when no WithLogger).
+func newServer(cfg Config, opts []Option) *Server {
 	s := &Server{cfg: cfg}
 	for _, o := range opts {
 		o(s)
@@ -92,6 +90,15 @@ func Listen(cfg Config, opts ...Option) (*Server, error) {
 		s.log = logrus.NewEntry(l)
 	}
 	s.log = s.log.WithField("socket", cfg.Socket)
+	return s
+}
+
+// Listen creates the device socket.
+func Listen(cfg Config, opts ...Option) (*Server, error) {
+	if cfg.Socket == "" || cfg.Device == nil {
+		return nil, errors.New("backend: socket path and device are required")
+	}
+	s := newServer(cfg, opts)
 	if err := removeStale(cfg.Socket); err != nil {
 		return nil, err
 	}

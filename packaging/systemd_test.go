@@ -7,7 +7,6 @@ package packaging
 // .deb tests' own.
 
 import (
-	"bufio"
 	"context"
 	"net"
 	"os"
@@ -43,37 +42,6 @@ func sdTool(t *testing.T, name string) string {
 	return p
 }
 
-// sdUnit reads a unit file into section → key → values.
-func sdUnit(t *testing.T, path string) map[string]map[string][]string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	out := map[string]map[string][]string{}
-	sec := ""
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		switch {
-		case line == "" || line[0] == '#' || line[0] == ';':
-		case line[0] == '[' && line[len(line)-1] == ']':
-			sec = line[1 : len(line)-1]
-			out[sec] = map[string][]string{}
-		default:
-			k, v, ok := strings.Cut(line, "=")
-			if !ok || sec == "" {
-				t.Fatalf("%s: bad line %q", path, line)
-			}
-			out[sec][k] = append(out[sec][k], v)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
 
 // sdOne returns the single value of a directive.
 func sdOne(t *testing.T, u map[string]map[string][]string, sec, key string) string {
@@ -87,7 +55,7 @@ func sdOne(t *testing.T, u map[string]map[string][]string, sec, key string) stri
 
 // TestUnitDirectives: what vrdmad and the contract rely on.
 func TestUnitDirectives(t *testing.T) {
-	svc := sdUnit(t, "vrdmad.service")
+	svc := unitDirectives(t, "vrdmad.service")
 	for _, c := range []struct{ key, want string }{
 		{"Type", "notify"},
 		{"NotifyAccess", "main"},
@@ -123,7 +91,7 @@ func TestUnitDirectives(t *testing.T) {
 		}
 	}
 
-	sock := sdUnit(t, "vrdmad.socket")
+	sock := unitDirectives(t, "vrdmad.socket")
 	for _, c := range []struct{ key, want string }{
 		{"ListenStream", "/run/vrdma/control.sock"},
 		{"FileDescriptorName", "control"},
@@ -134,7 +102,7 @@ func TestUnitDirectives(t *testing.T) {
 			t.Errorf("vrdmad.socket %s: got %q, want %q", c.key, got, c.want)
 		}
 	}
-	dev := sdUnit(t, "vrdmad-device@.socket")
+	dev := unitDirectives(t, "vrdmad-device@.socket")
 	for _, c := range []struct{ key, want string }{
 		{"ListenStream", "/run/vrdma/%i.sock"},
 		{"FileDescriptorName", "%i"},
@@ -244,7 +212,7 @@ func TestUnitsStartVrdmad(t *testing.T) {
 	setpriv := sdTool(t, "setpriv")
 	prlimit := sdTool(t, "prlimit")
 	bin := sdBuildVrdmad(t)
-	svc, sock, dev := sdUnit(t, "vrdmad.service"), sdUnit(t, "vrdmad.socket"), sdUnit(t, "vrdmad-device@.socket")
+	svc, sock, dev := unitDirectives(t, "vrdmad.service"), unitDirectives(t, "vrdmad.socket"), unitDirectives(t, "vrdmad-device@.socket")
 
 	for _, withCap := range []bool{true, false} {
 		name := "CAP_IPC_LOCK"

@@ -740,15 +740,6 @@ func (bn *bench) latencyPass(ctx context.Context, r *result) error {
 		}
 		lat[i] = time.Since(t0)
 	}
-	slices.Sort(lat)
-	var sum time.Duration
-	for _, d := range lat {
-		sum += d
-	}
-	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-	r.LatP50 = us(lat[len(lat)*50/100])
-	r.LatP99 = us(lat[min(len(lat)-1, len(lat)*99/100)])
-	r.LatAvg = us(sum / time.Duration(len(lat)))
-	r.LatIters = len(lat)
+	r.SetLatencies(lat)
 	return nil
 }

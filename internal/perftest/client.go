@@ -210,16 +210,24 @@ func result(cfg Config, ops uint64, elapsed time.Duration, lat []time.Duration) 
 	secs := max(elapsed.Seconds(), 1e-9)
 	r := Result{Op: cfg.Op, Size: cfg.Size, Iters: int(ops), Seconds: secs, LatIters: len(lat),
 		GBytesPerS: float64(ops) * float64(cfg.Size) / secs / 1e9, Mops: float64(ops) / secs / 1e6}
-	if len(lat) > 0 {
-		slices.Sort(lat)
-		var sum time.Duration
-		for _, d := range lat {
-			sum += d
-		}
-		us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-		r.LatP50 = us(lat[len(lat)*50/100])
-		r.LatP99 = us(lat[min(len(lat)-1, len(lat)*99/100)])
-		r.LatAvg = us(sum / time.Duration(len(lat)))
-	}
+	r.SetLatencies(lat)
 	return r
+}
+
+// SetLatencies sorts lat (one sample per operation) and sets the result's
+// LatIters, LatP50, LatP99 and LatAvg from it; an empty lat leaves them.
+func (r *Result) SetLatencies(lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	var sum time.Duration
+	for _, d := range lat {
+		sum += d
+	}
+	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+	r.LatIters = len(lat)
+	r.LatP50 = us(lat[len(lat)*50/100])
+	r.LatP99 = us(lat[min(len(lat)-1, len(lat)*99/100)])
+	r.LatAvg = us(sum / time.Duration(len(lat)))
 }
