@@ -3,7 +3,6 @@ package backend
 import (
 	"errors"
 	"net"
-
 )
 
 // FromListener serves cfg.Device on ln, a listening unix socket the caller
