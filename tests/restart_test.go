@@ -65,17 +65,7 @@ func TestDaemonRestart(t *testing.T) {
 	}
 	// The driver resets the device and starts over.
 	c.Close()
-	if err := f.ResetDevice(); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Start(0, 1, 2); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := frontend.NewTransport(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c2, err := abi.Open(tr)
+	c2, err := f.Reopen()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -592,17 +592,7 @@ func TestRestartKeepsIdentity(t *testing.T) {
 		t.Fatalf("after the restart: event %+v, %v; want DEVICE_FATAL", ev, err)
 	}
 	vc.Close()
-	if err := f.ResetDevice(); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Start(0, 1, 2); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := frontend.NewTransport(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vc2, err := vrdma.Open(tr)
+	vc2, err := f.Reopen()
 	if err != nil {
 		t.Fatal(err)
 	}

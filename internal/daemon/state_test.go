@@ -460,17 +460,7 @@ func TestRestartFrontendReconnect(t *testing.T) {
 		t.Fatalf("after the restart: event %+v, %v; want DEVICE_FATAL", ev, err)
 	}
 	c.Close()
-	if err := f.ResetDevice(); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Start(0, 1, 2); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := frontend.NewTransport(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c2, err := vrdma.Open(tr)
+	c2, err := f.Reopen()
 	if err != nil {
 		t.Fatal(err)
 	}

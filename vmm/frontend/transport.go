@@ -87,25 +87,39 @@ func OpenRDMA(ctx context.Context, socket string, memSize uint64) (*rdma.Context
 	if err != nil {
 		return nil, nil, err
 	}
-	qs := make([]int, f.NumQueues)
-	for i := range qs {
-		qs[i] = i
-	}
-	if err := f.Start(qs...); err != nil {
-		f.Close()
-		return nil, nil, fmt.Errorf("frontend: start: %w", err)
-	}
-	t, err := NewTransport(f)
-	if err != nil {
-		f.Close()
-		return nil, nil, err
-	}
-	c, err := rdma.Open(t)
+	c, err := f.openRDMA()
 	if err != nil {
 		f.Close()
 		return nil, nil, err
 	}
 	return c, f, nil
+}
+
+// openRDMA starts every queue of f and opens a verbs context over them.
+func (f *Frontend) openRDMA() (*rdma.Context, error) {
+	qs := make([]int, f.NumQueues)
+	for i := range qs {
+		qs[i] = i
+	}
+	if err := f.Start(qs...); err != nil {
+		return nil, fmt.Errorf("frontend: start: %w", err)
+	}
+	t, err := NewTransport(f)
+	if err != nil {
+		return nil, err
+	}
+	return rdma.Open(t)
+}
+
+// Reopen does what a driver must after the device lost its objects
+// (DEVICE_FATAL once vrdmad restarted, docs/spec.md "Reset and
+// disconnect"): it resets the device, starts every queue again and opens a
+// new verbs context. The old context must be closed first.
+func (f *Frontend) Reopen() (*rdma.Context, error) {
+	if err := f.ResetDevice(); err != nil {
+		return nil, err
+	}
+	return f.openRDMA()
 }
 
 // eventGPA is the guest-physical address of event slot s.
