@@ -247,6 +247,9 @@ static void vrdma_cq_event(struct vrdma_dev *dev, u32 type, u32 cqn)
 	xa_unlock(&dev->cq_xa);
 	if (!cq)
 		dev->events_unknown_handle++;
+	if (type != VRDMA_EVENT_CQ_COMPLETION || !cq)
+		dev_dbg(&dev->vdev->dev, "event %u for CQ %#x%s\n", type, cqn,
+			cq ? "" : " (unknown)");
 }
 
 static void vrdma_qp_event(struct vrdma_dev *dev, u32 qpn)
@@ -266,6 +269,8 @@ static void vrdma_qp_event(struct vrdma_dev *dev, u32 qpn)
 	xa_unlock(&dev->qp_xa);
 	if (!qp)
 		dev->events_unknown_handle++;
+	dev_dbg(&dev->vdev->dev, "QP_FATAL for QP %#x%s\n", qpn,
+		qp ? "" : " (unknown)");
 }
 
 /* Called with event_lock held (interrupts off). */
@@ -807,6 +812,9 @@ static int vrdma_probe(struct virtio_device *vdev)
 	spin_lock_irq(&dev->lock);
 	set_bit(VRDMA_REGISTERED, &dev->flags);
 	spin_unlock_irq(&dev->lock);
+	/* A failure during registration had no fatal_work to run. */
+	if (vrdma_dead(dev))
+		vrdma_queue(dev, &dev->fatal_work);
 	vrdma_queue(dev, &dev->port_work);
 	dev_info(&vdev->dev, "%s: %u doorbell queues%s\n",
 		 dev_name(&ibdev->dev), ndbq,
