@@ -154,7 +154,7 @@ func TestStackPerftest(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
-	const want = 16 // 6 tools × default, 5 × -s 65536, 4 × -q 4 (+ atomic's -q 4) = 16
+	const want = 15 // write, read, send: default, -s 65536, -q 4; atomic: default, -q 4; write_lat, send_lat: default, -s 65536
 	for _, role := range []string{"server", "client"} {
 		js := jobs(t, out, role)
 		if len(js) != want {

@@ -64,14 +64,27 @@ func newResources() *resources {
 // upper 24 bits and a random low byte, so handles and keys cannot be
 // guessed from one another. Zero is never a handle.
 func (r *resources) newHandle(taken func(uint32) bool) uint32 {
+	return r.newHandleBits(32, taken)
+}
+
+// qpnBits is the width of a QP number: the InfiniBand BTH carries 24 bits,
+// and applications (perftest, ibv_rc_pingpong) exchange QP numbers so.
+const qpnBits = 24
+
+// newHandleBits is newHandle for handles of bits bits (9 … 32): the
+// sequence takes bits 8 … bits−1. The loop ends: the device's objects of
+// one kind are far fewer than the 2^(bits−8) sequence numbers.
+func (r *resources) newHandleBits(bits uint, taken func(uint32) bool) uint32 {
 	var b [1]byte
+	mask := uint32(1)<<(bits-8) - 1
 	for {
 		r.seq = (r.seq + 1) & 0xffffff
-		if r.seq == 0 {
+		seq := r.seq & mask
+		if seq == 0 {
 			continue
 		}
 		rand.Read(b[:])
-		h := r.seq<<8 | uint32(b[0])
+		h := seq<<8 | uint32(b[0])
 		if h != 0 && !taken(h) {
 			return h
 		}
@@ -517,7 +530,7 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 	if err := d.pinRing(t, pages, c.Record, abi.QPRecordSize); err != nil {
 		return nil, err
 	}
-	h := r.newHandle(func(h uint32) bool { return r.qps[h] != nil })
+	h := r.newHandleBits(qpnBits, func(h uint32) bool { return r.qps[h] != nil })
 	qp := &engine.QP{
 		Num:           h,
 		PD:            c.PDN,

@@ -158,3 +158,23 @@ func TestStatusOfErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestQPNumbers24Bits: QP numbers fit the 24 bits of an InfiniBand QPN
+// however many handles the device handed out before (perftest and
+// ibv_rc_pingpong exchange them as 24-bit numbers).
+func TestQPNumbers24Bits(t *testing.T) {
+	r := newResources()
+	seen := map[uint32]bool{}
+	for i := range 200_000 {
+		var h uint32
+		if i%3 == 0 {
+			h = r.newHandleBits(qpnBits, func(h uint32) bool { return seen[h] })
+			if h == 0 || h >= 1<<24 {
+				t.Fatalf("QP number %#x after %d handles", h, i)
+			}
+			seen[h] = true
+		} else {
+			r.newHandle(func(uint32) bool { return false }) // other objects advance the sequence
+		}
+	}
+}
