@@ -187,7 +187,8 @@ func TestStackPerftest(t *testing.T) {
 }
 
 // TestStackPingpongConcurrentSyscalls: ibv_rc_pingpong passes with its
-// buffer check; two ib_write_bw processes share one device at once; and
+// buffer check, polling and with completion events, and so does
+// ib_send_lat -e; two ib_write_bw processes share one device at once; and
 // the fast path makes no system call per post or poll: ib_write_bw's
 // system calls under strace -c do not grow from 1,000 to 20,000 posts.
 func TestStackPingpongConcurrentSyscalls(t *testing.T) {
@@ -213,8 +214,9 @@ func TestStackPingpongConcurrentSyscalls(t *testing.T) {
 		}
 	}
 	// ibv_rc_pingpong prints its rate on both sides after checking data.
-	if n := len(regexp.MustCompile(`(?m)\| \d+ bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec$`).FindAllString(out, -1)); n != 2 {
-		t.Errorf("ibv_rc_pingpong result lines: %d, want 2", n)
+	// (polling and -e).
+	if n := len(regexp.MustCompile(`(?m)\| \d+ bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec$`).FindAllString(out, -1)); n != 4 {
+		t.Errorf("ibv_rc_pingpong result lines: %d, want 4", n)
 	}
 	var calls []int
 	for _, m := range regexp.MustCompile(`client\| VRDMA-SYSCALLS (\{.*\})`).FindAllStringSubmatch(out, -1) {

@@ -251,8 +251,8 @@ static void check_cq(void)
 	if (!ibcq)
 		return;
 	cq = to_vcq(ibcq);
-	CHECK(fk.cq_cqe == 8, "cqe passed to the kernel = %d, want 8", fk.cq_cqe);
-	CHECK(cq->depth == 8, "depth = %u", cq->depth);
+	CHECK(fk.cq_cqe == VRDMA_MIN_CQE, "cqe passed to the kernel = %d, want %d (one page)", fk.cq_cqe, VRDMA_MIN_CQE);
+	CHECK(cq->depth == VRDMA_MIN_CQE, "depth = %u", cq->depth);
 	CHECK(fk.cq_cmd.buf_addr == (uintptr_t)cq->buf, "buf_addr");
 	CHECK(fk.cq_cmd.buf_addr % VRDMA_PAGE_SIZE == 0, "buf_addr not page aligned");
 	CHECK(fk.cq_cmd.record_offset == VRDMA_PAGE_SIZE,
@@ -326,7 +326,7 @@ static void check_cq(void)
 	CHECK(vrdma_create_cq(&ctx->ibv_ctx.context, 65537, NULL, 0) == NULL &&
 	      errno == EINVAL, "cqe above max_cqe");
 	ibcq = vrdma_create_cq(&ctx->ibv_ctx.context, 0, NULL, 0);
-	CHECK(ibcq && to_vcq(ibcq)->depth == 1, "cqe 0 gives depth 1");
+	CHECK(ibcq && to_vcq(ibcq)->depth == VRDMA_MIN_CQE, "cqe 0 gives one page of entries");
 	if (ibcq)
 		vrdma_destroy_cq(ibcq);
 	ibcq = vrdma_create_cq(&ctx->ibv_ctx.context, 1000, NULL, 0);

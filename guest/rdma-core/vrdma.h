@@ -38,6 +38,8 @@
 #endif
 
 #define VRDMA_MMAP_SIZE 4096
+/* Fewest CQ entries a CQ gets: one 4 KiB page of struct vrdma_cqe. */
+#define VRDMA_MIN_CQE (4096 / 32)
 
 struct vrdma_device {
 	struct verbs_device ibv_dev;

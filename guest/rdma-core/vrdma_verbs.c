@@ -198,7 +198,14 @@ struct ibv_cq *vrdma_create_cq(struct ibv_context *context, int cqe,
 		errno = EINVAL;
 		return NULL;
 	}
-	depth = vrdma_roundup_pow2(cqe ? cqe : 1);
+	/*
+	 * At least one page of entries (the ring takes a page anyway), as
+	 * RNIC providers round up: applications size CQs by their queue
+	 * depths and count on slack (perftest -e with a TX depth of 1).
+	 */
+	depth = vrdma_roundup_pow2(cqe > VRDMA_MIN_CQE ? cqe : VRDMA_MIN_CQE);
+	if (depth > ctx->max_cqe)
+		depth = vrdma_roundup_pow2(cqe ? cqe : 1);
 	if (!depth || depth > ctx->max_cqe) {
 		errno = EINVAL;
 		return NULL;
