@@ -259,6 +259,11 @@ func run(args []string, stdout io.Writer) error {
 		return fmt.Errorf("--log-format %q: want text or json", f.format)
 	}
 	entry := logrus.NewEntry(log)
+	// SIGTERM and SIGINT are ours before any socket serves: a supervisor
+	// that stops vrdmad as soon as the control API answers must get a
+	// clean shutdown, not the default action.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 	raiseNofile(entry)
 
 	dcfg, err := f.daemonConfig()
@@ -348,9 +353,6 @@ func run(args []string, stdout io.Writer) error {
 			return fail(fmt.Errorf("--metrics: %w", err))
 		}
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-
 	// Every socket now exists and listens, and its server runs: tell the
 	// service manager (Type=notify) that vrdmad is ready.
 	n := len(d.Devices())
