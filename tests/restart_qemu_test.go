@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
@@ -281,4 +282,50 @@ func scrapeUnix(t *testing.T, path string) string {
 		t.Fatalf("metrics: %s, %v", resp.Status, err)
 	}
 	return string(b)
+}
+
+// TestRestartQEMUPersisted restarts vrdmad under a running guest whose
+// device was added through the control API (as vrdmactl device add does)
+// and saved in the state directory: vrdmad is SIGKILLed and started again
+// with nothing but --state-dir, serves the device again with the same id,
+// socket, uuid and GUID, QEMU reconnects to it, and the guest recovers and
+// verifies traffic as in TestRestartQEMU.
+func TestRestartQEMUPersisted(t *testing.T) {
+	env := needGuestImage(t)
+	bin := needBinary(t, "vrdmad")
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "rs0.sock")
+	state := filepath.Join(dir, "state")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*e2eWait)
+	defer cancel()
+
+	first := launchVrdmad(t, bin, dir, "a", "--state-dir", state)
+	before, err := first.AddDevice(ctx, daemon.AddRequest{ID: restartID, Socket: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !before.Persisted {
+		t.Fatalf("device added through the API is not persisted: %+v", before)
+	}
+	dev := e2eDevice(restartID, sock)
+	dev.ReconnectMs = 500
+	env.vms.Add(1)
+	rg := &restartGuest{t: t, ctx: ctx, g: boot(t, ctx, guestvm.Config{Name: "restart-state", QEMU: env.qemu,
+		Kernel: env.kernel, Initrd: env.initrd, Run: "restart", Args: []string{"--timeout", "150s", "--ack"},
+		Devices: []qemu.VhostUserDevice{dev}})}
+	rg.lines = rg.g.Lines()
+	if ready := rg.next("ready", 0); !ready.Verified {
+		t.Fatalf("guest ready without verified traffic: %+v", ready)
+	}
+	first.stop(syscall.SIGKILL)
+	metrics := filepath.Join(dir, "metrics.sock")
+	second := startVrdmad(t, dir, "--state-dir", state, "--metrics", "unix:"+metrics)
+	after := deviceInfo(t, second, restartID)
+	if after.Socket != before.Socket || after.UUID != before.UUID || after.GUID != before.GUID || !after.Persisted {
+		t.Fatalf("restored device %+v, want the identity of %+v", after, before)
+	}
+	rg.round(1, syscall.SIGKILL.String(), second, metrics)
+	if _, err := rg.g.WaitResult(ctx); err != nil {
+		t.Fatalf("guest: %v", err)
+	}
 }
