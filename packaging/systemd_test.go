@@ -42,7 +42,6 @@ func sdTool(t *testing.T, name string) string {
 	return p
 }
 
-
 // sdOne returns the single value of a directive.
 func sdOne(t *testing.T, u map[string]map[string][]string, sec, key string) string {
 	t.Helper()
