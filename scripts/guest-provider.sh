@@ -77,9 +77,9 @@ readonly CFLAGS=(-std=gnu11 -O2 -g -fPIC -Werror -Wall -Wextra -Wno-sign-compare
 	-Wno-unused-parameter -Wmissing-prototypes -Wmissing-declarations -Wwrite-strings
 	-Wformat=2 -Wcast-function-type -Wformat-nonliteral -Wdate-time -Wnested-externs
 	-Wshadow -Wstrict-prototypes -Wold-style-definition -Wredundant-decls)
+# shellcheck disable=SC2054 # commas belong to the linker flags
 readonly LDFLAGS=(-shared -Wl,--as-needed -Wl,--no-undefined -Wl,-z,relro -Wl,-z,now)
 
-readonly APT_COMMON=(-o DPkg::Lock::Timeout=600 -y -q)
 
 log() { printf '==> %s\n' "$*" >&2; }
 die() {
@@ -113,75 +113,10 @@ ensure_build_deps() {
 	run env DEBIAN_FRONTEND=noninteractive apt-get "${APT_COMMON[@]}" install --no-install-recommends "${missing[@]}"
 }
 
-# codename prints the distribution codename (bookworm).
-codename() {
-	local c=""
-	if [[ -r /etc/os-release ]]; then
-		c=$(. /etc/os-release && printf '%s' "${VERSION_CODENAME:-}")
-	fi
-	[[ -n "$c" ]] || die "cannot tell the distribution codename from /etc/os-release"
-	printf '%s\n' "$c"
-}
-
-# find_mirror prints "URI<TAB>signed-by" for the first apt source of type deb
-# whose suites include the release itself (as scripts/qemu-build.sh does).
-# It reads one-line .list files and deb822 .sources.
-find_mirror() {
-	local suite=$1 f
-	local files=()
-	[[ -f /etc/apt/sources.list ]] && files+=(/etc/apt/sources.list)
-	for f in /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-		[[ -f "$f" ]] && files+=("$f")
-	done
-	for f in "${files[@]}"; do
-		case "$f" in
-		*.sources)
-			awk -v suite="$suite" '
-				function flush() {
-					if (types ~ /(^| )deb( |$)/ && enabled != "no" && uris != "") {
-						n = split(suites, s, /[ \t]+/)
-						for (i = 1; i <= n; i++) if (s[i] == suite) {
-							split(uris, u, /[ \t]+/)
-							print u[1] "\t" signed
-							found = 1
-							exit
-						}
-					}
-					types = uris = suites = signed = enabled = ""
-				}
-				/^[ \t]*#/ { next }
-				/^[ \t]*$/ { flush(); next }
-				{
-					line = $0
-					key = tolower(line); sub(/:.*/, "", key)
-					val = line; sub(/^[^:]*:[ \t]*/, "", val); sub(/[ \t]+$/, "", val)
-					if (key == "types") types = val
-					else if (key == "uris") uris = val
-					else if (key == "suites") suites = val
-					else if (key == "enabled") enabled = tolower(val)
-					else if (key == "signed-by" && val ~ /^\//) signed = val
-				}
-				END { if (!found) flush() }
-			' "$f"
-			;;
-		*)
-			awk -v suite="$suite" '
-				/^[ \t]*#/ { next }
-				$1 == "deb" {
-					signed = ""; i = 2
-					if ($2 ~ /^\[/) {
-						for (; i <= NF; i++) {
-							if ($i ~ /signed-by=/) { v = $i; sub(/.*signed-by=/, "", v); sub(/\]$/, "", v); signed = v }
-							if ($i ~ /\]$/) { i++; break }
-						}
-					}
-					if ($(i+1) == suite) { print $i "\t" signed; exit }
-				}
-			' "$f"
-			;;
-		esac
-	done | head -n 1
-}
+# codename and find_mirror (the machine's own mirror), and APT_COMMON, come
+# from the library qemu-build.sh and go-toolchain.sh share.
+# shellcheck source=scripts/lib-backports.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib-backports.sh"
 
 # A private apt configuration that knows one deb-src line (trixie main on
 # the machine's own mirror) and keeps its own lists: the machine's apt state
