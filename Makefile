@@ -7,7 +7,7 @@
 #   make guest-image  bin/guest/vmlinuz + initramfs.img (Debian cloud kernel, busybox, vrdma-guest)
 #   make guest-stack-image  bin/guest-stack/: the guest kernel driver, rdma-core provider, perftest image
 #   make fuzz    every fuzz target for FUZZTIME (default 30s)
-#   make compare-rxe  vrdma against soft-RoCE (rdma_rxe) over virtio-net, same guests, same run
+#   make compare-rxe  perftest over vrdma (and the Go guest) against perftest over soft-RoCE (rdma_rxe on virtio-net), same run
 #   make deb     a .deb for hypervisor hosts (binaries, systemd unit, man pages)
 #   make bench   the benchmark suite: docs/benchmarks.md + docs/benchmarks-bw.png (no QEMU needed)
 #   make soak    random operations and faults across 4 devices for SOAK (default 10m)
@@ -72,7 +72,7 @@ guest-stack-image: deps guest-kmod guest-provider
 rxe-image: deps
 	bash scripts/rxe-image.sh
 
-compare-rxe: build qemu guest-image rxe-image
+compare-rxe: build qemu guest-image guest-stack-image rxe-image
 	$(BIN)/vrdma-compare
 
 vet:

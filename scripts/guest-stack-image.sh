@@ -7,7 +7,9 @@
 # load: libibverbs1, ibverbs-utils (ibv_devices, ibv_devinfo, ibv_*_pingpong),
 # perftest (ib_{write,read,send,atomic}_{bw,lat}), iproute2 (ip, ss, rdma, tc),
 # strace and dash (/bin/sh); plus the vrdma provider (libvrdma-rdmav34.so and
-# vrdma.driver) and guest/vrdma-perftest (/usr/bin/vrdma-perftest).
+# vrdma.driver), guest/vrdma-perftest (/usr/bin/vrdma-perftest) and
+# guest/perftest-jobs (/usr/bin/perftest-jobs, make compare-rxe's job runner,
+# shared with the rxe image).
 # Built from Debian packages only, as root. `vrdma-vmtest exec` boots it.
 #
 #   bash scripts/guest-stack-image.sh      # (re)build what is missing or stale
@@ -112,7 +114,7 @@ fi
 
 STAMP="$OUT/.initramfs.inputs"
 PERFTEST_SCRIPT="$ROOT/guest/vrdma-perftest"
-files=("$BUSYBOX" "$ROOT/guest/stack-init" "${BASH_SOURCE[0]}")
+files=("$BUSYBOX" "$ROOT/guest/stack-init" "$ROOT/guest/perftest-jobs" "${BASH_SOURCE[0]}")
 [ -f "$PERFTEST_SCRIPT" ] && files+=("$PERFTEST_SCRIPT")
 [ "$have_ko" = 1 ] && files+=("$KO")
 [ "$have_provider" = 1 ] && files+=("$PROVIDER" "$DRIVER")
@@ -183,6 +185,8 @@ done
 
 # The end-to-end tests' perftest driver (a dash script).
 [ -f "$PERFTEST_SCRIPT" ] && install -m 0755 "$PERFTEST_SCRIPT" "$STAGE/usr/bin/vrdma-perftest"
+# make compare-rxe's perftest job runner (the rxe image has it too).
+install -m 0755 "$ROOT/guest/perftest-jobs" "$STAGE/usr/bin/perftest-jobs"
 
 stage_base "$ROOT/guest/stack-init"
 printf '127.0.0.1 localhost\n' >"$STAGE/etc/hosts"

@@ -2,9 +2,9 @@
 # Guest image for the soft-RoCE comparison (cmd/vrdma-compare, make
 # compare-rxe): bin/rxe/vmlinux (Debian's *generic* 6.1 kernel, which has
 # rdma_rxe; the cloud kernel does not) and bin/rxe/initramfs.img (busybox,
-# guest/rxe-init, the modules rdma_rxe needs, virtio-net, perftest and the
-# `rdma` tool with every shared library they load). Built from Debian
-# packages only, as root.
+# guest/rxe-init, the modules rdma_rxe needs, virtio-net, perftest, the job
+# runner guest/perftest-jobs and the `rdma` tool with every shared library
+# they load). Built from Debian packages only, as root.
 #
 #   bash scripts/rxe-image.sh              # (re)build what is missing or stale
 #
@@ -81,7 +81,7 @@ fi
 
 module_index "$CACHE/kernel/lib/modules/$KVER"
 STAMP="$OUT/.initramfs.inputs"
-inputs=$(input_hashes "$BUSYBOX" "$ROOT/guest/rxe-init" "${BASH_SOURCE[0]}")
+inputs=$(input_hashes "$BUSYBOX" "$ROOT/guest/rxe-init" "$ROOT/guest/perftest-jobs" "${BASH_SOURCE[0]}")
 inputs="$inputs $(basename "$KDEB") $pool_key"
 if up_to_date "$OUT/initramfs.img" "$STAMP" "$inputs"; then
 	say "bin/rxe/initramfs.img is up to date"
@@ -106,6 +106,9 @@ cp "$POOL/etc/libibverbs.d/rxe.driver" "$STAGE/etc/libibverbs.d/"
 for f in ib_write_bw ib_write_lat ib_read_bw ib_send_lat; do
 	[ -x "$STAGE/usr/bin/$f" ] || die "image lacks $f"
 done
+
+# The perftest job runner rxe-init runs (shared with the stack image).
+install -m 0755 "$ROOT/guest/perftest-jobs" "$STAGE/usr/bin/perftest-jobs"
 
 stage_base "$ROOT/guest/rxe-init"
 printf '127.0.0.1 localhost\n' >"$STAGE/etc/hosts"

@@ -1,21 +1,38 @@
 // Command vrdma-compare answers "why not rxe?" with a measurement: it runs
-// the same workloads between two vrdma guests (one vrdmad, vrdma-guest
-// server/client) and between two guests running Linux soft-RoCE (rdma_rxe
-// on virtio-net joined by QEMU's dgram backend on 127.0.0.1, Debian's
-// perftest), under the same QEMU, -smp 1, the same RAM and TCG, and prints
-// the medians side by side with their spread and the ratio.
+// the same workloads on three pairs of TCG guests under the same QEMU,
+// -smp 1 and RAM, in one run, and prints each pair's median with its
+// spread and the ratios:
+//
+//   - vrdma Go guest: two vrdma guests (bin/guest) on one vrdmad whose
+//     vrdma-guest server/client drive the device from user space and
+//     verify the data;
+//   - vrdma perftest: two guests of the standard-stack image
+//     (bin/guest-stack: the vrdma kernel driver, libibverbs with the vrdma
+//     provider) on one vrdmad, running Debian's perftest 4.5;
+//   - rxe perftest: two guests running the same perftest over Linux
+//     soft-RoCE (rdma_rxe on virtio-net joined by QEMU's dgram backend on
+//     127.0.0.1, bin/rxe).
+//
+// Both perftest pairs run guest/perftest-jobs, which both images install:
+// the same jobs, the same perftest binaries and flags (-i 1 -F -s SIZE -n
+// ITERS, --report_gbits for bandwidth), differing only in the device (-d
+// vrdma0, rxe0) and its RoCE v2 GID index (-x). The ratios are each vrdma
+// column against perftest over rxe; the Go-guest column beside the
+// perftest one shows what the standard stack costs.
 //
 //	vrdma-compare [--short] [--runs N] [--doc docs/benchmarks.md] [--log bin/compare-rxe.log]
 //
 // The full form writes its table into docs/benchmarks.md between
 // "<!-- BEGIN compare-rxe -->" and "<!-- END compare-rxe -->" (replacing
 // the block, or appending it). --short (make test) runs one bandwidth and
-// one latency workload once and writes no document unless --doc is given.
-// Every guest console, perftest's own output lines included, goes to the
-// log file. Exit status: 0 success, 1 failure, 2 bad usage.
+// one latency workload once on each pair and writes no document unless
+// --doc is given. Every guest console, perftest's own output lines
+// included, goes to the log file. Exit status: 0 success, 1 failure, 2 bad
+// usage.
 //
-// Images: bin/guest (scripts/guest-image.sh) for vrdma, bin/rxe
-// (scripts/rxe-image.sh) for soft-RoCE.
+// Images: bin/guest (scripts/guest-image.sh) for the Go guests,
+// bin/guest-stack (scripts/guest-stack-image.sh) for perftest over vrdma,
+// bin/rxe (scripts/rxe-image.sh) for soft-RoCE.
 package main
 
 import (
@@ -36,11 +53,13 @@ import (
 )
 
 type options struct {
-	vrdmad, qemuBin, kernel, initrd, rxeKernel, rxeInitrd string
-	memory, runs                                          int
-	short                                                 bool
-	doc, logPath                                          string
-	timeout                                               time.Duration
+	vrdmad, qemuBin, kernel, initrd string
+	stackKernel, stackInitrd        string
+	rxeKernel, rxeInitrd            string
+	memory, runs                    int
+	short                           bool
+	doc, logPath                    string
+	timeout                         time.Duration
 }
 
 func main() {
@@ -59,8 +78,10 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	}
 	fs.StringVar(&o.vrdmad, "vrdmad", filepath.Join(binDir, "vrdmad"), "the vrdmad `binary`")
 	fs.StringVar(&o.qemuBin, "qemu", "", "the patched qemu-system-x86_64 `binary` (default: $VRDMA_QEMU, else beside this program)")
-	fs.StringVar(&o.kernel, "kernel", filepath.Join(binDir, "guest", "vmlinuz"), "vrdma guest kernel `path`")
-	fs.StringVar(&o.initrd, "initrd", filepath.Join(binDir, "guest", "initramfs.img"), "vrdma guest initramfs `path`")
+	fs.StringVar(&o.kernel, "kernel", filepath.Join(binDir, "guest", "vmlinuz"), "vrdma Go guest kernel `path`")
+	fs.StringVar(&o.initrd, "initrd", filepath.Join(binDir, "guest", "initramfs.img"), "vrdma Go guest initramfs `path`")
+	fs.StringVar(&o.stackKernel, "stack-kernel", filepath.Join(binDir, "guest-stack", "vmlinuz"), "stack guest kernel `path` (perftest over vrdma)")
+	fs.StringVar(&o.stackInitrd, "stack-initrd", filepath.Join(binDir, "guest-stack", "initramfs.img"), "stack guest initramfs `path` (perftest over vrdma)")
 	fs.StringVar(&o.rxeKernel, "rxe-kernel", filepath.Join(binDir, "rxe", "vmlinux"), "rxe guest kernel `path` (uncompressed, PVH)")
 	fs.StringVar(&o.rxeInitrd, "rxe-initrd", filepath.Join(binDir, "rxe", "initramfs.img"), "rxe guest initramfs `path`")
 	fs.IntVar(&o.memory, "memory", guestvm.DefaultMemoryMiB, "RAM of every guest in `MiB`")
@@ -110,10 +131,11 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	}
 	for _, f := range []struct{ what, path string }{
 		{"vrdmad", o.vrdmad}, {"qemu", o.qemuBin}, {"vrdma guest kernel", o.kernel}, {"vrdma guest initramfs", o.initrd},
+		{"stack guest kernel", o.stackKernel}, {"stack guest initramfs", o.stackInitrd},
 		{"rxe guest kernel", o.rxeKernel}, {"rxe guest initramfs", o.rxeInitrd},
 	} {
 		if _, err := os.Stat(f.path); err != nil {
-			fmt.Fprintf(stderr, "vrdma-compare: %s: %v (make build qemu guest-image rxe-image)\n", f.what, err)
+			fmt.Fprintf(stderr, "vrdma-compare: %s: %v (make build qemu guest-image guest-stack-image rxe-image)\n", f.what, err)
 			return 1
 		}
 	}
@@ -136,8 +158,15 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, Table(rows))
+	fmt.Fprintln(stdout, Verdict(rows))
 	if o.doc != "" {
-		setup := fmt.Sprintf("Both pairs: QEMU %s, TCG, -smp 1, %d MiB per guest; vrdma guests: two vrdma devices on one vrdmad; rxe guests: Debian's generic 6.1 kernel, rdma_rxe on virtio-net over -netdev dgram on 127.0.0.1, perftest (ib_write_bw, ib_read_bw with --report_gbits; ib_write_lat, ib_send_lat), RoCE v2 GID index %d.",
+		setup := fmt.Sprintf("All three pairs: QEMU %s, TCG, -smp 1, %d MiB per guest, in one run. "+
+			"vrdma Go guest: Debian's cloud 6.1 kernel, vrdma-guest driving the device from user space, two vrdma devices on one vrdmad. "+
+			"vrdma perftest: Debian's cloud 6.1 kernel with the vrdma kernel driver, libibverbs 44.0 with the vrdma provider, a vrdma device each on one vrdmad, "+
+			"eth0 on a private virtio-net link for perftest's TCP exchange, RoCE v2 GID of eth0's IPv4 address. "+
+			"rxe perftest: Debian's generic 6.1 kernel, rdma_rxe on virtio-net over -netdev dgram on 127.0.0.1, RoCE v2 GID index %d. "+
+			"Both perftest pairs run Debian's perftest 4.5 through guest/perftest-jobs with the same flags "+
+			"(ib_write_bw, ib_read_bw with --report_gbits; ib_write_lat, ib_send_lat; -i 1 -F -s SIZE -n ITERS).",
 			filepath.Base(o.qemuBin), o.memory, rxeGID)
 		block := Block(rows, o.runs, setup, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 		if err := writeDoc(o.doc, block); err != nil {
@@ -165,12 +194,37 @@ func writeDoc(path, block string) error {
 	return os.Rename(tmp, path)
 }
 
-// compare runs both pairs and summarises them.
+// compare runs the three pairs and summarises them.
 func compare(ctx context.Context, o options, ws []Workload, stdout, logw io.Writer) ([]Row, error) {
-	vvals := make([][]float64, len(ws))
-	rvals := make([][]float64, len(ws))
+	var vals [NumPairs][][]float64
+	for p := range vals {
+		vals[p] = make([][]float64, len(ws))
+	}
+	// add files perftest results of pair p under their workloads.
+	add := func(p Pair, res []guestvm.Result) error {
+		for _, r := range res {
+			matched := false
+			for i, w := range ws {
+				if r.Op != w.PerftestOp || r.Size != uint64(w.Size) {
+					continue
+				}
+				v, err := w.Figure(r, p)
+				if err != nil {
+					return err
+				}
+				vals[p][i] = append(vals[p][i], v)
+				matched = true
+				break
+			}
+			if !matched {
+				return fmt.Errorf("%s client printed a result for no workload: %s", p, r.Raw)
+			}
+		}
+		return nil
+	}
 
-	// Pair 2: one boot of the rxe pair runs every workload o.runs times.
+	// perftest over rxe: one boot of the rxe pair runs every workload
+	// o.runs times.
 	fmt.Fprintf(stdout, "vrdma-compare: rxe pair: %d workloads x %d runs (perftest over rdma_rxe, TCG)\n", len(ws), o.runs)
 	start := time.Now()
 	res, log, err := runRxe(ctx, o, ws, o.runs)
@@ -178,57 +232,62 @@ func compare(ctx context.Context, o options, ws []Workload, stdout, logw io.Writ
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range res {
-		matched := false
-		for i, w := range ws {
-			if r.Op != w.RxeOp || r.Size != uint64(w.Size) {
-				continue
-			}
-			v, err := w.Figure(r, true)
-			if err != nil {
-				return nil, err
-			}
-			rvals[i] = append(rvals[i], v)
-			matched = true
-			break
-		}
-		if !matched {
-			return nil, fmt.Errorf("rxe client printed a result for no workload: %s", r.Raw)
-		}
+	if err := add(RxePerftest, res); err != nil {
+		return nil, err
 	}
 	if !strings.Contains(log, "#bytes") {
 		return nil, errors.New("rxe log holds no perftest result table")
 	}
 	fmt.Fprintf(stdout, "vrdma-compare: rxe pair done in %.0f s\n", time.Since(start).Seconds())
 
-	// Pair 1: vrdma-guest runs one workload per boot.
+	// perftest over vrdma: the same, in one boot of the stack pair.
+	fmt.Fprintf(stdout, "vrdma-compare: stack pair: %d workloads x %d runs (perftest over the vrdma kernel driver and provider, TCG)\n", len(ws), o.runs)
+	start = time.Now()
+	res, log, warnings, err := runStack(ctx, o, ws, o.runs)
+	fmt.Fprintf(logw, "===== vrdma stack pair =====\n%s\n", log)
+	if err != nil {
+		return nil, err
+	}
+	if err := add(VrdmaPerftest, res); err != nil {
+		return nil, err
+	}
+	if !strings.Contains(log, "#bytes") {
+		return nil, errors.New("stack log holds no perftest result table")
+	}
+	if warnings > 0 {
+		fmt.Fprintf(stdout, "vrdma-compare: WARNING: the stack guests reported %d kernel warnings (VRDMA-KERNEL-WARNING in %s)\n", warnings, o.logPath)
+	}
+	fmt.Fprintf(stdout, "vrdma-compare: stack pair done in %.0f s\n", time.Since(start).Seconds())
+
+	// vrdma Go guests: vrdma-guest runs one workload per boot.
 	for run := 1; run <= o.runs; run++ {
 		for i, w := range ws {
 			t := time.Now()
 			res, log, err := runVrdma(ctx, o, w)
-			fmt.Fprintf(logw, "===== vrdma pair: %s, run %d =====\n%s\n", w.Name, run, log)
+			fmt.Fprintf(logw, "===== vrdma Go guest pair: %s, run %d =====\n%s\n", w.Name, run, log)
 			if err != nil {
 				return nil, fmt.Errorf("vrdma %s run %d: %w", w.Name, run, err)
 			}
 			if len(res) == 0 {
 				return nil, fmt.Errorf("vrdma %s run %d: client printed no result", w.Name, run)
 			}
-			v, err := w.Figure(res[len(res)-1], false)
+			v, err := w.Figure(res[len(res)-1], GoGuest)
 			if err != nil {
 				return nil, fmt.Errorf("vrdma run %d: %w", run, err)
 			}
-			vvals[i] = append(vvals[i], v)
-			fmt.Fprintf(stdout, "vrdma-compare: vrdma %s run %d: %.3f %s (%.0f s)\n", w.Name, run, v, unit(w.Metric), time.Since(t).Seconds())
+			vals[GoGuest][i] = append(vals[GoGuest][i], v)
+			fmt.Fprintf(stdout, "vrdma-compare: vrdma Go guest %s run %d: %.3f %s (%.0f s)\n", w.Name, run, v, unit(w.Metric), time.Since(t).Seconds())
 		}
 	}
 
 	rows := make([]Row, len(ws))
 	for i, w := range ws {
 		rows[i].W = w
-		rows[i].Vrdma, rows[i].HaveV = Summarize(vvals[i])
-		rows[i].Rxe, rows[i].HaveR = Summarize(rvals[i])
-		if rows[i].Vrdma.N != o.runs || rows[i].Rxe.N != o.runs {
-			return nil, fmt.Errorf("%s: %d vrdma and %d rxe runs, want %d each", w.Name, rows[i].Vrdma.N, rows[i].Rxe.N, o.runs)
+		for p := Pair(0); p < NumPairs; p++ {
+			rows[i].S[p], _ = Summarize(vals[p][i])
+			if n := rows[i].S[p].N; n != o.runs {
+				return nil, fmt.Errorf("%s: %d %s runs, want %d", w.Name, n, p, o.runs)
+			}
 		}
 	}
 	return rows, nil

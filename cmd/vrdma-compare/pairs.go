@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/stacklab"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/guestvm"
@@ -99,7 +101,7 @@ func runRxe(ctx context.Context, o options, ws []Workload, runs int) ([]guestvm.
 	}
 	jobs := make([]string, len(ws))
 	for i, w := range ws {
-		jobs[i] = w.RxeJob()
+		jobs[i] = w.PerftestJob()
 	}
 	scfg := rxeConfig(o, "rxe-server", "server", rxeServerIP, "", jobs, runs, dgramNIC(p1, p2, "52:54:00:77:00:01"))
 	ccfg := rxeConfig(o, "rxe-client", "client", rxeClientIP, rxeServerIP, jobs, runs, dgramNIC(p2, p1, "52:54:00:77:00:02"))
@@ -109,7 +111,7 @@ func runRxe(ctx context.Context, o options, ws []Workload, runs int) ([]guestvm.
 	}
 	defer srv.Close()
 	// perftest's server prints this just before it listens; the client
-	// also retries a refused connection (guest/rxe-init).
+	// also retries a refused connection (guest/perftest-jobs).
 	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	err = waitLine(wctx, srv, "Waiting for client")
 	cancel()
@@ -138,6 +140,91 @@ func runRxe(ctx context.Context, o options, ws []Workload, runs int) ([]guestvm.
 		return res, log, fmt.Errorf("rxe server: %w", serr)
 	}
 	return res, log, nil
+}
+
+// stackDevice is the vrdma device in a stack guest.
+const stackDevice = "vrdma0"
+
+// perftestJobsCommand is a stack guest's command: guest/perftest-jobs with
+// ws, runs times, over vrdma0 and the RoCE v2 GID of eth0's IPv4 address
+// (-x auto); peer is the server's address for the client, "" for the
+// server.
+func perftestJobsCommand(role string, ws []Workload, runs int, peer string) string {
+	jobs := make([]string, len(ws))
+	for i, w := range ws {
+		jobs[i] = w.PerftestJob()
+	}
+	cmd := "perftest-jobs -d " + stackDevice + " -t " + VrdmaPerftest.Transport() + " -x auto -r " + strconv.Itoa(runs) +
+		" " + role + " " + strings.Join(jobs, ",")
+	if peer != "" {
+		cmd += " " + peer
+	}
+	return cmd
+}
+
+// runStack boots two stack guests (the vrdma kernel driver and provider)
+// on one vrdmad once and runs every workload runs times with perftest. It
+// returns the client's results, both guests' logs (and vrdmad's, when it
+// failed), and how many kernel warnings the guests reported (the e2e tests
+// judge those; the figures stand).
+func runStack(ctx context.Context, o options, ws []Workload, runs int) ([]guestvm.Result, string, int, error) {
+	lab, err := stacklab.New(ctx, stacklab.Config{
+		Names:  []string{guestvm.RoleServer, guestvm.RoleClient},
+		VRDMAD: o.vrdmad, QEMU: o.qemuBin, Kernel: o.stackKernel, Initrd: o.stackInitrd,
+		MemoryMiB: o.memory, SMP: 1,
+	})
+	if err != nil {
+		return nil, "", 0, fmt.Errorf("stack pair: %w", err)
+	}
+	cfg := guestvm.StackPairConfig{Server: lab.Configs[0], Client: lab.Configs[1]}
+	cfg.Server.Command = perftestJobsCommand(guestvm.RoleServer, ws, runs, "")
+	cfg.Client.Command = perftestJobsCommand(guestvm.RoleClient, ws, runs, lab.Guests[0].IP.Addr().String())
+	p, err := guestvm.StartStackPair(ctx, cfg)
+	if err != nil {
+		return nil, "", 0, errors.Join(fmt.Errorf("boot the stack pair: %w", err), lab.Close())
+	}
+	var (
+		mu      sync.Mutex
+		results []guestvm.Result
+		errs    []string
+	)
+	res, err := p.Run(ctx, func(role string, l guestvm.StackLine) {
+		if !l.Command {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		switch k, payload := guestvm.Classify(l.Text); k {
+		case guestvm.KindError:
+			errs = append(errs, role+": "+payload)
+		case guestvm.KindResult:
+			if role != guestvm.RoleClient {
+				return
+			}
+			r, perr := guestvm.ParseResult(payload)
+			if perr != nil {
+				errs = append(errs, fmt.Sprintf("client: unparsable VRDMA-RESULT %q: %v", payload, perr))
+				return
+			}
+			results = append(results, r)
+		}
+	})
+	p.Close()
+	log := p.Log()
+	// Close's error holds vrdmad's log; the guests' results decide.
+	if cerr := lab.Close(); cerr != nil {
+		log += fmt.Sprintf("=== vrdmad ===\n%v\n", cerr)
+	}
+	warnings := len(res.Server.KernelWarnings) + len(res.Client.KernelWarnings)
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil {
+		return results, log, warnings, fmt.Errorf("stack pair: %w", err)
+	}
+	if code := res.ExitCode(); code != 0 || len(errs) > 0 {
+		return results, log, warnings, fmt.Errorf("stack pair: exit %d: %s", code, strings.Join(errs, "; "))
+	}
+	return results, log, warnings, nil
 }
 
 // runVrdma runs one workload once between two vrdma guests on one vrdmad.

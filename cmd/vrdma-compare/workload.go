@@ -21,15 +21,58 @@ const (
 	Latency
 )
 
+// Pair is one of the three guest pairs every workload runs on.
+type Pair int
+
+const (
+	// GoGuest: two vrdma guests (bin/guest) whose vrdma-guest drives the
+	// device from user space through sysfs; one vrdmad.
+	GoGuest Pair = iota
+	// VrdmaPerftest: two guests of the standard-stack image
+	// (bin/guest-stack: the vrdma kernel driver, libibverbs with the vrdma
+	// provider) running perftest through guest/perftest-jobs; one vrdmad.
+	VrdmaPerftest
+	// RxePerftest: two guests (bin/rxe) running the same perftest through
+	// guest/perftest-jobs over rdma_rxe on virtio-net.
+	RxePerftest
+	// NumPairs is the number of pairs.
+	NumPairs
+)
+
+// String names the pair in messages.
+func (p Pair) String() string {
+	switch p {
+	case GoGuest:
+		return "vrdma Go guest"
+	case VrdmaPerftest:
+		return "vrdma perftest"
+	case RxePerftest:
+		return "rxe perftest"
+	}
+	return fmt.Sprintf("Pair(%d)", int(p))
+}
+
+// Transport is the "transport" perftest-jobs writes into the pair's
+// results ("" for GoGuest, whose vrdma-guest writes none).
+func (p Pair) Transport() string {
+	switch p {
+	case VrdmaPerftest:
+		return "vrdma-perftest"
+	case RxePerftest:
+		return "rxe"
+	}
+	return ""
+}
+
 // Workload is one row of the comparison: the same operation and message
-// size on both pairs.
+// size on every pair.
 type Workload struct {
 	Name   string // row label, e.g. "WRITE bandwidth 64 KiB"
 	Metric Metric
-	// VrdmaOp is vrdma-guest's --op; RxeOp is perftest's ib_<RxeOp>.
-	VrdmaOp, RxeOp string
-	Size           int
-	// Iters for both sides (vrdma-guest --iters / --lat-iters, perftest -n).
+	// VrdmaOp is vrdma-guest's --op; PerftestOp is perftest's ib_<PerftestOp>.
+	VrdmaOp, PerftestOp string
+	Size                int
+	// Iters for every pair (vrdma-guest --iters / --lat-iters, perftest -n).
 	Iters int
 }
 
@@ -38,21 +81,21 @@ type Workload struct {
 // counts keep one soft-RoCE run under TCG within seconds (about 8-16 MiB
 // moved per bandwidth run).
 var Workloads = []Workload{
-	{Name: "WRITE bandwidth 4 KiB", Metric: Bandwidth, VrdmaOp: "write", RxeOp: "write_bw", Size: 4 << 10, Iters: 2000},
-	{Name: "WRITE bandwidth 64 KiB", Metric: Bandwidth, VrdmaOp: "write", RxeOp: "write_bw", Size: 64 << 10, Iters: 200},
-	{Name: "WRITE bandwidth 1 MiB", Metric: Bandwidth, VrdmaOp: "write", RxeOp: "write_bw", Size: 1 << 20, Iters: 16},
-	{Name: "WRITE latency 64 B", Metric: Latency, VrdmaOp: "write", RxeOp: "write_lat", Size: 64, Iters: 1000},
-	{Name: "SEND latency 64 B", Metric: Latency, VrdmaOp: "send", RxeOp: "send_lat", Size: 64, Iters: 1000},
-	{Name: "READ bandwidth 64 KiB", Metric: Bandwidth, VrdmaOp: "read", RxeOp: "read_bw", Size: 64 << 10, Iters: 200},
+	{Name: "WRITE bandwidth 4 KiB", Metric: Bandwidth, VrdmaOp: "write", PerftestOp: "write_bw", Size: 4 << 10, Iters: 2000},
+	{Name: "WRITE bandwidth 64 KiB", Metric: Bandwidth, VrdmaOp: "write", PerftestOp: "write_bw", Size: 64 << 10, Iters: 200},
+	{Name: "WRITE bandwidth 1 MiB", Metric: Bandwidth, VrdmaOp: "write", PerftestOp: "write_bw", Size: 1 << 20, Iters: 16},
+	{Name: "WRITE latency 64 B", Metric: Latency, VrdmaOp: "write", PerftestOp: "write_lat", Size: 64, Iters: 1000},
+	{Name: "SEND latency 64 B", Metric: Latency, VrdmaOp: "send", PerftestOp: "send_lat", Size: 64, Iters: 1000},
+	{Name: "READ bandwidth 64 KiB", Metric: Bandwidth, VrdmaOp: "read", PerftestOp: "read_bw", Size: 64 << 10, Iters: 200},
 }
 
 // ShortWorkloads is the subset --short runs (make test): one bandwidth and
 // one latency row.
 var ShortWorkloads = []Workload{Workloads[1], Workloads[3]}
 
-// RxeJob is the workload in rxe-init's vrdma.args form, OP:SIZE:ITERS.
-func (w Workload) RxeJob() string {
-	return w.RxeOp + ":" + strconv.Itoa(w.Size) + ":" + strconv.Itoa(w.Iters)
+// PerftestJob is the workload in guest/perftest-jobs' form, OP:SIZE:ITERS.
+func (w Workload) PerftestJob() string {
+	return w.PerftestOp + ":" + strconv.Itoa(w.Size) + ":" + strconv.Itoa(w.Iters)
 }
 
 // VrdmaArgs are vrdma-guest's server/client arguments for w.
@@ -80,18 +123,19 @@ func (e *ResultError) Error() string { return fmt.Sprintf("%s: %s", e.Workload, 
 // Is matches ErrBadResult.
 func (e *ResultError) Is(target error) bool { return target == ErrBadResult }
 
-// rxeExtra are rxe-init's fields beyond guestvm.Result.
-type rxeExtra struct {
+// perftestExtra are perftest-jobs' fields beyond guestvm.Result.
+type perftestExtra struct {
 	Transport string   `json:"transport"`
 	Run       int      `json:"run"`
 	GBits     *float64 `json:"gbits_per_s"`
 }
 
-// Figure extracts w's figure from a guest result: Gb/s for bandwidth, the
-// median latency in µs for latency. rxe results must come from rxe-init
-// (transport "rxe", op ib_<RxeOp>); vrdma results must be verified. On
-// error the figure is 0.
-func (w Workload) Figure(r guestvm.Result, rxe bool) (float64, error) {
+// Figure extracts w's figure from a result of pair p: Gb/s for bandwidth,
+// the median latency in µs for latency. perftest results must come from
+// perftest-jobs with p's transport ("vrdma-perftest", "rxe") and op
+// ib_<PerftestOp>; Go-guest results must be verified. On error the figure
+// is 0.
+func (w Workload) Figure(r guestvm.Result, p Pair) (float64, error) {
 	bad := func(f string, a ...any) (float64, error) {
 		return 0, &ResultError{Workload: w.Name, Reason: fmt.Sprintf(f, a...)}
 	}
@@ -99,23 +143,24 @@ func (w Workload) Figure(r guestvm.Result, rxe bool) (float64, error) {
 		return bad("result for %d bytes, want %d", r.Size, w.Size)
 	}
 	var v float64
-	if rxe {
-		var x rxeExtra
+	switch p {
+	case VrdmaPerftest, RxePerftest:
+		var x perftestExtra
 		if err := json.Unmarshal(r.Raw, &x); err != nil {
-			return bad("rxe result: %v", err)
+			return bad("%s result: %v", p, err)
 		}
-		if x.Transport != "rxe" || r.Op != w.RxeOp {
-			return bad("rxe result for %q/%q, want rxe/%q", x.Transport, r.Op, w.RxeOp)
+		if x.Transport != p.Transport() || r.Op != w.PerftestOp {
+			return bad("%s result for %q/%q, want %s/%q", p, x.Transport, r.Op, p.Transport(), w.PerftestOp)
 		}
 		if w.Metric == Bandwidth {
 			if x.GBits == nil {
-				return bad("rxe result has no gbits_per_s")
+				return bad("%s result has no gbits_per_s", p)
 			}
 			v = *x.GBits
 		} else {
 			v = r.LatP50
 		}
-	} else {
+	case GoGuest:
 		if r.Op != w.VrdmaOp {
 			return bad("vrdma result for op %q, want %q", r.Op, w.VrdmaOp)
 		}
@@ -127,6 +172,8 @@ func (w Workload) Figure(r guestvm.Result, rxe bool) (float64, error) {
 		} else {
 			v = r.LatP50
 		}
+	default:
+		return bad("no pair %d", int(p))
 	}
 	if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 || v > 1e9 {
 		return bad("figure %v out of range", v)
