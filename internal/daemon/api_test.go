@@ -113,20 +113,7 @@ func TestBadRequests(t *testing.T) {
 		t.Fatalf("POST: got %d %v", code, out)
 	}
 	foreign := filepath.Join(dir, "foreign.sock")
-	ln, err := net.Listen("unix", foreign)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	listenBusy(t, foreign)
 	plain := filepath.Join(dir, "plain")
 	if err := os.WriteFile(plain, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -297,4 +284,24 @@ func FuzzDecodeAddRequest(f *testing.F) {
 			t.Fatalf("accepted uuid %s", spec.Device.UUID)
 		}
 	})
+}
+
+// listenBusy makes path a unix socket another process serves: it accepts
+// and closes every connection until the test ends.
+func listenBusy(t *testing.T, path string) {
+	t.Helper()
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -354,20 +353,7 @@ func TestStateDirUnwritable(t *testing.T) {
 func TestRestoreConflicts(t *testing.T) {
 	socks := t.TempDir()
 	taken := filepath.Join(socks, "taken.sock")
-	ln, err := net.Listen("unix", taken)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	listenBusy(t, taken)
 	plain := filepath.Join(socks, "plain")
 	if err := os.WriteFile(plain, nil, 0o600); err != nil {
 		t.Fatal(err)
