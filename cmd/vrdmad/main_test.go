@@ -141,16 +141,38 @@ func newNotifier(t *testing.T) *notifier {
 // test after timeout or when the child exits first.
 func (n *notifier) wait(t *testing.T, c *child, want string, timeout time.Duration) string {
 	t.Helper()
+	has := func(m string) bool {
+		for _, line := range strings.Split(m, "\n") {
+			if line == want {
+				return true
+			}
+		}
+		return false
+	}
 	deadline := time.After(timeout)
 	for {
 		select {
-		case m := <-n.msgs:
-			for _, line := range strings.Split(m, "\n") {
-				if line == want {
-					return m
-				}
+		case m, ok := <-n.msgs:
+			if !ok {
+				t.Fatalf("notify socket closed before %s\n%s", want, c.log())
+			}
+			if has(m) {
+				return m
 			}
 		case <-c.exited:
+			// A message sent just before the exit may still be queued
+			// (select picks either ready case at random): drain them.
+			for more := true; more; {
+				select {
+				case m, ok := <-n.msgs:
+					if ok && has(m) {
+						return m
+					}
+					more = ok
+				default:
+					more = false
+				}
+			}
 			t.Fatalf("vrdmad exited (%v) before %s\n%s", c.err, want, c.log())
 		case <-deadline:
 			t.Fatalf("no %s within %v\n%s", want, timeout, c.log())
@@ -245,6 +267,22 @@ func (c *child) waitExit(t *testing.T, timeout time.Duration) int {
 		t.Fatalf("wait: %v", c.err)
 	}
 	return 0
+}
+
+// logHas reports whether the child's log holds sub within timeout: the
+// log is copied from a pipe, so a line written before a notification may
+// arrive after it.
+func (c *child) logHas(sub string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if strings.Contains(c.log(), sub) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // stop sends SIGTERM, expects STOPPING=1 (when n is set) and a clean exit.
@@ -655,7 +693,7 @@ func TestStartFailures(t *testing.T) {
 		n := newNotifier(t)
 		c2 := startVrdmad(t, startOpts{env: []string{"NOTIFY_SOCKET=" + n.path}}, args...)
 		n.wait(t, c2, "READY=1", 20*time.Second)
-		if !strings.Contains(c2.log(), "set aside by an earlier start") {
+		if !c2.logHas("set aside by an earlier start", 5*time.Second) {
 			t.Errorf("second start's log lacks the warning about %s:\n%s", kept[0], c2.log())
 		}
 		c2.stop(t, n)
