@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -600,26 +601,8 @@ func checkMetrics(t *testing.T, vrdmad string) {
 	msock := filepath.Join(dir, "metrics.sock")
 	cmd := exec.Command(vrdmad, "--control", filepath.Join(dir, "control.sock"), "--state-dir", filepath.Join(dir, "state"),
 		"--socket", "vm1="+filepath.Join(dir, "vm1.sock"), "--metrics", "unix:"+msock)
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case err := <-exited:
-			if err != nil {
-				t.Errorf("vrdmad after SIGTERM: %v\n%s", err, log.String())
-			}
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-exited
-			t.Errorf("vrdmad did not exit on SIGTERM\n%s", log.String())
-		}
-	}()
+	d := startDaemon(t, cmd)
+	defer d.stop(t, 10*time.Second)
 
 	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -641,11 +624,11 @@ func checkMetrics(t *testing.T, vrdmad string) {
 			err = errors.Join(rerr, errors.New(resp.Status))
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("scrape: %v\n%s", err, log.String())
+			t.Fatalf("scrape: %v\n%s", err, d.log())
 		}
 		select {
-		case err := <-exited:
-			t.Fatalf("vrdmad exited: %v\n%s", err, log.String())
+		case <-d.exited:
+			t.Fatalf("vrdmad exited: %v\n%s", d.err, d.log())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -684,5 +667,56 @@ func checkMetrics(t *testing.T, vrdmad string) {
 	}
 	if !strings.Contains(string(out), "--metrics") || !strings.Contains(string(out), "in use") {
 		t.Errorf("second vrdmad: got %q, want an error naming --metrics and saying the address is in use", out)
+	}
+}
+
+// daemonRun is a vrdmad a packaging test started, with its output.
+type daemonRun struct {
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	out    bytes.Buffer  // protected by mu
+	exited chan struct{} // closed once the process has been waited for
+	err    error         // how it exited; valid once exited is closed
+}
+
+func (d *daemonRun) Write(p []byte) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.out.Write(p)
+}
+
+// log is the daemon's output so far.
+func (d *daemonRun) log() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.out.String()
+}
+
+// startDaemon starts cmd with its stdout and stderr in the run's log.
+func startDaemon(t *testing.T, cmd *exec.Cmd) *daemonRun {
+	t.Helper()
+	d := &daemonRun{cmd: cmd, exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = d, d
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.err = cmd.Wait(); close(d.exited) }()
+	return d
+}
+
+// stop ends the daemon with SIGTERM and fails the test unless it exits
+// with status 0 within grace (then it is killed).
+func (d *daemonRun) stop(t *testing.T, grace time.Duration) {
+	t.Helper()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+		if d.err != nil {
+			t.Errorf("vrdmad after SIGTERM: %v\n%s", d.err, d.log())
+		}
+	case <-time.After(grace):
+		d.cmd.Process.Kill()
+		<-d.exited
+		t.Errorf("vrdmad did not exit on SIGTERM\n%s", d.log())
 	}
 }

@@ -275,27 +275,9 @@ func TestUnitsStartVrdmad(t *testing.T) {
 			cmdline = append(cmdline, caps...)
 			cmdline = append(append(cmdline, "--", bin), args...)
 			cmd := exec.Command(prlimit, cmdline...)
-			var log strings.Builder
-			cmd.Stdout, cmd.Stderr = &log, &log
 			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
-			defer func() {
-				cmd.Process.Signal(syscall.SIGTERM)
-				select {
-				case err := <-exited:
-					if err != nil {
-						t.Errorf("vrdmad after SIGTERM: %v\n%s", err, log.String())
-					}
-				case <-time.After(15 * time.Second):
-					cmd.Process.Kill()
-					<-exited
-					t.Errorf("vrdmad did not end on SIGTERM\n%s", log.String())
-				}
-			}()
+			d := startDaemon(t, cmd)
+			defer d.stop(t, 15*time.Second)
 
 			// The tool execs vrdmad at the first connection.
 			deadline := time.Now().Add(10 * time.Second)
@@ -306,7 +288,7 @@ func TestUnitsStartVrdmad(t *testing.T) {
 					break
 				}
 				if time.Now().After(deadline) {
-					t.Fatalf("no listener on %s: %v\n%s", control, err, log.String())
+					t.Fatalf("no listener on %s: %v\n%s", control, err, d.log())
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
@@ -315,7 +297,7 @@ func TestUnitsStartVrdmad(t *testing.T) {
 			for {
 				n, err := nc.Read(buf)
 				if err != nil {
-					t.Fatalf("no READY=1: %v\n%s", err, log.String())
+					t.Fatalf("no READY=1: %v\n%s", err, d.log())
 				}
 				if strings.Contains(string(buf[:n]), "READY=1") {
 					break
@@ -326,7 +308,7 @@ func TestUnitsStartVrdmad(t *testing.T) {
 			defer cancel()
 			c, f, err := frontend.OpenRDMA(ctx, vm1, 64<<20)
 			if err != nil {
-				t.Fatalf("open vm1: %v\n%s", err, log.String())
+				t.Fatalf("open vm1: %v\n%s", err, d.log())
 			}
 			defer f.Close()
 			defer c.Close()
@@ -341,7 +323,7 @@ func TestUnitsStartVrdmad(t *testing.T) {
 			_, err = pd.RegMR(mr, 0, 16<<20, vrdma.AccessLocalWrite)
 			switch {
 			case withCap && err != nil:
-				t.Errorf("REG_MR of 16 MiB with CAP_IPC_LOCK and a 64 KiB RLIMIT_MEMLOCK: %v\n%s", err, log.String())
+				t.Errorf("REG_MR of 16 MiB with CAP_IPC_LOCK and a 64 KiB RLIMIT_MEMLOCK: %v\n%s", err, d.log())
 			case !withCap && err == nil:
 				t.Error("REG_MR of 16 MiB without CAP_IPC_LOCK and a 64 KiB RLIMIT_MEMLOCK succeeded: the test does not measure the capability")
 			case !withCap:
