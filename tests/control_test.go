@@ -237,6 +237,7 @@ func TestMalformedCommands(t *testing.T) {
 		{"CREATE_CQ record outside memory", abi.CmdCreateCQ, cqReq(abi.CreateCQ{CQE: 64, NPages: 1, Record: 1 << 40}), abi.StatusFault},
 		{"CREATE_CQ too many entries", abi.CmdCreateCQ, cqReq(abi.CreateCQ{CQE: 1 << 30, NPages: 1, Record: uint64(gpa) + 4096}), abi.StatusInvalid},
 		{"CREATE_QP with unknown CQs", abi.CmdCreateQP, abi.Marshal(&abi.CreateQP{PDN: pdn, QPType: abi.QPTypeRC, MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1, SQWQEShift: 7, RQWQEShift: 5, SQNPages: 1, RQNPages: 1, Record: uint64(gpa)}), abi.StatusNotFound},
+		{"CREATE_QP with unknown flags", abi.CmdCreateQP, abi.Marshal(&abi.CreateQP{PDN: pdn, QPType: abi.QPTypeRC, Flags: 2}), abi.StatusInvalid},
 		{"CREATE_QP of type UD", abi.CmdCreateQP, abi.Marshal(&abi.CreateQP{PDN: pdn, QPType: 4}), abi.StatusUnsupported},
 		{"MODIFY_QP of an unknown QP", abi.CmdModifyQP, abi.Marshal(&abi.QPAttr{QPN: 99, AttrMask: abi.QPAttrState, QPState: abi.QPSInit}), abi.StatusNotFound},
 		{"QUERY_QP of an unknown QP", abi.CmdQueryQP, handle(99), abi.StatusNotFound},

@@ -496,7 +496,7 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 	l := &d.conf
 	sqStride, rqStride := uint64(1)<<(c.SQWQEShift&31), uint64(1)<<(c.RQWQEShift&31)
 	switch {
-	case c.Reserved != 0 || c.SQSigAll > 1:
+	case c.Flags&^abi.QPFlagRQNotify != 0 || c.SQSigAll > 1:
 		return nil, errStatus(abi.StatusInvalid)
 	case c.QPType != abi.QPTypeRC:
 		return nil, errStatus(abi.StatusUnsupported)
@@ -527,7 +527,8 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := d.pinRing(t, pages, c.Record, abi.QPRecordSize); err != nil {
+	rqNotify := c.Flags&abi.QPFlagRQNotify != 0
+	if err := d.pinRing(t, pages, c.Record, engine.QPRecordSize(rqNotify)); err != nil {
 		return nil, err
 	}
 	h := r.newHandleBits(qpnBits, func(h uint32) bool { return r.qps[h] != nil })
@@ -545,7 +546,9 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		MaxInline:     c.MaxInlineData,
 		SigAll:        c.SQSigAll == 1,
 		DoorbellQueue: int(c.DoorbellQueue),
+		RQNotify:      rqNotify,
 	}
+	qp.InitRecord(t)
 	r.qps[h] = &qpEntry{qp: qp, pages: pages}
 	pd.users++
 	d.eng.AddQP(qp)
@@ -560,7 +563,7 @@ func (d *Device) destroyQP(h uint32) error {
 	d.eng.RemoveQP(h)
 	delete(d.res.qps, h)
 	d.res.pds[e.qp.PD].users--
-	d.unpinRing(e.pages, e.qp.Record, abi.QPRecordSize)
+	d.unpinRing(e.pages, e.qp.Record, engine.QPRecordSize(e.qp.RQNotify))
 	return nil
 }
 
@@ -715,5 +718,5 @@ func (d *Device) destroyAll() {
 func (d *Device) destroyQPEntry(h uint32) {
 	e := d.res.qps[h]
 	delete(d.res.qps, h)
-	d.unpinRing(e.pages, e.qp.Record, abi.QPRecordSize)
+	d.unpinRing(e.pages, e.qp.Record, engine.QPRecordSize(e.qp.RQNotify))
 }

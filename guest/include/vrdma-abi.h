@@ -251,14 +251,31 @@ struct vrdma_create_qp {
 	__le32 rq_npages;
 	__le64 page_list;
 	__le32 sq_sig_all;
-	__le32 reserved;
+	__le32 flags;
 };
+
+/* CREATE_QP flags. */
+#define VRDMA_QP_F_RQ_NOTIFY		1 /* 24-byte record with rq_notify */
 
 struct vrdma_qp_record {
 	__le32 sq_pi;
 	__le32 rq_pi;
 	__le32 sq_ci;
 	__le32 rq_ci;
+};
+
+/*
+ * The record of a QP created with VRDMA_QP_F_RQ_NOTIFY. Receives are posted
+ * without a notification unless the device has set rq_notify (the QP is in
+ * ERR): after advancing rq_pi the driver issues a full barrier and reads it.
+ */
+struct vrdma_qp_notify_record {
+	__le32 sq_pi;
+	__le32 rq_pi;
+	__le32 sq_ci;
+	__le32 rq_ci;
+	__le32 rq_notify;
+	__le32 reserved;
 };
 
 #define VRDMA_MIN_SQ_WQE_SHIFT		6
@@ -449,9 +466,11 @@ struct vrdma_create_cq_resp {
 /*
  * create_qp. One page-aligned buffer: the send queue (sq_depth WQEs of
  * 1 << sq_wqe_shift bytes, whole pages), then the receive queue (likewise),
- * then at record_offset a struct vrdma_qp_record (16-byte aligned). Depths
- * are powers of two and at least the capabilities the application asked
- * for; the kernel passes them to the device as max_send_wr / max_recv_wr.
+ * then at record_offset a struct vrdma_qp_record (16-byte aligned), or a
+ * struct vrdma_qp_notify_record with VRDMA_QP_F_RQ_NOTIFY in flags, which
+ * the kernel passes to the device's CREATE_QP. Depths are powers of two
+ * and at least the capabilities the application asked for; the kernel
+ * passes them to the device as max_send_wr / max_recv_wr.
  */
 struct vrdma_create_qp_cmd {
 	__aligned_u64 buf_addr;
@@ -461,7 +480,7 @@ struct vrdma_create_qp_cmd {
 	__u32 sq_wqe_shift;
 	__u32 rq_wqe_shift;
 	__u32 record_offset;
-	__u32 reserved;
+	__u32 flags;
 };
 
 /*

@@ -496,6 +496,9 @@ static int vrdma_check_buf(u64 addr, u64 len, u64 ring_end, u64 rec_off,
 	if (!IS_ALIGNED(rec_off, 16) || rec_off < ring_end ||
 	    rec_off + rec_size > len)
 		return -EINVAL;
+	/* The device gets one guest-physical address: one page holds it. */
+	if (offset_in_page(rec_off) + rec_size > VRDMA_PAGE_SIZE)
+		return -EINVAL;
 	if (len > round_up(ring_end, VRDMA_PAGE_SIZE) + VRDMA_PAGE_SIZE)
 		return -EINVAL;
 	return 0;
@@ -681,7 +684,7 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr,
 	err = vrdma_udata_in(udata, &ucmd, sizeof(ucmd));
 	if (err)
 		return err;
-	if (ucmd.reserved)
+	if (ucmd.flags & ~VRDMA_QP_F_RQ_NOTIFY)
 		return -EINVAL;
 
 	/* Depths: powers of two, within the device's limit and the ask. */
@@ -722,6 +725,8 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr,
 	err = vrdma_check_buf(ucmd.buf_addr, ucmd.buf_len,
 			      sq_pages * VRDMA_PAGE_SIZE + rq_bytes,
 			      ucmd.record_offset,
+			      ucmd.flags & VRDMA_QP_F_RQ_NOTIFY ?
+			      sizeof(struct vrdma_qp_notify_record) :
 			      sizeof(struct vrdma_qp_record));
 	if (err)
 		return err;
@@ -758,6 +763,7 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr,
 	req.rq_npages = cpu_to_le32(rq_pages);
 	req.page_list = cpu_to_le64(virt_to_phys(pages));
 	req.sq_sig_all = cpu_to_le32(attr->sq_sig_type == IB_SIGNAL_ALL_WR);
+	req.flags = cpu_to_le32(ucmd.flags & VRDMA_QP_F_RQ_NOTIFY);
 	err = vrdma_exec(dev, VRDMA_CMD_CREATE_QP, &req, sizeof(req), &resp,
 			 sizeof(resp), pages);
 	if (err)

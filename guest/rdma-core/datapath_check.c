@@ -374,6 +374,8 @@ static void check_qp_layout(struct ibv_cq *cq)
 	CHECK(fk.qp_cmd.buf_len == 6 * VRDMA_PAGE_SIZE, "buf_len %llu",
 	      (unsigned long long)fk.qp_cmd.buf_len);
 	CHECK(fk.qp_cmd.buf_addr % VRDMA_PAGE_SIZE == 0, "buf_addr alignment");
+	CHECK(fk.qp_cmd.flags == VRDMA_QP_F_RQ_NOTIFY, "flags %#x: RQ_NOTIFY",
+	      fk.qp_cmd.flags);
 	/* The kernel was given the caps the rings hold. */
 	CHECK(fk.qp_attr.cap.max_send_wr == 128 && fk.qp_attr.cap.max_recv_wr == 4 &&
 	      fk.qp_attr.cap.max_send_sge == 4 && fk.qp_attr.cap.max_recv_sge == 3 &&
@@ -553,11 +555,22 @@ static void check_post(struct ibv_cq *ibcq)
 	*notify = 0;
 	ret = vrdma_post_recv(&qp->vqp.qp, rwr, &rbad);
 	CHECK(ret == ENOMEM && rbad == &rwr[2], "RQ of 2: ret %d", ret);
-	CHECK(qp->rec->rq_pi == 2 && *notify == NOTIFY_VALUE, "rq_pi %u", qp->rec->rq_pi);
+	/* rq_notify clear: no doorbell, whatever the used-ring flags say. */
+	CHECK(qp->rec->rq_pi == 2 && *notify == 0, "rq_pi %u, notify %#x",
+	      qp->rec->rq_pi, *notify);
 	rw = rq_wqe(qp, 0);
 	s = (struct vrdma_sge *)(rw + 1);
 	CHECK(rw->wr_id == 11 && rw->num_sge == 2 && s[1].addr == 0x2000 &&
 	      s[1].lkey == 0xa2, "receive WQE");
+	/* The device set rq_notify (the QP is in ERR): the doorbell step. */
+	atomic_store((_Atomic uint32_t *)&qp->rec->rq_notify, 1);
+	atomic_store((_Atomic uint32_t *)&qp->rec->rq_ci, 1);
+	rwr[1].next = NULL;
+	ret = vrdma_post_recv(&qp->vqp.qp, &rwr[1], &rbad);
+	CHECK(ret == 0 && qp->rec->rq_pi == 3 && *notify == NOTIFY_VALUE,
+	      "rq_notify set: ret %d, rq_pi %u, notify %#x", ret,
+	      qp->rec->rq_pi, *notify);
+	rwr[1].next = &rwr[2];
 	rwr[0].num_sge = 4;
 	rwr[0].next = NULL;
 	atomic_store((_Atomic uint32_t *)&qp->rec->rq_ci, 2);

@@ -109,7 +109,7 @@ struct vrdma_qp {
 	bool sq_sig_all;
 	void *buf;			/* SQ pages, RQ pages, record page */
 	size_t buf_len;
-	struct vrdma_qp_record *rec;
+	struct vrdma_qp_notify_record *rec;	/* VRDMA_QP_F_RQ_NOTIFY */
 	struct vrdma_db_map *db;
 	uint16_t *notify;		/* notify register (MMIO) */
 	const uint16_t *flags;		/* the doorbell queue's used-ring flags */

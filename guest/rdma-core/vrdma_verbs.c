@@ -537,8 +537,8 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 		goto err_free;
 	qp->sq.ring = qp->buf;
 	qp->rq.ring = (uint8_t *)qp->buf + sq_len;
-	qp->rec = (struct vrdma_qp_record *)((uint8_t *)qp->buf + sq_len +
-					      rq_len);
+	qp->rec = (struct vrdma_qp_notify_record *)((uint8_t *)qp->buf +
+						     sq_len + rq_len);
 	qp->sq_sig_all = attr->sq_sig_all;
 
 	cmd.buf_addr = (uintptr_t)qp->buf;
@@ -548,6 +548,7 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 	cmd.sq_wqe_shift = qp->sq.shift;
 	cmd.rq_wqe_shift = qp->rq.shift;
 	cmd.record_offset = sq_len + rq_len;
+	cmd.flags = VRDMA_QP_F_RQ_NOTIFY;
 
 	/* The standard command carries the granted caps and sq_sig_all. */
 	attr->cap = cap;
@@ -842,7 +843,14 @@ int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	if (posted) {
 		rq->pi = pi;
 		vrdma_store_release(&qp->rec->rq_pi, pi);
-		vrdma_ring_doorbell(qp);
+		/*
+		 * docs/spec.md, vrdma_qp_notify_record: the device reads rq_pi
+		 * when a message arrives; only a QP in ERR (rq_notify set, a
+		 * full barrier after our store) needs the doorbell step.
+		 */
+		atomic_thread_fence(memory_order_seq_cst);
+		if (vrdma_load_acquire(&qp->rec->rq_notify))
+			vrdma_ring_doorbell(qp);
 	}
 	pthread_spin_unlock(&rq->lock);
 	if (err)

@@ -347,7 +347,27 @@ type CreateQP struct {
 	RQNPages      uint32 `spec:"rq_npages"`
 	PageList      uint64 `spec:"page_list"`
 	SQSigAll      uint32 `spec:"sq_sig_all"`
-	Reserved      uint32 `spec:"reserved"`
+	Flags         uint32 `spec:"flags"`
+}
+
+// CREATE_QP flags.
+const (
+	// QPFlagRQNotify: the QP's record is a QPNotifyRecord, whose rq_notify
+	// word tells the driver when posting receives needs a notification
+	// (only while the QP is in ERR); otherwise receives are posted with
+	// no notification at all.
+	QPFlagRQNotify = 1
+)
+
+// QPNotifyRecord is the record of a QP created with QPFlagRQNotify (struct
+// vrdma_qp_notify_record).
+type QPNotifyRecord struct {
+	SQPI     uint32 `spec:"sq_pi"`
+	RQPI     uint32 `spec:"rq_pi"`
+	SQCI     uint32 `spec:"sq_ci"`
+	RQCI     uint32 `spec:"rq_ci"`
+	RQNotify uint32 `spec:"rq_notify"`
+	Reserved uint32 `spec:"reserved"`
 }
 
 // QPRecord is a QP's doorbell record (struct vrdma_qp_record).
@@ -365,6 +385,9 @@ const (
 	QPRecordSQCI = 8
 	QPRecordRQCI = 12
 	QPRecordSize = 16
+
+	QPRecordRQNotify   = 16
+	QPNotifyRecordSize = 24
 
 	CQRecordPI   = 0
 	CQRecordCI   = 4

@@ -67,31 +67,32 @@ func goFields(v any) []specField {
 func TestWireStructsMatchSpec(t *testing.T) {
 	tables, sizes := specTables(t)
 	structs := map[string]any{
-		"vrdma_config":        &Config{},
-		"vrdma_cmd_hdr":       &CmdHeader{},
-		"vrdma_resp_hdr":      &RespHeader{},
-		"vrdma_device_attr":   &DeviceAttr{},
-		"vrdma_port_req":      &PortReq{},
-		"vrdma_port_attr":     &PortAttr{},
-		"vrdma_gid_req":       &GIDReq{},
-		"vrdma_gid":           &GID{},
-		"vrdma_handle":        &Handle{},
-		"vrdma_reg_mr":        &RegMR{},
-		"vrdma_mr_keys":       &MRKeys{},
-		"vrdma_create_cq":     &CreateCQ{},
-		"vrdma_cq_record":     &CQRecord{},
-		"vrdma_cq_arm_record": &CQArmRecord{},
-		"vrdma_gid_entry":     &GIDEntry{},
-		"vrdma_create_qp":     &CreateQP{},
-		"vrdma_qp_record":     &QPRecord{},
-		"vrdma_qp_attr":       &QPAttr{},
-		"vrdma_create_ah":     &CreateAH{},
-		"vrdma_notify_cq":     &NotifyCQ{},
-		"vrdma_sge":           &SGE{},
-		"vrdma_send_wqe":      &SendWQE{},
-		"vrdma_recv_wqe":      &RecvWQE{},
-		"vrdma_cqe":           &CQE{},
-		"vrdma_event":         &Event{},
+		"vrdma_config":           &Config{},
+		"vrdma_cmd_hdr":          &CmdHeader{},
+		"vrdma_resp_hdr":         &RespHeader{},
+		"vrdma_device_attr":      &DeviceAttr{},
+		"vrdma_port_req":         &PortReq{},
+		"vrdma_port_attr":        &PortAttr{},
+		"vrdma_gid_req":          &GIDReq{},
+		"vrdma_gid":              &GID{},
+		"vrdma_handle":           &Handle{},
+		"vrdma_reg_mr":           &RegMR{},
+		"vrdma_mr_keys":          &MRKeys{},
+		"vrdma_create_cq":        &CreateCQ{},
+		"vrdma_cq_record":        &CQRecord{},
+		"vrdma_cq_arm_record":    &CQArmRecord{},
+		"vrdma_qp_notify_record": &QPNotifyRecord{},
+		"vrdma_gid_entry":        &GIDEntry{},
+		"vrdma_create_qp":        &CreateQP{},
+		"vrdma_qp_record":        &QPRecord{},
+		"vrdma_qp_attr":          &QPAttr{},
+		"vrdma_create_ah":        &CreateAH{},
+		"vrdma_notify_cq":        &NotifyCQ{},
+		"vrdma_sge":              &SGE{},
+		"vrdma_send_wqe":         &SendWQE{},
+		"vrdma_recv_wqe":         &RecvWQE{},
+		"vrdma_cqe":              &CQE{},
+		"vrdma_event":            &Event{},
 	}
 	for name := range tables {
 		if _, ok := structs[name]; !ok {
@@ -116,7 +117,8 @@ func TestWireStructsMatchSpec(t *testing.T) {
 	if binary.Size(&SGE{}) != SGESize || binary.Size(&SendWQE{}) != SendWQEHdrSize ||
 		binary.Size(&RecvWQE{}) != RecvWQEHdrSize || binary.Size(&CQE{}) != CQESize ||
 		binary.Size(&Event{}) != EventSize || binary.Size(&QPRecord{}) != QPRecordSize ||
-		binary.Size(&CQRecord{}) != CQRecordSize || binary.Size(&CQArmRecord{}) != CQArmRecordSize {
+		binary.Size(&CQRecord{}) != CQRecordSize || binary.Size(&CQArmRecord{}) != CQArmRecordSize ||
+		binary.Size(&QPNotifyRecord{}) != QPNotifyRecordSize {
 		t.Error("data-path size constants disagree with the structures")
 	}
 	if binary.Size(&Config{}) != ConfigSize || binary.Size(&DeviceAttr{}) != DeviceAttrSize ||

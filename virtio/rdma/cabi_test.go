@@ -60,6 +60,7 @@ func TestCHeaderMatchesSpec(t *testing.T) {
 		"VIRTIO_ID_VRDMA": DeviceID, "VRDMA_ABI_VERSION": ABIVersion,
 		"VRDMA_CONTROLQ": ControlQueue, "VRDMA_EVENTQ": EventQueue, "VRDMA_FIRST_DOORBELLQ": FirstDoorbellQueue,
 		"VRDMA_CQ_F_ARM_RECORD": CQFlagArmRecord, "VRDMA_CQ_ARM_SOLICITED": CQArmSolicited,
+		"VRDMA_QP_F_RQ_NOTIFY":   QPFlagRQNotify,
 		"VRDMA_CQ_ARM_SEQ_SHIFT": CQArmSeqShift, "VRDMA_PAGE_SHIFT": PageShift,
 		"VRDMA_MAX_PAGE_SHIFT": MaxPageShift, "VRDMA_MIN_SQ_WQE_SHIFT": MinSQWQEShift,
 		"VRDMA_MIN_RQ_WQE_SHIFT": MinRQWQEShift, "VRDMA_MAX_WQE_SHIFT": MaxWQEShift,

@@ -63,7 +63,7 @@ func (q *QP) poll(t *memmap.Table, now int64) (worked bool, retry int64) {
 	if t == nil {
 		return false, 0
 	}
-	rec, err := t.Slice(q.Record, abi.QPRecordSize)
+	rec, err := t.Slice(q.Record, QPRecordSize(q.RQNotify))
 	if err != nil {
 		// The record left guest memory: nothing can be read or flushed.
 		q.toErr(true)
@@ -144,6 +144,9 @@ func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64) (worked bool, re
 					q.retryEnd = memmap.LoadUint32(rec, abi.QPRecordSQPI)
 				}
 			}
+			// Receives posted from now on need a notification:
+			// announced before the flush reads rq_pi.
+			q.setRQNotify(rec, 1)
 			n := q.flush(t, rec, budget)
 			return worked || n > 0, 0
 		default:

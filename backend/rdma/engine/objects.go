@@ -187,6 +187,7 @@ type QP struct {
 	MaxInline     uint32
 	SigAll        bool
 	DoorbellQueue int
+	RQNotify      bool // the record is an abi.QPNotifyRecord (CREATE_QP flag RQ_NOTIFY); immutable
 
 	// sqMu serialises the requester side: the engine of DoorbellQueue holds
 	// it while it works on the QP, Modify holds it to discard WQEs at
@@ -216,6 +217,10 @@ type QP struct {
 	cqPending bool      // the send CQ has lazily pushed entries
 	opsPend   [7]uint32 // successful WQEs by opcode, not yet in Device.ops
 	bytesPend uint64    // bytes moved, not yet in Device.bytesMoved
+
+	// rqNotifyPub is the record's rq_notify word as last stored (RQNotify
+	// QPs only; protected by sqMu).
+	rqNotifyPub uint32
 
 	// Responder side: the receive queue is consumed by peers' engines, and
 	// every remote operation targeting this QP runs under rqMu, so that

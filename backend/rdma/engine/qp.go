@@ -215,10 +215,11 @@ func (q *QP) reset(mask uint32) abi.Status {
 	if t == nil {
 		return abi.StatusOK
 	}
-	rec, err := t.Slice(q.Record, abi.QPRecordSize)
+	rec, err := t.Slice(q.Record, QPRecordSize(q.RQNotify))
 	if err != nil {
 		return abi.StatusOK
 	}
+	q.setRQNotify(rec, 0)
 	q.sqCI = memmap.LoadUint32(rec, abi.QPRecordSQPI)
 	q.rqCI = memmap.LoadUint32(rec, abi.QPRecordRQPI)
 	memmap.StoreUint32(rec, abi.QPRecordSQCI, q.sqCI)
@@ -243,4 +244,41 @@ func (q *QP) toErr(fatal bool) {
 		q.Dev.postEvent(abi.EventQPFatal, q.Num)
 	}
 	q.Dev.wakeQueue(q.DoorbellQueue)
+}
+
+// QPRecordSize is the size of a QP's record: abi.QPNotifyRecordSize for a
+// QP created with the RQ_NOTIFY flag, else abi.QPRecordSize.
+func QPRecordSize(rqNotify bool) uint64 {
+	if rqNotify {
+		return abi.QPNotifyRecordSize
+	}
+	return abi.QPRecordSize
+}
+
+// InitRecord clears the rq_notify word of a QP created with RQ_NOTIFY (the
+// QP starts in RESET: receives need no notification). t is the table of
+// q.Dev; call it before the QP is reachable.
+func (q *QP) InitRecord(t *memmap.Table) {
+	if !q.RQNotify || t == nil {
+		return
+	}
+	if rec, err := t.Slice(q.Record, abi.QPNotifyRecordSize); err == nil {
+		memmap.StoreUint32(rec, abi.QPRecordRQNotify, 0)
+	}
+	q.rqNotifyPub = 0
+}
+
+// setRQNotify stores v in the record's rq_notify word if it changed. The
+// store is sequentially consistent (a full barrier on amd64): the device
+// stores 1 before its flush reads rq_pi, the driver stores rq_pi before it
+// reads rq_notify, so a receive posted to a QP in ERR is either seen by
+// the flush or notified (docs/spec.md § Doorbell queues and the data path).
+// Precondition: sqMu held (or the QP is not yet reachable); rec is the
+// QP's whole record on the device's table.
+func (q *QP) setRQNotify(rec []byte, v uint32) {
+	if !q.RQNotify || q.rqNotifyPub == v {
+		return
+	}
+	memmap.StoreUint32(rec, abi.QPRecordRQNotify, v)
+	q.rqNotifyPub = v
 }

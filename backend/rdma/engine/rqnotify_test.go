@@ -1,0 +1,75 @@
+package engine
+
+import (
+	"testing"
+
+	"github.com/vrdma/vrdma/memmap"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+)
+
+// TestQPRQNotify follows docs/spec.md's struct vrdma_qp_notify_record: the
+// device clears rq_notify at creation and at RESET, keeps it clear while
+// receives are consumed by arriving messages (no notification needed), and
+// sets it when the QP is in ERR before the flush reads rq_pi, so that a
+// receive posted then is flushed.
+func TestQPRQNotify(t *testing.T) {
+	p := newPair(t, pairOpts{})
+	a, b := p.a, p.b
+	rec := b.g.slice(t, b.qp.Record, abi.QPNotifyRecordSize)
+	notify := func() uint32 { return memmap.LoadUint32(rec, abi.QPRecordRQNotify) }
+
+	// Creation: whatever the driver left there is overwritten with 0.
+	memmap.StoreUint32(rec, abi.QPRecordRQNotify, 7)
+	b.qp.RQNotify = true
+	b.qp.InitRecord(b.g.tbl)
+	if got := notify(); got != 0 {
+		t.Fatalf("rq_notify after creation = %d, want 0", got)
+	}
+
+	// A SEND consumes a receive posted with no notification at all: b's
+	// engine never runs; a's engine reads b's rq_pi when the message lands.
+	b.postRecv(t, 41, []abi.SGE{b.sge(0, 64)})
+	a.postSend(t, abi.SendWQE{WRID: 1, Opcode: abi.WROpSend, Flags: abi.WRFlagSignaled}, []abi.SGE{a.sge(0, 64)}, nil)
+	for range 10 {
+		if w, _ := a.d.Poll(0, a.g.tbl); !w {
+			break
+		}
+	}
+	want1(t, "receive", b.cqes(t, b.rcq), abi.CQE{WRID: 41, Status: abi.WCSuccess, Opcode: abi.WCOpRecv,
+		QPNum: b.qp.Num, ByteLen: 64, SrcQP: a.qp.Num})
+	if got := notify(); got != 0 {
+		t.Fatalf("rq_notify in RTS = %d, want 0", got)
+	}
+
+	// ERR: the pass that flushes announces it first; a receive posted
+	// after that is flushed by the next pass.
+	if st := b.qp.Modify(abi.QPAttr{QPN: b.qp.Num, AttrMask: abi.QPAttrState, QPState: abi.QPSErr}); st != abi.StatusOK {
+		t.Fatalf("modify to ERR: %v", st)
+	}
+	p.poll(t)
+	if got := notify(); got != 1 {
+		t.Fatalf("rq_notify in ERR = %d, want 1", got)
+	}
+	b.postRecv(t, 42, []abi.SGE{b.sge(0, 64)})
+	p.poll(t)
+	want1(t, "flushed receive", b.cqes(t, b.rcq), abi.CQE{WRID: 42, Status: abi.WCWRFlushErr, Opcode: abi.WCOpRecv, QPNum: b.qp.Num})
+
+	// RESET clears it again.
+	if st := b.qp.Modify(abi.QPAttr{QPN: b.qp.Num, AttrMask: abi.QPAttrState, QPState: abi.QPSReset}); st != abi.StatusOK {
+		t.Fatalf("modify to RESET: %v", st)
+	}
+	if got := notify(); got != 0 {
+		t.Fatalf("rq_notify after RESET = %d, want 0", got)
+	}
+
+	// A QP created without the flag never writes past its 16-byte record.
+	arec := a.g.slice(t, a.qp.Record, abi.QPNotifyRecordSize)
+	memmap.StoreUint32(arec, abi.QPRecordRQNotify, 0x5a5a)
+	if st := a.qp.Modify(abi.QPAttr{QPN: a.qp.Num, AttrMask: abi.QPAttrState, QPState: abi.QPSErr}); st != abi.StatusOK {
+		t.Fatalf("modify a to ERR: %v", st)
+	}
+	p.poll(t)
+	if got := memmap.LoadUint32(arec, abi.QPRecordRQNotify); got != 0x5a5a {
+		t.Fatalf("a QP without RQ_NOTIFY wrote %#x after its record", got)
+	}
+}
