@@ -105,6 +105,7 @@ func (q *QP) publish(t *memmap.Table, rec []byte) {
 // pollLocked is poll's loop. Precondition: sqMu held; rec is the QP's
 // record on t.
 func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64) (worked bool, retry int64) {
+	q.kickWaiter(rec)
 	for budget := pollBudget; budget > 0; {
 		q.mu.Lock()
 		st, dead, lost, lostEnd, haveEnd := q.attr.QPState, q.dead, q.lostPeer, q.lostEnd, q.lostHaveEnd
@@ -126,7 +127,7 @@ func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64) (worked bool, re
 				worked = true
 				continue
 			}
-			if q.rnrWait != 0 && now < q.rnrWait {
+			if q.rnrWait != 0 && now < q.rnrWait && !q.rnrKick.Swap(false) {
 				return worked, q.rnrWait
 			}
 			q.step(t, rec, now)
@@ -144,9 +145,6 @@ func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64) (worked bool, re
 					q.retryEnd = memmap.LoadUint32(rec, abi.QPRecordSQPI)
 				}
 			}
-			// Receives posted from now on need a notification:
-			// announced before the flush reads rq_pi.
-			q.setRQNotify(rec, 1)
 			n := q.flush(t, rec, budget)
 			return worked || n > 0, 0
 		default:
@@ -194,6 +192,7 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64) {
 	}
 	sc.held = false
 	q.rnrTries, q.rnrWait = 0, 0
+	q.rnrKick.Store(false)
 	d := q.Dev
 	byteLen := uint32(0)
 	if status == abi.WCSuccess {
@@ -290,14 +289,18 @@ func (q *QP) respond(t, pt *memmap.Table, pq *QP, w *sendWQE, sc *scratch, lsge 
 	)
 	if op == abi.WROpSend || op == abi.WROpSendWithImm || op == abi.WROpRDMAWriteWithImm {
 		var err error
-		prec, err = pt.Slice(pq.Record, abi.QPRecordSize)
+		prec, err = pt.Slice(pq.Record, QPRecordSize(pq.RQNotify))
 		if err != nil {
 			pq.toErr(true)
 			return abi.WCRemOpErr, 0
 		}
 		pi := memmap.LoadUint32(prec, abi.QPRecordRQPI)
 		if pi == pq.rqCI {
-			return q.rnr(rnrRetry, minRNR, now), 0
+			// Receiver not ready: ask pq's driver for a notification
+			// when it posts a receive, then look once more.
+			if pi = pq.awaitRecv(prec, q); pi == pq.rqCI {
+				return q.rnr(rnrRetry, minRNR, now), 0
+			}
 		}
 		if pi-pq.rqCI > pq.RQ.Depth {
 			pq.toErr(true)
@@ -517,6 +520,10 @@ func (q *QP) flush(t *memmap.Table, rec []byte, budget int) (n int) {
 func (q *QP) flushRecv(t *memmap.Table, rec []byte, budget int) (n int) {
 	q.rqMu.Lock()
 	defer q.rqMu.Unlock()
+	// Receives posted from now on need a notification: announced
+	// before rq_pi is read.
+	q.rqFlushing = true
+	q.updateRQNotify(rec)
 	pi := memmap.LoadUint32(rec, abi.QPRecordRQPI)
 	if pi-q.rqCI > q.RQ.Depth {
 		return 0

@@ -218,15 +218,27 @@ type QP struct {
 	opsPend   [7]uint32 // successful WQEs by opcode, not yet in Device.ops
 	bytesPend uint64    // bytes moved, not yet in Device.bytesMoved
 
-	// rqNotifyPub is the record's rq_notify word as last stored (RQNotify
-	// QPs only; protected by sqMu).
-	rqNotifyPub uint32
+	// rnrKick: the responder's driver posted a receive after this QP's
+	// head WQE met an empty receive queue, so the RNR wait ends now
+	// (set by the responder's engine, consumed by this QP's pass).
+	rnrKick atomic.Bool
 
 	// Responder side: the receive queue is consumed by peers' engines, and
 	// every remote operation targeting this QP runs under rqMu, so that
 	// RemoveQP, after taking it, knows no responder work is in flight.
 	rqMu sync.Mutex
 	rqCI uint32 // next receive WQE (protected by rqMu)
+
+	// rnrWaiter is the requester QP whose message found the receive queue
+	// empty, until this QP's engine sees a receive posted and kicks it
+	// (written under rqMu; read without it as a hint).
+	rnrWaiter atomic.Pointer[QP]
+	// rqFlushing: the QP is in ERR and its receives are being flushed
+	// (protected by rqMu).
+	rqFlushing bool
+	// rqNotifyPub is the record's rq_notify word as last stored (RQNotify
+	// QPs only; protected by rqMu): 1 while rqFlushing or rnrWaiter is set.
+	rqNotifyPub uint32
 }
 
 // State returns the QP's state.

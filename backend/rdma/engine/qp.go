@@ -219,7 +219,9 @@ func (q *QP) reset(mask uint32) abi.Status {
 	if err != nil {
 		return abi.StatusOK
 	}
-	q.setRQNotify(rec, 0)
+	q.rqFlushing = false
+	q.rnrWaiter.Store(nil)
+	q.updateRQNotify(rec)
 	q.sqCI = memmap.LoadUint32(rec, abi.QPRecordSQPI)
 	q.rqCI = memmap.LoadUint32(rec, abi.QPRecordRQPI)
 	memmap.StoreUint32(rec, abi.QPRecordSQCI, q.sqCI)
@@ -268,17 +270,60 @@ func (q *QP) InitRecord(t *memmap.Table) {
 	q.rqNotifyPub = 0
 }
 
-// setRQNotify stores v in the record's rq_notify word if it changed. The
-// store is sequentially consistent (a full barrier on amd64): the device
-// stores 1 before its flush reads rq_pi, the driver stores rq_pi before it
-// reads rq_notify, so a receive posted to a QP in ERR is either seen by
-// the flush or notified (docs/spec.md § Doorbell queues and the data path).
-// Precondition: sqMu held (or the QP is not yet reachable); rec is the
-// QP's whole record on the device's table.
-func (q *QP) setRQNotify(rec []byte, v uint32) {
-	if !q.RQNotify || q.rqNotifyPub == v {
+// updateRQNotify stores the record's rq_notify word if it changed: 1
+// while the QP flushes its receives (ERR) or a requester waits for one
+// (RNR), else 0. The store is sequentially consistent (a full barrier on
+// amd64): the device stores 1 before it reads rq_pi, the driver stores
+// rq_pi before it reads rq_notify, so a receive posted meanwhile is either
+// seen by the device or notified (docs/spec.md, struct
+// vrdma_qp_notify_record). Precondition: rqMu held (or the QP is not yet
+// reachable); rec is the QP's whole record on the device's table.
+func (q *QP) updateRQNotify(rec []byte) {
+	if !q.RQNotify {
 		return
 	}
-	memmap.StoreUint32(rec, abi.QPRecordRQNotify, v)
-	q.rqNotifyPub = v
+	v := uint32(0)
+	if q.rqFlushing || q.rnrWaiter.Load() != nil {
+		v = 1
+	}
+	if v != q.rqNotifyPub {
+		memmap.StoreUint32(rec, abi.QPRecordRQNotify, v)
+		q.rqNotifyPub = v
+	}
+}
+
+// awaitRecv is called by w's engine when w's message found this QP's
+// receive queue empty: it records w as the waiter to kick when a receive
+// is posted, announces that in rq_notify, and reads rq_pi again (a
+// receive posted before the announcement was not notified). It returns
+// the fresh rq_pi. Precondition: rqMu held; rec is the QP's whole record
+// on its device's table.
+func (q *QP) awaitRecv(rec []byte, w *QP) uint32 {
+	q.rnrWaiter.Store(w)
+	q.updateRQNotify(rec)
+	return memmap.LoadUint32(rec, abi.QPRecordRQPI)
+}
+
+// kickWaiter ends the RNR wait of the requester waiting on this QP's
+// receive queue once a receive is there: it clears the waiter, then sets
+// the requester's rnrKick and wakes its engine. Run by this QP's engine
+// (the driver's notification after posting a receive wakes it).
+// Precondition: sqMu held, rqMu not held; rec is the QP's whole record.
+func (q *QP) kickWaiter(rec []byte) {
+	if q.rnrWaiter.Load() == nil {
+		return
+	}
+	q.rqMu.Lock()
+	w := q.rnrWaiter.Load()
+	if w == nil || memmap.LoadUint32(rec, abi.QPRecordRQPI) == q.rqCI {
+		q.rqMu.Unlock()
+		return
+	}
+	q.rnrWaiter.Store(nil)
+	q.updateRQNotify(rec)
+	q.rqMu.Unlock()
+	w.rnrKick.Store(true)
+	if w.Dev != nil {
+		w.Dev.wakeQueue(w.DoorbellQueue)
+	}
 }

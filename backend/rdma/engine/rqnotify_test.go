@@ -73,3 +73,44 @@ func TestQPRQNotify(t *testing.T) {
 		t.Fatalf("a QP without RQ_NOTIFY wrote %#x after its record", got)
 	}
 }
+
+// TestRNRKick: a SEND that finds the responder's receive queue empty waits
+// for the responder's min_rnr_timer, unless the responder's driver posts a
+// receive first: rq_notify asks it for a notification, and the responder's
+// engine, woken by it, ends the requester's wait at once.
+func TestRNRKick(t *testing.T) {
+	p := newPair(t, pairOpts{minRNR: 31, rnrRetry: 7}) // 491.52 ms
+	a, b := p.a, p.b
+	b.qp.RQNotify = true
+	b.qp.InitRecord(b.g.tbl)
+	rec := b.g.slice(t, b.qp.Record, abi.QPNotifyRecordSize)
+	notify := func() uint32 { return memmap.LoadUint32(rec, abi.QPRecordRQNotify) }
+
+	a.postSend(t, abi.SendWQE{WRID: 1, Opcode: abi.WROpSend, Flags: abi.WRFlagSignaled}, []abi.SGE{a.sge(0, 32)}, nil)
+	if _, retry := a.d.Poll(0, a.g.tbl); retry.IsZero() {
+		t.Fatal("the SEND did not wait for a receive (no RNR retry deadline)")
+	}
+	if got := notify(); got != 1 {
+		t.Fatalf("rq_notify with a requester waiting = %d, want 1", got)
+	}
+	if w, _ := a.d.Poll(0, a.g.tbl); w {
+		t.Fatal("the requester retried before its RNR timer with no receive posted")
+	}
+
+	// The driver posts a receive, sees rq_notify and notifies: b's engine
+	// runs, kicks a's engine, and a's retry lands now, not in 491 ms.
+	wakes := a.wakes.Load()
+	b.postRecv(t, 9, []abi.SGE{b.sge(0, 32)})
+	b.d.Poll(0, b.g.tbl)
+	if a.wakes.Load() == wakes {
+		t.Fatal("the responder's engine did not wake the waiting requester")
+	}
+	if got := notify(); got != 0 {
+		t.Fatalf("rq_notify after the kick = %d, want 0", got)
+	}
+	a.d.Poll(0, a.g.tbl)
+	want1(t, "receive after the kick", b.cqes(t, b.rcq), abi.CQE{WRID: 9, Status: abi.WCSuccess, Opcode: abi.WCOpRecv,
+		QPNum: b.qp.Num, ByteLen: 32, SrcQP: a.qp.Num})
+	want1(t, "send after the kick", a.cqes(t, a.scq), abi.CQE{WRID: 1, Status: abi.WCSuccess, Opcode: abi.WCOpSend,
+		QPNum: a.qp.Num, ByteLen: 32})
+}
