@@ -15,7 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/controlapi"
+	"github.com/vrdma/vrdma/internal/guestresult"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
@@ -125,11 +126,11 @@ func waitLine(t *testing.T, ctx context.Context, g *guestvm.Guest, k guestvm.Kin
 // devicer is a running vrdmad's control API: *vrdmadProc and the restart
 // tests' *killableVrdmad.
 type devicer interface {
-	Devices() ([]daemon.DeviceInfo, error)
+	Devices() ([]controlapi.DeviceInfo, error)
 }
 
 // deviceInfo returns the daemon's view of device id.
-func deviceInfo(t *testing.T, d devicer, id string) daemon.DeviceInfo {
+func deviceInfo(t *testing.T, d devicer, id string) controlapi.DeviceInfo {
 	t.Helper()
 	devs, err := d.Devices()
 	if err != nil {
@@ -141,7 +142,7 @@ func deviceInfo(t *testing.T, d devicer, id string) daemon.DeviceInfo {
 		}
 	}
 	t.Fatalf("control API has no device %q: %+v", id, devs)
-	return daemon.DeviceInfo{}
+	return controlapi.DeviceInfo{}
 }
 
 func TestE2E(t *testing.T) {
@@ -176,7 +177,7 @@ func TestE2E(t *testing.T) {
 				t.Fatalf("%s printed no VRDMA-RESULT", run)
 			}
 			for _, r := range res {
-				t.Logf("VRDMA-RESULT %s", r.Raw)
+				t.Log(r.Line())
 				if r.Role != run {
 					t.Errorf("got role %q, want %q", r.Role, run)
 				}
@@ -209,12 +210,12 @@ func TestE2E(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for side, rs := range map[string][]guestvm.Result{"server": res.Server, "client": res.Client} {
+			for side, rs := range map[string][]guestresult.Result{"server": res.Server, "client": res.Client} {
 				if len(rs) == 0 {
 					t.Fatalf("%s printed no VRDMA-RESULT", side)
 				}
 				for _, r := range rs {
-					t.Logf("%s: VRDMA-RESULT %s", side, r.Raw)
+					t.Logf("%s: %s", side, r.Line())
 					if !r.Verified {
 						t.Errorf("%s: not verified: %s", side, r.Raw)
 					}

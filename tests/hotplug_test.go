@@ -12,19 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 )
-
-// hotplugEvent is what the guest's hotplug program prints per step.
-type hotplugEvent struct {
-	Role     string  `json:"role"`
-	Round    int     `json:"round"`
-	Event    string  `json:"event"`
-	ProbeS   float64 `json:"probe_s"`
-	AttachS  float64 `json:"attach_s"`
-	DetachS  float64 `json:"detach_s"`
-	Released bool    `json:"released"`
-}
 
 // TestHotplug is the device lifecycle on a running VM, as an operator runs
 // it: boot a VM with no vrdma device and a QMP socket, then twice:
@@ -57,9 +47,9 @@ func TestHotplug(t *testing.T) {
 	g := boot(t, ctx, cfg)
 	lines := g.Lines()
 	// next returns the guest's next hotplug result.
-	next := func(want string, round int) hotplugEvent {
+	next := func(want string, round int) guestresult.Hotplug {
 		t.Helper()
-		return nextGuestEvent[hotplugEvent](t, ctx, lines, "hotplug", want, round)
+		return nextGuestEvent[guestresult.Hotplug](t, ctx, lines, guestresult.RoleHotplug, want, round)
 	}
 	run := func(args ...string) string {
 		t.Helper()
@@ -100,16 +90,7 @@ func TestHotplug(t *testing.T) {
 		if len(devs) != 0 {
 			t.Errorf("round %d: after device rm got %d devices, want none", r, len(devs))
 		}
-		var health struct {
-			Devices     int    `json:"devices"`
-			PinnedBytes uint64 `json:"pinned_bytes"`
-		}
-		resp, err := d.client().Get("http://vrdmad/v1/health")
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = json.NewDecoder(resp.Body).Decode(&health)
-		resp.Body.Close()
+		health, err := d.Client().Health(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -196,14 +177,6 @@ func TestOperationsCurl(t *testing.T) {
 	}
 }
 
-// roundEvent is the part every step report of the hot-plug and restart
-// guests shares.
-type roundEvent struct {
-	Role  string `json:"role"`
-	Round int    `json:"round"`
-	Event string `json:"event"`
-}
-
 // nextGuestEvent reads the guest console until the next VRDMA-RESULT of
 // role, which must be event want of round, and returns it decoded as a T.
 func nextGuestEvent[T any](t *testing.T, ctx context.Context, lines <-chan string, role, want string, round int) T {
@@ -221,21 +194,14 @@ func nextGuestEvent[T any](t *testing.T, ctx context.Context, lines <-chan strin
 			if kind != guestvm.KindResult {
 				continue
 			}
-			var key roundEvent
-			if err := json.Unmarshal([]byte(payload), &key); err != nil {
-				t.Fatalf("guest result %q: %v", payload, err)
-			}
-			if key.Role != role {
-				continue
-			}
-			if key.Event != want || key.Round != round {
-				t.Fatalf("guest: got %s of round %d, want %s of round %d", key.Event, key.Round, want, round)
-			}
 			var ev T
-			if err := json.Unmarshal([]byte(payload), &ev); err != nil {
-				t.Fatalf("guest result %q: %v", payload, err)
+			ok, err := guestresult.DecodeStep(payload, role, want, round, &ev)
+			if err != nil {
+				t.Fatalf("guest: %v", err)
 			}
-			return ev
+			if ok {
+				return ev
+			}
 		case <-ctx.Done():
 			t.Fatalf("no %s of round %d from the guest: %v", want, round, ctx.Err())
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/guestresult"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
@@ -66,9 +67,9 @@ func TestLibvirtHotplug(t *testing.T) {
 	help, _ := exec.Command(ctl, "vm", "attach", "--help").CombinedOutput()
 	viaCtl := bytes.Contains(help, []byte("-libvirt"))
 
-	next := func(want string) hotplugEvent {
+	next := func(want string) guestresult.Hotplug {
 		t.Helper()
-		return nextGuestEvent[hotplugEvent](t, ctx, lines, "hotplug", want, 1)
+		return nextGuestEvent[guestresult.Hotplug](t, ctx, lines, guestresult.RoleHotplug, want, 1)
 	}
 	sock := filepath.Join(dir, "lv0.sock")
 	next("waiting")

@@ -3,7 +3,6 @@ package tests
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vrdma/vrdma/internal/guestresult"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
@@ -455,15 +455,12 @@ func serialEvents(t *testing.T, ctx context.Context, path string) func(want stri
 				if kind != guestvm.KindResult {
 					continue
 				}
-				var ev roundEvent
-				if err := json.Unmarshal([]byte(payload), &ev); err != nil {
-					t.Fatalf("guest result %q: %v", payload, err)
+				ok, err := guestresult.DecodeStep(payload, guestresult.RoleHotplug, want, round, nil)
+				if err != nil {
+					t.Fatalf("guest: %v", err)
 				}
-				if ev.Role != "hotplug" {
+				if !ok {
 					continue
-				}
-				if ev.Event != want || ev.Round != round {
-					t.Fatalf("guest: got %s of round %d, want %s of round %d", ev.Event, ev.Round, want, round)
 				}
 				seen++
 				return

@@ -4,13 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/controlapi"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/qemu"
@@ -81,9 +80,7 @@ func startVrdmad(t *testing.T, dir string, args ...string) *vrdmadProc {
 	return &vrdmadProc{Proc: p, control: p.Control()}
 }
 
-func (p *vrdmadProc) client() *http.Client { return p.Client() }
-
-func (p *vrdmadProc) devices() ([]daemon.DeviceInfo, error) { return p.Devices() }
+func (p *vrdmadProc) devices() ([]controlapi.DeviceInfo, error) { return p.Devices() }
 
 // waitPCI polls query-pci until vendor:device shows up: a device behind a
 // PCIe root port is listed only once the firmware has numbered the

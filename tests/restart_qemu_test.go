@@ -12,26 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/controlapi"
+	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
 )
-
-// restartEvent is what the guest's restart program prints per step
-// (cmd/vrdma-guest/restart.go).
-type restartEvent struct {
-	Role     string   `json:"role"`
-	Round    int      `json:"round"`
-	Event    string   `json:"event"`
-	Status   string   `json:"status"`
-	Command  string   `json:"command"`
-	Answer   string   `json:"answer"`
-	WaitS    float64  `json:"wait_s"`
-	RecoverS float64  `json:"recover_s"`
-	QPs      []uint32 `json:"qps"`
-	Verified bool     `json:"verified"`
-}
 
 // TestRestartQEMU is a vrdmad restart as a guest under QEMU lives through
 // it (docs/spec.md, "Reset and disconnect"): a guest whose device's
@@ -145,9 +131,9 @@ type restartGuest struct {
 
 // next returns the guest's next restart result, which must be event want
 // of round.
-func (rg *restartGuest) next(want string, round int) restartEvent {
+func (rg *restartGuest) next(want string, round int) guestresult.Restart {
 	rg.t.Helper()
-	return nextGuestEvent[restartEvent](rg.t, rg.ctx, rg.lines, "restart", want, round)
+	return nextGuestEvent[guestresult.Restart](rg.t, rg.ctx, rg.lines, guestresult.RoleRestart, want, round)
 }
 
 // round follows one restart, vrdmad (d) already started again with a
@@ -272,7 +258,7 @@ func (p *killableVrdmad) logText() string { return p.Log() }
 // scrapeUnix fetches /metrics from a unix socket.
 func scrapeUnix(t *testing.T, path string) string {
 	t.Helper()
-	resp, err := vrdmadproc.UnixClient(path).Get("http://vrdmad/metrics")
+	resp, err := controlapi.HTTPClient(path, 5*time.Second).Get("http://vrdmad/metrics")
 	if err != nil {
 		t.Fatalf("metrics: %v", err)
 	}
@@ -300,7 +286,7 @@ func TestRestartQEMUPersisted(t *testing.T) {
 	defer cancel()
 
 	first := launchVrdmad(t, bin, dir, "a", "--state-dir", state)
-	before, err := first.AddDevice(ctx, daemon.AddRequest{ID: restartID, Socket: sock})
+	before, err := first.AddDevice(ctx, controlapi.AddRequest{ID: restartID, Socket: sock})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/virtio/pci"
 )
 
@@ -39,33 +40,15 @@ type hotplugFS struct {
 
 var sysfs = hotplugFS{rescan: "/sys/bus/pci/rescan", devices: "/sys/bus/pci/devices", slots: "/sys/bus/pci/slots"}
 
-// hotplugResult is one VRDMA-RESULT line of hotplug.
-type hotplugResult struct {
-	Role  string `json:"role"` // "hotplug"
-	Round int    `json:"round"`
-	// Event is, in a round's order: "waiting" (rescanning starts),
-	// "usable" (the device probed), "attached" (its selftest passed),
-	// "detached" (it left the bus).
-	Event  string `json:"event"`
-	Device string `json:"device"`
-	// ProbeS is the time from the round's first rescan to a successful
-	// probe; AttachS to a passed selftest.
-	ProbeS  float64 `json:"probe_s,omitempty"`
-	AttachS float64 `json:"attach_s,omitempty"`
-	// FoundS is the time from the first rescan until the device showed up.
-	FoundS float64 `json:"found_s,omitempty"`
-	// DetachS is the time from the guest first seeing the unplug request
-	// (or, without one, from the end of the selftest) until the device was
-	// gone.
-	DetachS float64 `json:"detach_s,omitempty"`
-	// Released says whether the guest powered the slot off itself.
-	Released bool `json:"released,omitempty"`
-}
-
 // lineNext is what a harness writes to the guest's stdin, with --ack, once
 // it has finished a round's detach (QEMU sent DEVICE_DELETED): only then
 // may the guest go on, and after the last round exit and power off.
 const lineNext = "VRDMA-NEXT"
+
+// hotplugStep is the key of hotplug's lines of round r.
+func hotplugStep(r int, event string) guestresult.Step {
+	return guestresult.Step{Role: guestresult.RoleHotplug, Round: r, Event: event}
+}
 
 // hotplug runs rounds of: wait for the device (rescanning), probe and
 // selftest it, report, wait until it is gone (releasing it), report, and
@@ -74,7 +57,7 @@ func (e *env) hotplug(rounds int, timeout time.Duration, ack bool) error {
 	sc := bufio.NewScanner(e.stdin)
 	sc.Buffer(make([]byte, 4096), 1<<16)
 	for r := 1; r <= rounds; r++ {
-		if err := e.result(hotplugResult{Role: "hotplug", Round: r, Event: "waiting"}); err != nil {
+		if err := e.result(guestresult.Hotplug{Step: hotplugStep(r, "waiting")}); err != nil {
 			return err
 		}
 		start := time.Now()
@@ -92,7 +75,7 @@ func (e *env) hotplug(rounds int, timeout time.Duration, ack bool) error {
 			return fmt.Errorf("round %d: %w", r, err)
 		}
 		probed := time.Since(start)
-		if err := e.result(hotplugResult{Role: "hotplug", Round: r, Event: "usable", Device: addr,
+		if err := e.result(guestresult.Hotplug{Step: hotplugStep(r, "usable"), Device: addr,
 			ProbeS: probed.Seconds(), FoundS: found.Seconds()}); err != nil {
 			closeDev()
 			return err
@@ -102,7 +85,7 @@ func (e *env) hotplug(rounds int, timeout time.Duration, ack bool) error {
 		if err != nil {
 			return fmt.Errorf("round %d: %w", r, err)
 		}
-		if err := e.result(hotplugResult{Role: "hotplug", Round: r, Event: "attached", Device: addr,
+		if err := e.result(guestresult.Hotplug{Step: hotplugStep(r, "attached"), Device: addr,
 			ProbeS: probed.Seconds(), AttachS: time.Since(start).Seconds(), FoundS: found.Seconds()}); err != nil {
 			return err
 		}
@@ -110,7 +93,7 @@ func (e *env) hotplug(rounds int, timeout time.Duration, ack bool) error {
 		if err != nil {
 			return fmt.Errorf("round %d: %w", r, err)
 		}
-		if err := e.result(hotplugResult{Role: "hotplug", Round: r, Event: "detached", Device: addr,
+		if err := e.result(guestresult.Hotplug{Step: hotplugStep(r, "detached"), Device: addr,
 			DetachS: d.Seconds(), Released: released}); err != nil {
 			return err
 		}

@@ -47,15 +47,16 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/internal/perftest"
 	"github.com/vrdma/vrdma/internal/units"
 	"github.com/vrdma/vrdma/virtio/pci"
 	"github.com/vrdma/vrdma/virtio/rdma"
 )
 
-// Line prefixes: a harness greps them.
+// Line prefixes: a harness greps them. (Result lines are
+// internal/guestresult's.)
 const (
-	prefixResult   = "VRDMA-RESULT "
 	prefixExchange = "VRDMA-EXCHANGE "
 	prefixPeer     = "VRDMA-PEER "
 	prefixError    = "VRDMA-ERROR "
@@ -104,14 +105,8 @@ func openPCI(addr string, log *logrus.Entry) (*rdma.Context, func(), error) {
 	return c, func() { c.Close(); d.Close() }, nil
 }
 
-func (e *env) result(v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(e.stdout, "%s%s\n", prefixResult, b)
-	return err
-}
+// result prints v as a VRDMA-RESULT line.
+func (e *env) result(v any) error { return guestresult.Write(e.stdout, v) }
 
 const guestUsage = "usage: vrdma-guest probe|selftest|server|client|hotplug|restart [flags] (-h after a subcommand lists its flags)"
 

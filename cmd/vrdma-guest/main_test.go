@@ -3,15 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/guestresult"
+	"github.com/vrdma/vrdma/internal/perftest"
 	"github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
@@ -103,12 +105,12 @@ func TestServerClient(t *testing.T) {
 		}
 	}
 	for _, out := range []string{<-sRes, <-cRes} {
-		i := strings.Index(out, prefixResult)
+		i := strings.Index(out, guestresult.Prefix+" ")
 		if i < 0 {
 			t.Fatalf("no result in %q", out)
 		}
 		var m map[string]any
-		if err := json.Unmarshal([]byte(out[i+len(prefixResult):]), &m); err != nil {
+		if err := guestresult.Decode(out[i+len(guestresult.Prefix):], &m); err != nil {
 			t.Fatal(err)
 		}
 		for _, k := range []string{"op", "size", "iters", "gbytes_per_s", "mops", "lat_us_p50", "lat_us_p99", "verified", "role"} {
@@ -161,4 +163,30 @@ func newLines(r io.Reader) <-chan string {
 		}
 	}()
 	return ch
+}
+
+// TestResultSchema checks that the server and client lines, which print
+// internal/perftest.Result, carry every key of guestresult.Result with the
+// value the harnesses read.
+func TestResultSchema(t *testing.T) {
+	want := perftest.Result{Op: "write", Size: 4096, Iters: 7, GBytesPerS: 1.25, Mops: 0.5, LatP50: 3.5, LatP99: 9.25,
+		Verified: true, LatAvg: 4, LatIters: 3, Seconds: 2, TxDepth: 8, Slots: 2, Role: "client"}
+	var b bytes.Buffer
+	if err := guestresult.Write(&b, want); err != nil {
+		t.Fatal(err)
+	}
+	line := strings.TrimSuffix(b.String(), "\n")
+	payload, ok := strings.CutPrefix(line, guestresult.Prefix+" ")
+	if !ok {
+		t.Fatalf("got %q, want a result line", line)
+	}
+	r, err := guestresult.Parse(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Raw = nil
+	if !reflect.DeepEqual(r, guestresult.Result{Role: want.Role, Op: want.Op, Size: want.Size, Iters: want.Iters, GBytesPerS: want.GBytesPerS,
+		Mops: want.Mops, LatP50: want.LatP50, LatP99: want.LatP99, Verified: want.Verified}) {
+		t.Errorf("the harness reads %+v from %s", r, line)
+	}
 }

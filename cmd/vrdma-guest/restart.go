@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/virtio/rdma"
 )
 
@@ -27,32 +28,9 @@ const restartQuiet = 300 * time.Millisecond
 // waits it checks its deadline.
 const restartPoll = 500 * time.Millisecond
 
-// restartResult is one VRDMA-RESULT line of restart.
-type restartResult struct {
-	Role  string `json:"role"` // "restart"
-	Round int    `json:"round"`
-	// Event is, in order: "ready" (round 0: objects created and traffic
-	// verified; the host may now restart vrdmad), then per round
-	// "device_fatal" (the event arrived), "not_found" (an old handle
-	// answered NOT_FOUND), "reset" (the device was closed: virtio-pci
-	// writes status 0 and waits to read 0 back before it releases the DMA
-	// memory; the next open resets and checks once more), "recovered"
-	// (initialised again, objects created again, traffic verified, no
-	// second DEVICE_FATAL).
-	Event  string `json:"event"`
-	Device string `json:"device,omitempty"`
-	// Status is the virtio device_status the driver read when the event
-	// arrived (hex), when the transport can tell.
-	Status string `json:"status,omitempty"`
-	// Command and Answer name the old-handle command and its status.
-	Command string `json:"command,omitempty"`
-	Answer  string `json:"answer,omitempty"`
-	// WaitS is how long the guest idled until DEVICE_FATAL; RecoverS the
-	// time from DEVICE_FATAL to verified traffic.
-	WaitS    float64  `json:"wait_s,omitempty"`
-	RecoverS float64  `json:"recover_s,omitempty"`
-	QPs      []uint32 `json:"qps,omitempty"`
-	Verified bool     `json:"verified,omitempty"`
+// restartStep is the key of restart's lines of round r.
+func restartStep(r int, event string) guestresult.Step {
+	return guestresult.Step{Role: guestresult.RoleRestart, Round: r, Event: event}
 }
 
 // statusReader is what a transport offers when it can show the virtio
@@ -88,7 +66,7 @@ func (e *env) restart(addr string, rounds int, timeout time.Duration, ack bool) 
 		l.close()
 		closeDev()
 	}()
-	if err := e.result(restartResult{Role: "restart", Round: 0, Event: "ready", Device: addr,
+	if err := e.result(guestresult.Restart{Step: restartStep(0, "ready"), Device: addr,
 		QPs: []uint32{l.qa.Num(), l.qb.Num()}, Verified: true}); err != nil {
 		return err
 	}
@@ -104,7 +82,7 @@ func (e *env) restart(addr string, rounds int, timeout time.Duration, ack bool) 
 				st = fmt.Sprintf("0x%02x", s)
 			}
 		}
-		if err := e.result(restartResult{Role: "restart", Round: r, Event: "device_fatal", Status: st,
+		if err := e.result(guestresult.Restart{Step: restartStep(r, "device_fatal"), Status: st,
 			WaitS: lost.Sub(start).Seconds()}); err != nil {
 			return err
 		}
@@ -114,7 +92,7 @@ func (e *env) restart(addr string, rounds int, timeout time.Duration, ack bool) 
 		if !errors.As(qerr, &ce) || ce.Status != rdma.StatusNotFound {
 			return fmt.Errorf("round %d: QUERY_QP of old QP %d after DEVICE_FATAL: got %v, want NOT_FOUND", r, l.qa.Num(), qerr)
 		}
-		if err := e.result(restartResult{Role: "restart", Round: r, Event: "not_found",
+		if err := e.result(guestresult.Restart{Step: restartStep(r, "not_found"),
 			Command: ce.Op.String(), Answer: ce.Status.String()}); err != nil {
 			return err
 		}
@@ -124,7 +102,7 @@ func (e *env) restart(addr string, rounds int, timeout time.Duration, ack bool) 
 		l.forget()
 		l.close()
 		closeDev()
-		if err := e.result(restartResult{Role: "restart", Round: r, Event: "reset"}); err != nil {
+		if err := e.result(guestresult.Restart{Step: restartStep(r, "reset")}); err != nil {
 			return err
 		}
 		c, closeDev, err = e.open(addr, e.log)
@@ -145,7 +123,7 @@ func (e *env) restart(addr string, rounds int, timeout time.Duration, ack bool) 
 		} else if !errors.Is(err, rdma.ErrTimeout) {
 			return fmt.Errorf("round %d: event queue after the recovery: %w", r, err)
 		}
-		if err := e.result(restartResult{Role: "restart", Round: r, Event: "recovered", Device: addr,
+		if err := e.result(guestresult.Restart{Step: restartStep(r, "recovered"), Device: addr,
 			RecoverS: time.Since(lost).Seconds(), QPs: []uint32{l.qa.Num(), l.qb.Num()}, Verified: true}); err != nil {
 			return err
 		}

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"io"
 	"path/filepath"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
@@ -73,25 +73,25 @@ func TestRestart(t *testing.T) {
 		errc <- restartEnv(sock, inR, outW, opens).run([]string{"restart", "--rounds", "2", "--timeout", "30s", "--ack"})
 		outW.Close()
 	}()
-	lines := make(chan restartResult, 16)
+	lines := make(chan guestresult.Restart, 16)
 	go func() {
 		defer close(lines)
 		sc := bufio.NewScanner(outR)
 		for sc.Scan() {
-			rest, ok := strings.CutPrefix(sc.Text(), prefixResult)
+			rest, ok := strings.CutPrefix(sc.Text(), guestresult.Prefix+" ")
 			if !ok {
 				t.Errorf("unexpected line %q", sc.Text())
 				continue
 			}
-			var r restartResult
-			if err := json.Unmarshal([]byte(rest), &r); err != nil {
+			var r guestresult.Restart
+			if err := guestresult.Decode(rest, &r); err != nil {
 				t.Errorf("line %q: %v", rest, err)
 				continue
 			}
 			lines <- r
 		}
 	}()
-	next := func(event string, round int) restartResult {
+	next := func(event string, round int) guestresult.Restart {
 		t.Helper()
 		select {
 		case r, ok := <-lines:
@@ -105,7 +105,7 @@ func TestRestart(t *testing.T) {
 		case <-time.After(60 * time.Second):
 			t.Fatalf("no %s of round %d", event, round)
 		}
-		return restartResult{}
+		return guestresult.Restart{}
 	}
 	ready := next("ready", 0)
 	if !ready.Verified || len(ready.QPs) != 2 {

@@ -39,6 +39,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/guestvm"
@@ -275,13 +276,14 @@ func device(id, socket string) qemu.VhostUserDevice {
 		NumVQs: abi.FirstDoorbellQueue + 1, VQSize: 256, ConfigSize: abi.ConfigSize}
 }
 
-func printResults(w io.Writer, rs []guestvm.Result) {
+// printResults prints the guest's result lines verbatim.
+func printResults(w io.Writer, rs []guestresult.Result) {
 	for _, r := range rs {
-		fmt.Fprintf(w, "%s %s\n", guestvm.PrefixResult, r.Raw)
+		fmt.Fprintln(w, r.Line())
 	}
 }
 
-func checkSingle(scenario string, rs []guestvm.Result) error {
+func checkSingle(scenario string, rs []guestresult.Result) error {
 	if len(rs) == 0 {
 		return fmt.Errorf("%s printed no VRDMA-RESULT", scenario)
 	}
@@ -302,7 +304,7 @@ func checkSingle(scenario string, rs []guestvm.Result) error {
 func checkPair(pf pairFlags, res guestvm.PairResult) error {
 	for _, side := range []struct {
 		name string
-		rs   []guestvm.Result
+		rs   []guestresult.Result
 	}{{"server", res.Server}, {"client", res.Client}} {
 		if len(side.rs) == 0 {
 			return fmt.Errorf("%s printed no VRDMA-RESULT", side.name)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 )
 
@@ -79,9 +80,9 @@ func TestRunUsage(t *testing.T) {
 	}
 }
 
-func result(t *testing.T, s string) guestvm.Result {
+func result(t *testing.T, s string) guestresult.Result {
 	t.Helper()
-	r, err := guestvm.ParseResult(s)
+	r, err := guestresult.Parse(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,10 +99,10 @@ func TestCheckPair(t *testing.T) {
 		res  guestvm.PairResult
 		ok   bool
 	}{
-		{"both verified", guestvm.PairResult{Server: []guestvm.Result{good}, Client: []guestvm.Result{good}}, true},
-		{"client not verified", guestvm.PairResult{Server: []guestvm.Result{good}, Client: []guestvm.Result{bad}}, false},
-		{"server silent", guestvm.PairResult{Client: []guestvm.Result{good}}, false},
-		{"wrong op", guestvm.PairResult{Server: []guestvm.Result{good}, Client: []guestvm.Result{other}}, false},
+		{"both verified", guestvm.PairResult{Server: []guestresult.Result{good}, Client: []guestresult.Result{good}}, true},
+		{"client not verified", guestvm.PairResult{Server: []guestresult.Result{good}, Client: []guestresult.Result{bad}}, false},
+		{"server silent", guestvm.PairResult{Client: []guestresult.Result{good}}, false},
+		{"wrong op", guestvm.PairResult{Server: []guestresult.Result{good}, Client: []guestresult.Result{other}}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -119,14 +120,14 @@ func TestCheckSingle(t *testing.T) {
 	probe := result(t, `{"role":"probe"}`)
 	tests := []struct {
 		name, scenario string
-		rs             []guestvm.Result
+		rs             []guestresult.Result
 		ok             bool
 	}{
-		{"probe", "probe", []guestvm.Result{probe}, true},
+		{"probe", "probe", []guestresult.Result{probe}, true},
 		{"probe silent", "probe", nil, false},
-		{"selftest", "selftest", []guestvm.Result{one, all}, true},
-		{"selftest without all", "selftest", []guestvm.Result{one}, false},
-		{"selftest unverified", "selftest", []guestvm.Result{unv, all}, false},
+		{"selftest", "selftest", []guestresult.Result{one, all}, true},
+		{"selftest without all", "selftest", []guestresult.Result{one}, false},
+		{"selftest unverified", "selftest", []guestresult.Result{unv, all}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -140,7 +141,7 @@ func TestCheckSingle(t *testing.T) {
 func TestPrintResultsVerbatim(t *testing.T) {
 	line := `{"op":"write","role":"client","verified":true,"x":[1]}`
 	var b bytes.Buffer
-	printResults(&b, []guestvm.Result{result(t, line)})
+	printResults(&b, []guestresult.Result{result(t, line)})
 	if got := b.String(); got != "VRDMA-RESULT "+line+"\n" {
 		t.Fatalf("got %q, want the line verbatim", got)
 	}

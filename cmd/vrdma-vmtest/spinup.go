@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 )
@@ -123,18 +124,13 @@ func spinupRounds(ctx context.Context, o options, d *vrdmadproc.Proc, g *guestvm
 				if kind != guestvm.KindResult {
 					continue
 				}
-				var ev struct {
-					Role  string `json:"role"`
-					Round int    `json:"round"`
-					Event string `json:"event"`
+				ok, err := guestresult.DecodeStep(payload, guestresult.RoleHotplug, want, round, nil)
+				if err != nil {
+					return fmt.Errorf("guest: %w", err)
 				}
-				if json.Unmarshal([]byte(payload), &ev) != nil || ev.Role != "hotplug" {
-					continue
+				if ok {
+					return nil
 				}
-				if ev.Event != want || ev.Round != round {
-					return fmt.Errorf("guest: got %s of round %d, want %s of round %d", ev.Event, ev.Round, want, round)
-				}
-				return nil
 			case <-ctx.Done():
 				return fmt.Errorf("waiting for %s of round %d: %w", want, round, ctx.Err())
 			}

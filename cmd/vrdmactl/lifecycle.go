@@ -1,82 +1,45 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"path/filepath"
 	"text/tabwriter"
 	"time"
 
 	"github.com/digitalocean/go-qemu/qmp"
 
-	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/controlapi"
 	"github.com/vrdma/vrdma/internal/units"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/qemu"
 )
 
-// client talks HTTP to the control socket.
-func client(control string) *http.Client {
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", control)
-		},
-	}}
-}
+// api is the control API of c's daemon. A request gets at most
+// controlapi.DefaultTimeout (10 s) to answer.
+func (c *cli) api() *controlapi.Client { return controlapi.New(c.control) }
 
-// do sends one request with a JSON body (nil: none) and decodes a 2xx
-// answer into v (nil: ignore it). Any other status is an error carrying
-// the API's JSON error message, matching errNotFound (404), errConflict
-// (409) or errUsage (400); a control socket nobody answers on is
-// errUnreachable.
-func do(control, method, path string, body, v any) error {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return err
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, "http://vrdmad"+path, rd)
-	if err != nil {
-		return err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := client(control).Do(req)
-	if err != nil {
-		return fmt.Errorf("%w: control API at %s: %w", errUnreachable, control, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		var e struct {
-			Error string `json:"error"`
-		}
-		json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&e)
-		err := fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, e.Error)
-		switch resp.StatusCode {
-		case http.StatusNotFound:
-			return fmt.Errorf("%w: %w", errNotFound, err)
-		case http.StatusConflict:
-			return fmt.Errorf("%w: %w", errConflict, err)
-		case http.StatusBadRequest:
-			return fmt.Errorf("%w: %w", errUsage, err)
-		}
-		return err
-	}
-	if v == nil {
+// apiErr maps a control API error to vrdmactl's: a 404 answer matches
+// errNotFound, 409 errConflict, 400 errUsage, no answer errUnreachable.
+// The message stays the API's ("GET /v1/devices/x: 404 Not Found: no such
+// device: x").
+func apiErr(err error) error {
+	switch {
+	case err == nil:
 		return nil
+	case errors.Is(err, controlapi.ErrUnreachable):
+		return fmt.Errorf("%w: %w", errUnreachable, err)
+	case errors.Is(err, controlapi.ErrNotFound):
+		return fmt.Errorf("%w: %w", errNotFound, err)
+	case errors.Is(err, controlapi.ErrConflict):
+		return fmt.Errorf("%w: %w", errConflict, err)
+	case errors.Is(err, controlapi.ErrBadRequest):
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
-	return json.NewDecoder(resp.Body).Decode(v)
+	return err
 }
 
 func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
@@ -109,13 +72,13 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 				return usageErr("--%s %d: more than 2^32-1", name, v)
 			}
 		}
-		req := daemon.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, MAC: *mac, DoorbellQueues: *doorbells}
+		req := controlapi.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, MAC: *mac, DoorbellQueues: *doorbells}
 		if *maxQPs != 0 || *maxCQs != 0 || *maxMRs != 0 || pinned != 0 {
-			req.Limits = &daemon.Limits{MaxQPs: uint32(*maxQPs), MaxCQs: uint32(*maxCQs), MaxMRs: uint32(*maxMRs), MaxPinnedBytes: pinned}
+			req.Limits = &controlapi.Limits{MaxQPs: uint32(*maxQPs), MaxCQs: uint32(*maxCQs), MaxMRs: uint32(*maxMRs), MaxPinnedBytes: pinned}
 		}
-		var info daemon.DeviceInfo
-		if err := do(c.control, http.MethodPost, "/v1/devices", req, &info); err != nil {
-			return err
+		info, err := c.api().AddDevice(context.Background(), req)
+		if err != nil {
+			return apiErr(err)
 		}
 		if c.json {
 			return printJSON(c.out, info)
@@ -124,25 +87,19 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 	}
 }
 
-// rmResult is what device rm prints with --json.
-type rmResult struct {
-	ID      string `json:"id"`
-	Removed bool   `json:"removed"`
-}
-
 func defineDeviceRm(_ *flag.FlagSet, c *cli) func([]string) error {
 	return func(pos []string) error {
 		if err := wantArgs("device rm", pos, "ID"); err != nil {
 			return err
 		}
-		var res rmResult
-		if err := do(c.control, http.MethodDelete, "/v1/devices/"+pos[0], nil, &res); err != nil {
-			return err
+		res, err := c.api().RemoveDevice(context.Background(), pos[0])
+		if err != nil {
+			return apiErr(err)
 		}
 		if c.json {
-			return printJSON(c.out, res)
+			return printJSON(c.out, res) // the API's answer
 		}
-		_, err := fmt.Fprintf(c.out, "removed %s\n", pos[0])
+		_, err = fmt.Fprintf(c.out, "removed %s\n", pos[0])
 		return err
 	}
 }
@@ -152,9 +109,12 @@ func defineDeviceLs(_ *flag.FlagSet, c *cli) func([]string) error {
 		if err := wantArgs("device ls", pos); err != nil {
 			return err
 		}
-		devs := []daemon.DeviceInfo{}
-		if err := do(c.control, http.MethodGet, "/v1/devices", nil, &devs); err != nil {
-			return err
+		devs, err := c.api().Devices(context.Background())
+		if err != nil {
+			return apiErr(err)
+		}
+		if devs == nil {
+			devs = []controlapi.DeviceInfo{} // --json prints [], not null
 		}
 		if c.json {
 			return printJSON(c.out, devs)
@@ -174,9 +134,9 @@ func defineDeviceShow(_ *flag.FlagSet, c *cli) func([]string) error {
 		if err := wantArgs("device show", pos, "ID"); err != nil {
 			return err
 		}
-		var d daemon.DeviceInfo
-		if err := do(c.control, http.MethodGet, "/v1/devices/"+pos[0], nil, &d); err != nil {
-			return err
+		d, err := c.api().Device(context.Background(), pos[0])
+		if err != nil {
+			return apiErr(err)
 		}
 		if c.json {
 			return printJSON(c.out, d)
@@ -188,9 +148,9 @@ func defineDeviceShow(_ *flag.FlagSet, c *cli) func([]string) error {
 // printIDs prints the device IDs, one a line (the completion scripts' way
 // to complete IDs).
 func printIDs(c *cli) error {
-	var devs []daemon.DeviceInfo
-	if err := do(c.control, http.MethodGet, "/v1/devices", nil, &devs); err != nil {
-		return err
+	devs, err := c.api().Devices(context.Background())
+	if err != nil {
+		return apiErr(err)
 	}
 	for _, d := range devs {
 		fmt.Fprintln(c.out, d.ID)
@@ -276,9 +236,9 @@ func defineVMAttach(fs *flag.FlagSet, c *cli) func([]string) error {
 			return err
 		}
 		start := time.Now()
-		var info daemon.DeviceInfo
-		if err := do(c.control, http.MethodGet, "/v1/devices/"+f.device, nil, &info); err != nil {
-			return err
+		info, err := c.api().Device(context.Background(), f.device)
+		if err != nil {
+			return apiErr(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 		defer cancel()
@@ -383,7 +343,7 @@ func defineCompletion(_ *flag.FlagSet, c *cli) func([]string) error {
 }
 
 // showInfo prints one device as a two-column table.
-func showInfo(out io.Writer, d daemon.DeviceInfo) error {
+func showInfo(out io.Writer, d controlapi.DeviceInfo) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	rows := [][2]string{
 		{"id", d.ID}, {"socket", d.Socket}, {"uuid", d.UUID}, {"guid", d.GUID}, {"gid", d.GID}, {"mac", d.MAC},

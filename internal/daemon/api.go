@@ -18,54 +18,19 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/internal/controlapi"
 )
 
-// DeviceInfo is a device as the control API shows it.
-type DeviceInfo struct {
-	ID          string `json:"id"`
-	Socket      string `json:"socket"`
-	UUID        string `json:"uuid"`
-	Connected   bool   `json:"connected"`
-	PinnedBytes uint64 `json:"pinned_bytes"`
-	PDs         int    `json:"pds"`
-	MRs         int    `json:"mrs"`
-	CQs         int    `json:"cqs"`
-	QPs         int    `json:"qps"`
-	BytesMoved  uint64 `json:"bytes_moved"`
-	Errors      uint64 `json:"errors"`
-	Commands    uint64 `json:"commands"`
-	Sessions    uint64 `json:"sessions"`
-	RingErrors  uint64 `json:"ring_errors"`
-	AHs         int    `json:"ahs"`
-	CachedBytes uint64 `json:"map_cache_bytes"`
-	CacheHits   uint64 `json:"map_cache_hits"`
-	CacheMisses uint64 `json:"map_cache_misses"`
-	EventsLost  uint64 `json:"events_lost"`
-	GUID        string `json:"guid"`
-	GID         string `json:"gid"`
-	// MAC is the guest NIC the device pairs with (docs/spec.md, "The
-	// device's MAC"): the EUI-48 in the GUID; empty when the GUID has no
-	// ff:fe in its middle.
-	MAC    string `json:"mac,omitempty"`
-	Limits Limits `json:"limits"`
-	// NumQueues is the number of virtqueues QEMU must create (num_vqs):
-	// control, events and the doorbell queues.
-	NumQueues int `json:"num_queues"`
-	// Persisted is true for a device kept in the state file (added
-	// through the API, with a state directory): it comes back with the
-	// same identity when vrdmad restarts.
-	Persisted bool `json:"persisted"`
-}
-
-// Limits are the per-device limits the control API sets and shows.
-type Limits struct {
-	// MaxQPs, MaxCQs and MaxMRs bound the device's QPs, CQs and MRs.
-	MaxQPs uint32 `json:"max_qps"`
-	MaxCQs uint32 `json:"max_cqs"`
-	MaxMRs uint32 `json:"max_mrs"`
-	// MaxPinnedBytes is the device's pin quota; 0 means none.
-	MaxPinnedBytes uint64 `json:"max_pinned_bytes"`
-}
+// The control API's wire types are package controlapi's, which the
+// clients share; these names are the daemon's for them.
+type (
+	// DeviceInfo is a device as the control API shows it.
+	DeviceInfo = controlapi.DeviceInfo
+	// Limits are the per-device limits the control API sets and shows.
+	Limits = controlapi.Limits
+	// AddRequest is the body of POST /v1/devices.
+	AddRequest = controlapi.AddRequest
+)
 
 // Info describes a device now.
 func (dv *Device) Info() DeviceInfo {
@@ -148,35 +113,6 @@ func reqErr(field, format string, args ...any) error {
 	return &RequestError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
-// AddRequest is the body of POST /v1/devices. Zero or absent fields take
-// the daemon's defaults.
-type AddRequest struct {
-	// ID names the device; it is also the QEMU device id vrdmactl vm attach
-	// uses: a letter, then letters, digits, '-', '.', '_'; at most 64.
-	ID string `json:"id"`
-	// Socket is the absolute path of the vhost-user socket to serve.
-	Socket string `json:"socket"`
-	// Limits; absent or zero fields keep the defaults (rdma.DefaultLimits,
-	// vrdmad --max-pinned).
-	Limits *Limits `json:"limits,omitempty"`
-	// GUID is the node GUID ("0211:2233:4455:6677" or 16 hex digits), a
-	// locally administered unicast EUI-64; GID is port GID 0 (fe80::/64
-	// with the GUID as interface ID); UUID identifies the device. Each is
-	// derived from the others when absent, and from a random UUID when all
-	// are; given together they must agree.
-	GUID string `json:"guid,omitempty"`
-	GID  string `json:"gid,omitempty"`
-	UUID string `json:"uuid,omitempty"`
-	// MAC pairs the device with the guest NIC of that address
-	// ("52:54:00:12:34:56"): the node GUID is its EUI-64 (ff:fe inserted),
-	// which must agree with guid, gid and uuid when they are given too.
-	// The guest's kernel driver binds the RDMA port to that NIC.
-	MAC string `json:"mac,omitempty"`
-	// DoorbellQueues is the number of doorbell queues (one per guest
-	// vCPU); 0 means 1.
-	DoorbellQueues int `json:"doorbell_queues,omitempty"`
-}
-
 // DecodeAddRequest reads and checks a POST /v1/devices body. On error the
 // spec is zero.
 func DecodeAddRequest(body []byte) (DeviceSpec, error) {
@@ -189,15 +125,16 @@ func DecodeAddRequest(body []byte) (DeviceSpec, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return DeviceSpec{}, reqErr("", "trailing data after the JSON object")
 	}
-	spec, err := req.Spec()
+	spec, err := requestSpec(req)
 	if err != nil {
 		return DeviceSpec{}, err
 	}
 	return spec, nil
 }
 
-// Spec checks r and turns it into a DeviceSpec. On error the spec is zero.
-func (r AddRequest) Spec() (DeviceSpec, error) {
+// requestSpec checks r and turns it into a DeviceSpec. On error the spec
+// is zero.
+func requestSpec(r AddRequest) (DeviceSpec, error) {
 	if err := checkID(r.ID); err != nil {
 		return DeviceSpec{}, err
 	}
@@ -207,7 +144,7 @@ func (r AddRequest) Spec() (DeviceSpec, error) {
 	if r.DoorbellQueues < 0 || r.DoorbellQueues > maxDoorbellQueues {
 		return DeviceSpec{}, reqErr("doorbell_queues", "%d out of range [0, %d]", r.DoorbellQueues, maxDoorbellQueues)
 	}
-	u, err := r.identity()
+	u, err := requestIdentity(r)
 	if err != nil {
 		return DeviceSpec{}, err
 	}
@@ -278,8 +215,9 @@ func checkSocket(p string) error {
 	return nil
 }
 
-// identity derives the device UUID from the request's uuid, guid and gid.
-func (r AddRequest) identity() (uuid.UUID, error) {
+// requestIdentity derives the device UUID from the request's uuid, guid
+// and gid.
+func requestIdentity(r AddRequest) (uuid.UUID, error) {
 	var (
 		u       uuid.UUID
 		guid    uint64
@@ -437,10 +375,10 @@ func (d *Daemon) Handler() http.Handler {
 			writeError(w, http.StatusInternalServerError, err.Error())
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"id": id, "removed": true})
+		writeJSON(w, http.StatusOK, controlapi.Removed{ID: id, Removed: true})
 	})
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "devices": len(d.Devices()), "pinned_bytes": d.PinnedBytes()})
+		writeJSON(w, http.StatusOK, controlapi.Health{Status: "ok", Devices: len(d.Devices()), PinnedBytes: d.PinnedBytes()})
 	})
 	for _, p := range []string{"/v1/devices", "/v1/devices/{id}", "/v1/health"} {
 		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
@@ -497,5 +435,5 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 func writeError(w http.ResponseWriter, code int, msg string) {
-	writeJSON(w, code, map[string]string{"error": msg})
+	writeJSON(w, code, controlapi.ErrorAnswer{Error: msg})
 }

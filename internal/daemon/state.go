@@ -313,7 +313,7 @@ func decodeState(b []byte) ([]DeviceSpec, error) {
 		if r.UUID == "" {
 			return nil, fmt.Errorf("%s: uuid missing (a saved device keeps its identity)", where)
 		}
-		spec, err := r.Spec()
+		spec, err := requestSpec(r)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
 		}

@@ -374,7 +374,7 @@ func TestRestoreConflicts(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			state := t.TempDir()
 			rec := AddRequest{ID: "vm1", Socket: tt.socket, UUID: uuid.NewString()}
-			spec, err := rec.Spec()
+			spec, err := requestSpec(rec)
 			if err != nil {
 				t.Fatal(err)
 			}

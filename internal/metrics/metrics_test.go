@@ -1,7 +1,6 @@
 package metrics
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -26,6 +25,7 @@ import (
 	"github.com/vrdma/vrdma/backend"
 	"github.com/vrdma/vrdma/backend/rdma"
 	"github.com/vrdma/vrdma/backend/rdma/engine"
+	"github.com/vrdma/vrdma/internal/controlapi"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/memmap"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
@@ -373,13 +373,6 @@ func TestListenTCP(t *testing.T) {
 	}
 }
 
-func unixDialer(path string) func(context.Context, string, string) (net.Conn, error) {
-	return func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", path)
-	}
-}
-
 func TestListenUnix(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "metrics.sock")
@@ -395,7 +388,7 @@ func TestListenUnix(t *testing.T) {
 	if got := fi.Mode().Perm(); got != 0o660 {
 		t.Errorf("socket mode: got %v, want 0660", got)
 	}
-	c := &http.Client{Transport: &http.Transport{DialContext: unixDialer(path)}}
+	c := controlapi.HTTPClient(path, 0)
 	fams := scrapeURL(t, c, "http://vrdmad/metrics")
 	if got, ok := value(fams, "vrdma_devices", nil); !ok || got != 0 {
 		t.Errorf("vrdma_devices: got %v (%v), want 0", got, ok)

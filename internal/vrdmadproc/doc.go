@@ -9,7 +9,8 @@
 // process and returns an *Error that carries the log.
 //
 // Non-goals: restarting vrdmad, parsing its log, or wrapping the control
-// API beyond listing and adding devices (callers use Client for the rest).
+// API beyond listing and adding devices (Client, a controlapi.Client, has
+// the rest).
 //
 // State: vrdmad keeps the devices added through the control API in its
 // --state-dir; Start gives it Dir/state unless told otherwise

@@ -3,11 +3,9 @@ package vrdmadproc
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -17,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/controlapi"
 )
 
 // Defaults for the zero values of Config.
@@ -36,8 +34,6 @@ const (
 	// waitDelay bounds how long Wait keeps reading standard error once
 	// vrdmad has exited (a descendant may still hold the pipe).
 	waitDelay = 5 * time.Second
-	// maxListBytes bounds the GET /v1/devices body Devices decodes.
-	maxListBytes = 1 << 20
 )
 
 var (
@@ -111,15 +107,15 @@ const NoState = "-"
 
 // Proc is a running vrdmad started by Start.
 type Proc struct {
-	cmd          *exec.Cmd         // immutable after Start
-	dir          string            // immutable
-	ownDir       bool              // immutable: Stop and Kill remove dir
-	control      string            // immutable
-	sockets      map[string]string // immutable: device ID -> socket path
-	client       *http.Client      // immutable; safe for concurrent use
-	log          *logBuffer        // has its own mutex
-	readyTimeout time.Duration     // immutable
-	stopTimeout  time.Duration     // immutable
+	cmd          *exec.Cmd          // immutable after Start
+	dir          string             // immutable
+	ownDir       bool               // immutable: Stop and Kill remove dir
+	control      string             // immutable
+	sockets      map[string]string  // immutable: device ID -> socket path
+	client       *controlapi.Client // immutable; safe for concurrent use
+	log          *logBuffer         // has its own mutex
+	readyTimeout time.Duration      // immutable
+	stopTimeout  time.Duration      // immutable
 
 	exited  chan struct{} // closed once cmd.Wait has returned
 	waitErr error         // written before exited is closed, read after
@@ -184,7 +180,7 @@ func launch(cfg Config) (*Proc, error) {
 	if p.control == "" {
 		p.control = filepath.Join(p.dir, "control.sock")
 	}
-	p.client = UnixClient(p.control)
+	p.client = controlapi.New(p.control, controlapi.WithTimeout(requestTimeout))
 	args := []string{"--control", p.control, "--log-level", level}
 	for _, id := range cfg.Devices {
 		p.sockets[id] = filepath.Join(p.dir, id+".sock")
@@ -282,7 +278,7 @@ func (p *Proc) waitReady(ctx context.Context, timeout time.Duration) error {
 	tick := time.NewTicker(pollInterval)
 	defer tick.Stop()
 	for {
-		_, err := p.devices(wctx)
+		_, err := p.client.Devices(wctx)
 		if err == nil {
 			return nil
 		}
@@ -384,71 +380,24 @@ func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 // has returned), up to Config.LogLimit bytes.
 func (p *Proc) Log() string { return p.log.String() }
 
-// Client is an HTTP client whose every request goes to the control socket
-// (any host name; "http://vrdmad/v1/..." by convention), with a 5 s
-// timeout. It is shared: callers must not change it.
-func (p *Proc) Client() *http.Client { return p.client }
+// Client is the control API's client, with a 5 s timeout per request.
+// It is shared and safe for concurrent use.
+func (p *Proc) Client() *controlapi.Client { return p.client }
 
 // Devices lists the daemon's devices (GET /v1/devices).
-func (p *Proc) Devices() ([]daemon.DeviceInfo, error) {
-	return p.devices(context.Background())
-}
-
-func (p *Proc) devices(ctx context.Context) ([]daemon.DeviceInfo, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://vrdmad/v1/devices", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /v1/devices: %s", resp.Status)
-	}
-	var out []daemon.DeviceInfo
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxListBytes)).Decode(&out); err != nil {
-		return nil, fmt.Errorf("GET /v1/devices: %w", err)
-	}
-	return out, nil
+func (p *Proc) Devices() ([]controlapi.DeviceInfo, error) {
+	return p.client.Devices(context.Background())
 }
 
 // AddDevice creates a device through the control API (POST /v1/devices)
-// and returns it as the daemon shows it. A refusal is an error carrying
-// the daemon's message. The device's socket is the caller's to choose;
-// Dir is a good place (Stop removes a directory Start made).
-func (p *Proc) AddDevice(ctx context.Context, req daemon.AddRequest) (daemon.DeviceInfo, error) {
-	body, err := json.Marshal(req)
+// and returns it as the daemon shows it. A refusal is a
+// *controlapi.StatusError carrying the daemon's message. The device's
+// socket is the caller's to choose; Dir is a good place (Stop removes a
+// directory Start made).
+func (p *Proc) AddDevice(ctx context.Context, req controlapi.AddRequest) (controlapi.DeviceInfo, error) {
+	info, err := p.client.AddDevice(ctx, req)
 	if err != nil {
-		return daemon.DeviceInfo{}, err
-	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://vrdmad/v1/devices", bytes.NewReader(body))
-	if err != nil {
-		return daemon.DeviceInfo{}, err
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	resp, err := p.client.Do(hreq)
-	if err != nil {
-		return daemon.DeviceInfo{}, fmt.Errorf("POST /v1/devices %s: %w", req.ID, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxListBytes))
-	if err != nil {
-		return daemon.DeviceInfo{}, fmt.Errorf("POST /v1/devices %s: %w", req.ID, err)
-	}
-	if resp.StatusCode != http.StatusCreated {
-		var e struct {
-			Error string `json:"error"`
-		}
-		if json.Unmarshal(b, &e) != nil || e.Error == "" {
-			e.Error = strings.TrimSpace(string(b))
-		}
-		return daemon.DeviceInfo{}, fmt.Errorf("POST /v1/devices %s: %s: %s", req.ID, resp.Status, e.Error)
-	}
-	var info daemon.DeviceInfo
-	if err := json.Unmarshal(b, &info); err != nil {
-		return daemon.DeviceInfo{}, fmt.Errorf("POST /v1/devices %s: %w", req.ID, err)
+		return controlapi.DeviceInfo{}, fmt.Errorf("add device %s: %w", req.ID, err)
 	}
 	return info, nil
 }
@@ -456,14 +405,10 @@ func (p *Proc) AddDevice(ctx context.Context, req daemon.AddRequest) (daemon.Dev
 // UnixClient is an HTTP client whose every connection goes to the unix
 // socket path (the control API's, or a --metrics unix: socket's), with a
 // 5 s timeout.
-func UnixClient(path string) *http.Client {
-	return &http.Client{Timeout: requestTimeout, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", path)
-		},
-	}}
-}
+//
+// Deprecated: use controlapi.New for the control API and
+// controlapi.HTTPClient for another unix socket.
+func UnixClient(path string) *http.Client { return controlapi.HTTPClient(path, requestTimeout) }
 
 // logBuffer keeps the first limit bytes written to it and counts the rest.
 type logBuffer struct {

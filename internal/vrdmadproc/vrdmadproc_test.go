@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vrdma/vrdma/internal/daemon"
+	"github.com/vrdma/vrdma/internal/controlapi"
 )
 
 // buildVrdmad builds ./cmd/vrdmad into dir. The go tool is on PATH under
@@ -67,13 +67,8 @@ func TestVrdmad(t *testing.T) {
 		if len(devs) != 2 {
 			t.Errorf("got %d devices, want 2: %+v", len(devs), devs)
 		}
-		resp, err := p.Client().Get("http://vrdmad/v1/health")
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Errorf("GET /v1/health: %s", resp.Status)
+		if h, err := p.Client().Health(ctx); err != nil || h.Status != "ok" {
+			t.Errorf("GET /v1/health: got %+v, %v; want status ok", h, err)
 		}
 		if err := p.Stop(); err != nil {
 			t.Fatalf("got %v, want a clean stop", err)
@@ -172,7 +167,7 @@ func TestVrdmad(t *testing.T) {
 		}
 		defer p.Stop()
 		sock := filepath.Join(p.Dir(), "vm1.sock")
-		info, err := p.AddDevice(ctx, daemon.AddRequest{ID: "vm1", Socket: sock, GUID: "525400fffe000001", DoorbellQueues: 2})
+		info, err := p.AddDevice(ctx, controlapi.AddRequest{ID: "vm1", Socket: sock, GUID: "525400fffe000001", DoorbellQueues: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -188,12 +183,12 @@ func TestVrdmad(t *testing.T) {
 			t.Errorf("state file: %v, want it in Dir/state", err)
 		}
 		// A refusal carries the daemon's reason.
-		_, err = p.AddDevice(ctx, daemon.AddRequest{ID: "vm2", Socket: filepath.Join(p.Dir(), "vm2.sock"), GUID: "0054:00ff:fe00:0001"})
+		_, err = p.AddDevice(ctx, controlapi.AddRequest{ID: "vm2", Socket: filepath.Join(p.Dir(), "vm2.sock"), GUID: "0054:00ff:fe00:0001"})
 		if err == nil || !strings.Contains(err.Error(), "400") || !strings.Contains(err.Error(), "locally administered") {
 			t.Errorf("got %v, want a 400 naming the bad GUID", err)
 		}
-		if _, err = p.AddDevice(ctx, daemon.AddRequest{ID: "vm1", Socket: filepath.Join(p.Dir(), "vm3.sock")}); err == nil || !strings.Contains(err.Error(), "409") {
-			t.Errorf("got %v, want a 409 for a second vm1", err)
+		if _, err = p.AddDevice(ctx, controlapi.AddRequest{ID: "vm1", Socket: filepath.Join(p.Dir(), "vm3.sock")}); err == nil || !strings.Contains(err.Error(), "409") || !errors.Is(err, controlapi.ErrConflict) {
+			t.Errorf("got %v, want a 409 (controlapi.ErrConflict) for a second vm1", err)
 		}
 	})
 

@@ -1,17 +1,17 @@
 package guestvm
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
+
+	"github.com/vrdma/vrdma/internal/guestresult"
 )
 
 // Line prefixes of the console protocol (see the package comment).
 const (
 	PrefixInit     = "VRDMA-INIT"
-	PrefixResult   = "VRDMA-RESULT"
+	PrefixResult   = guestresult.Prefix
 	PrefixExchange = "VRDMA-EXCHANGE"
 	PrefixPeer     = "VRDMA-PEER"
 	PrefixError    = "VRDMA-ERROR"
@@ -76,47 +76,17 @@ func Classify(line string) (Kind, string) {
 	return KindOther, line
 }
 
-// Result is one VRDMA-RESULT line: the keys vrdma-guest and vrdma-perf
-// share. Keys a role does not use are zero.
-type Result struct {
-	Role       string  `json:"role"`
-	Op         string  `json:"op"`
-	Size       uint64  `json:"size"`
-	Iters      int     `json:"iters"`
-	GBytesPerS float64 `json:"gbytes_per_s"`
-	Mops       float64 `json:"mops"`
-	LatP50     float64 `json:"lat_us_p50"`
-	LatP99     float64 `json:"lat_us_p99"`
-	Verified   bool    `json:"verified"`
-	// Raw is the JSON object exactly as the guest printed it, every key
-	// included.
-	Raw json.RawMessage `json:"-"`
-}
+// Result is one VRDMA-RESULT line, as package guestresult defines it for
+// the guest program and the harnesses alike.
+type Result = guestresult.Result
 
-var (
-	errNotObject = errors.New("result is not a JSON object")
-	errExitCode  = errors.New("exit code is not a number in 0..255")
-)
+// errExitCode is ParseExit's error.
+var errExitCode = errors.New("exit code is not a number in 0..255")
 
-// ParseResult decodes the payload of a VRDMA-RESULT line. It must be one
-// JSON object; keys of the wrong type are an error. On error the Result is
-// zero.
-func ParseResult(payload string) (Result, error) {
-	b := bytes.TrimSpace([]byte(payload))
-	if len(b) == 0 || b[0] != '{' || !json.Valid(b) {
-		return Result{}, errNotObject
-	}
-	var r Result
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(&r); err != nil {
-		return Result{}, err
-	}
-	if dec.More() {
-		return Result{}, errNotObject
-	}
-	r.Raw = json.RawMessage(b)
-	return r, nil
-}
+// ParseResult decodes the payload of a VRDMA-RESULT line: it is
+// guestresult.Parse (one JSON object; keys of the wrong type are an error;
+// on error the Result is zero).
+func ParseResult(payload string) (Result, error) { return guestresult.Parse(payload) }
 
 // ParseExit decodes the payload of a VRDMA-EXIT line: a decimal exit code
 // in 0..255. On error the code is 0.

@@ -1,0 +1,115 @@
+package controlapi
+
+import "net/url"
+
+// Paths of the control API.
+const (
+	// PathDevices lists (GET) and adds (POST) devices.
+	PathDevices = "/v1/devices"
+	// PathHealth is the daemon's health (GET).
+	PathHealth = "/v1/health"
+)
+
+// DevicePath is the path of one device (GET, DELETE). The ID is escaped,
+// so an ID that holds '/', '?' or '#' names no other resource.
+func DevicePath(id string) string { return PathDevices + "/" + url.PathEscape(id) }
+
+// DeviceInfo is a device as the control API shows it.
+type DeviceInfo struct {
+	ID          string `json:"id"`
+	Socket      string `json:"socket"`
+	UUID        string `json:"uuid"`
+	Connected   bool   `json:"connected"`
+	PinnedBytes uint64 `json:"pinned_bytes"`
+	PDs         int    `json:"pds"`
+	MRs         int    `json:"mrs"`
+	CQs         int    `json:"cqs"`
+	QPs         int    `json:"qps"`
+	BytesMoved  uint64 `json:"bytes_moved"`
+	Errors      uint64 `json:"errors"`
+	Commands    uint64 `json:"commands"`
+	Sessions    uint64 `json:"sessions"`
+	RingErrors  uint64 `json:"ring_errors"`
+	AHs         int    `json:"ahs"`
+	CachedBytes uint64 `json:"map_cache_bytes"`
+	CacheHits   uint64 `json:"map_cache_hits"`
+	CacheMisses uint64 `json:"map_cache_misses"`
+	EventsLost  uint64 `json:"events_lost"`
+	GUID        string `json:"guid"`
+	GID         string `json:"gid"`
+	// MAC is the guest NIC the device pairs with (docs/spec.md, "The
+	// device's MAC"): the EUI-48 in the GUID; empty when the GUID has no
+	// ff:fe in its middle.
+	MAC    string `json:"mac,omitempty"`
+	Limits Limits `json:"limits"`
+	// NumQueues is the number of virtqueues QEMU must create (num_vqs):
+	// control, events and the doorbell queues.
+	NumQueues int `json:"num_queues"`
+	// Persisted is true for a device kept in the state file (added
+	// through the API, with a state directory): it comes back with the
+	// same identity when vrdmad restarts.
+	Persisted bool `json:"persisted"`
+}
+
+// Limits are the per-device limits the control API sets and shows.
+type Limits struct {
+	// MaxQPs, MaxCQs and MaxMRs bound the device's QPs, CQs and MRs.
+	MaxQPs uint32 `json:"max_qps"`
+	MaxCQs uint32 `json:"max_cqs"`
+	MaxMRs uint32 `json:"max_mrs"`
+	// MaxPinnedBytes is the device's pin quota; 0 means none.
+	MaxPinnedBytes uint64 `json:"max_pinned_bytes"`
+}
+
+// AddRequest is the body of POST /v1/devices. Zero or absent fields take
+// the daemon's defaults. The daemon checks it (internal/daemon
+// DecodeAddRequest); the client sends it as it is.
+type AddRequest struct {
+	// ID names the device; it is also the QEMU device id vrdmactl vm attach
+	// uses: a letter, then letters, digits, '-', '.', '_'; at most 64.
+	ID string `json:"id"`
+	// Socket is the absolute path of the vhost-user socket to serve.
+	Socket string `json:"socket"`
+	// Limits; absent or zero fields keep the defaults (rdma.DefaultLimits,
+	// vrdmad --max-pinned).
+	Limits *Limits `json:"limits,omitempty"`
+	// GUID is the node GUID ("0211:2233:4455:6677" or 16 hex digits), a
+	// locally administered unicast EUI-64; GID is port GID 0 (fe80::/64
+	// with the GUID as interface ID); UUID identifies the device. Each is
+	// derived from the others when absent, and from a random UUID when all
+	// are; given together they must agree.
+	GUID string `json:"guid,omitempty"`
+	GID  string `json:"gid,omitempty"`
+	UUID string `json:"uuid,omitempty"`
+	// MAC pairs the device with the guest NIC of that address
+	// ("52:54:00:12:34:56"): the node GUID is its EUI-64 (ff:fe inserted),
+	// which must agree with guid, gid and uuid when they are given too.
+	// The guest's kernel driver binds the RDMA port to that NIC.
+	MAC string `json:"mac,omitempty"`
+	// DoorbellQueues is the number of doorbell queues (one per guest
+	// vCPU); 0 means 1.
+	DoorbellQueues int `json:"doorbell_queues,omitempty"`
+}
+
+// Removed is the answer of DELETE /v1/devices/{id}. (The fields are in
+// key order: the answer reads as it did when it was a map.)
+type Removed struct {
+	ID      string `json:"id"`
+	Removed bool   `json:"removed"`
+}
+
+// Health is the answer of GET /v1/health. (The fields are in key order,
+// as above.)
+type Health struct {
+	// Devices is the number of devices the daemon serves.
+	Devices int `json:"devices"`
+	// PinnedBytes is the guest memory pinned over all devices.
+	PinnedBytes uint64 `json:"pinned_bytes"`
+	// Status is "ok".
+	Status string `json:"status"`
+}
+
+// ErrorAnswer is the body of every answer that is not 2xx.
+type ErrorAnswer struct {
+	Error string `json:"error"`
+}
