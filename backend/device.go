@@ -62,7 +62,9 @@ type Host interface {
 	Resumed() bool
 	// NotifyConfigChange asks the front-end to raise a config-change
 	// interrupt (BACKEND_CONFIG_CHANGE_MSG). It is a no-op without a
-	// backend channel.
+	// backend channel. It is safe from any goroutine and may block until
+	// the front-end reads its channel; the session's end closes the
+	// channel, which makes a blocked call return an error.
 	NotifyConfigChange() error
 }
 
@@ -72,7 +74,7 @@ type Host interface {
 type Queue struct {
 	index int // immutable
 
-	mu    sync.Mutex
+	mu    sync.Mutex          // serialises work on the queue (worker, Run); lock order in doc.go
 	vr    *vring              // immutable
 	vq    *virtio.DeviceQueue // protected by mu; nil while the ring is stopped
 	table *memmap.Table       // protected by mu; set only while locked for work
@@ -145,6 +147,10 @@ func (q *Queue) Stopping() bool { return q.vr.stopping.Load() }
 // the driver afterwards if fn pushed and the driver wants it. It returns
 // ErrQueueStopped when the ring is not running, and breaks the ring if fn
 // returns an error or faults on guest memory.
+//
+// Run takes q's lock: a caller that holds its own locks, or is inside
+// HandleQueue of another queue, must take them in one order everywhere
+// (doc.go, "Lock order"); Run on q from inside HandleQueue(q) deadlocks.
 func (q *Queue) Run(fn func(q *Queue) error) error {
 	return q.vr.run(fn)
 }

@@ -21,7 +21,7 @@
 // resets the device; a disconnect does the same and also unmaps memory and
 // closes every fd, after which the socket accepts the next front-end.
 //
-// # Concurrency and lock order
+// # Concurrency
 //
 // The session goroutine handles messages in order and is the only writer of
 // session and ring configuration; it stops a ring's worker (and joins it)
@@ -31,8 +31,63 @@
 // each batch, so SET_MEM_TABLE swaps tables while workers run and old
 // mappings go away when the last batch using them ends.
 //
-// Lock order: Server.mu → (none); Queue.mu → device locks; session.backendMu
-// is a leaf.
+// # Lock order
+//
+// Each lock may be held while taking the ones below it, never the reverse:
+//
+//  1. Queue.mu of the queue being worked on (by its worker around
+//     HandleQueue, or by Queue.Run)
+//  2. the device's own locks
+//  3. Queue.mu of another queue, through Queue.Run
+//  4. session.backendMu, then, after releasing it, the backend channel's
+//     vu.Conn write lock (NotifyConfigChange)
+//
+// A device keeps one order among its queues (the rdma device runs the
+// event queue from the control queue's commands, and the event queue's
+// handler takes none of its locks), and never calls Queue.Run on the queue
+// it is handling: the lock is not reentrant. session.backendMu is a leaf
+// and nothing blocks while it is held: NotifyConfigChange copies the
+// channel under it and writes after releasing it, so that teardown can
+// close a channel a writer is stuck on. The session goroutine takes each
+// Queue.mu alone, and never while it waits for a worker (stop joins the
+// worker first, then locks). Server.mu is taken with no other lock held and
+// held only around Server fields (and newSession, whose only call out is
+// Device.NumQueues). Lock-free: memmap.Memory (atomic table swap), Stats,
+// and the ring flags (enabled, stopping, broken, wakeFd).
+//
+// # Errors
+//
+// What a front-end gets for what it sends (session.handle):
+//
+//   - A message the stream cannot survive closes the connection: a bad
+//     header (version, payload above vu.MaxPayloadSize), EOF inside a
+//     message, fds sent with the payload or in two batches, more than
+//     vu.MaxFds fds. So does a request with the reply flag set, and a
+//     failing request that always replies (GET_FEATURES, GET_VRING_BASE
+//     of a ring out of range, GET_INFLIGHT_FD...), whose reply has no
+//     failure form; GET_CONFIG is the exception and answers with an empty
+//     payload.
+//   - Any other request that is malformed (payload size, fd count),
+//     unknown, not offered, or refused (ring index out of range, queue
+//     size not a power of two up to Device.MaxQueueSize, configuration of
+//     a started ring, a memory table with overlapping, empty, overflowing
+//     or too many regions or a region past the end of its file, a kick,
+//     call or error fd that is a regular file or a directory...) changes
+//     nothing and is answered with REPLY_ACK status 1 when need_reply was
+//     set and REPLY_ACK negotiated, and not at all otherwise.
+//   - Ring addresses are front-end virtual addresses, translated when the
+//     ring starts and again after every change of the memory table, so
+//     SET_VRING_ADDR itself accepts any; a ring whose parts the table does
+//     not cover wholly breaks (see above) when it starts or next runs.
+//
+// Every fd that came with a message and is not kept is closed. A session
+// that fails affects no other session or device.
+//
+// SET_OWNER is recorded but not required: QEMU sends GET_FEATURES, the
+// protocol features, GET_QUEUE_NUM, GET_MAX_MEM_SLOTS and
+// SET_BACKEND_REQ_FD before it, and a connection has exactly one front-end,
+// so requests before SET_OWNER are served as after it, as libvhost-user
+// and DPDK do. RESET_OWNER resets the device as RESET_DEVICE does.
 //
 // Non-goals: dirty logging and migration (LOG_SHMFD is not offered), packed
 // rings, in-band notifications, inflight tracking.

@@ -65,16 +65,16 @@ type StatsSnapshot struct {
 
 // Server listens on one device socket and serves one front-end at a time.
 type Server struct {
-	cfg Config        // immutable
-	log *logrus.Entry // immutable
-	ln  *net.UnixListener
+	cfg Config            // immutable
+	log *logrus.Entry     // immutable
+	ln  *net.UnixListener // immutable once Listen or FromListener returns
 
-	stats Stats
+	stats Stats // atomic counters
 
-	mu     sync.Mutex
-	active *session // protected by mu
-	closed bool     // protected by mu
-	wg     sync.WaitGroup
+	mu     sync.Mutex     // taken with no other lock held (doc.go)
+	active *session       // protected by mu
+	closed bool           // protected by mu
+	wg     sync.WaitGroup // counts admit goroutines (and so sessions)
 }
 
 // newServer is a Server for cfg with its options applied and its logger

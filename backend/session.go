@@ -28,28 +28,32 @@ const ProtocolFeatures = vu.ProtocolMQ | vu.ProtocolReplyAck | vu.ProtocolBacken
 var errUnsupported = errors.New("request not supported")
 
 // session serves one front-end connection. Everything but the rings'
-// workers runs on the session goroutine, so session fields need no lock
-// unless marked.
+// workers runs on the session goroutine, so a field marked "session
+// goroutine" is read and written only there, without a lock. Lock order:
+// doc.go.
 type session struct {
-	conn  *vu.Conn
-	dev   Device
-	log   *logrus.Entry
-	mem   *memmap.Memory
-	stats *Stats
+	conn  *vu.Conn       // immutable; closed by teardown (or Server.Disconnect, from any goroutine)
+	dev   Device         // immutable
+	log   *logrus.Entry  // immutable
+	mem   *memmap.Memory // immutable; its table is swapped atomically (memmap.Memory)
+	stats *Stats         // immutable; atomic counters
 
-	features    uint64 // acked virtio features
-	protocol    uint64 // acked protocol features
-	protocolSet bool
-	owner       bool
-	status      uint8
-	rings       []*vring
-	queues      []*Queue
-	wg          sync.WaitGroup
-	backendMu   sync.Mutex // protects backendConn
-	backendConn *vu.Conn
-	closing     atomic.Bool
-	done        chan struct{} // closed when the session has released everything
-	resumed     atomic.Bool   // rings resumed from a base this session never produced
+	features uint64 // session goroutine: acked virtio features
+	// protocol (acked protocol features) is written by the session
+	// goroutine with backendMu held, and read there freely and elsewhere
+	// (NotifyConfigChange) with backendMu.
+	protocol    uint64
+	protocolSet bool           // session goroutine
+	owner       bool           // session goroutine; recorded, not required (doc.go, "Errors")
+	status      uint8          // session goroutine
+	rings       []*vring       // immutable slice; each vring documents its fields
+	queues      []*Queue       // immutable slice
+	wg          sync.WaitGroup // counts running ring workers
+	backendMu   sync.Mutex     // protects backendConn and writes of protocol; a leaf: no blocking call while held
+	backendConn *vu.Conn       // protected by backendMu
+	closing     atomic.Bool    // atomic: the connection is being closed on purpose (teardown, Server.Disconnect)
+	done        chan struct{}  // immutable; closed by Server.admit when the session has released everything
+	resumed     atomic.Bool    // atomic: rings resumed from a base this session never produced
 }
 
 func newSession(c *net.UnixConn, dev Device, log *logrus.Entry, stats *Stats) *session {
@@ -87,14 +91,22 @@ func (s *session) Queue(i int) *Queue {
 
 func (s *session) Resumed() bool { return s.resumed.Load() }
 
+// NotifyConfigChange may be called from any goroutine. It writes without
+// backendMu: a front-end that does not read its channel blocks the write
+// until teardown (or a new channel) closes the connection, and closing must
+// not wait for the blocked writer. vu.Conn serialises concurrent writes.
 func (s *session) NotifyConfigChange() error {
 	s.backendMu.Lock()
-	defer s.backendMu.Unlock()
-	if s.backendConn == nil || s.protocol&vu.ProtocolBackendReq == 0 {
+	c := s.backendConn
+	if s.protocol&vu.ProtocolBackendReq == 0 {
+		c = nil
+	}
+	s.backendMu.Unlock()
+	if c == nil {
 		return nil
 	}
 	h := vu.Header{Request: uint32(vu.BackendConfigChangeMsg), Flags: vu.FlagVersion}
-	return s.backendConn.WriteMessage(h, nil, nil)
+	return c.WriteMessage(h, nil, nil)
 }
 
 // serve runs until the front-end disconnects or the connection must close
@@ -224,7 +236,9 @@ func (s *session) dispatch(m *vu.Message) ([]byte, error) {
 		if f&^ProtocolFeatures != 0 {
 			return nil, fmt.Errorf("protocol features %#x not offered", f&^ProtocolFeatures)
 		}
+		s.backendMu.Lock() // NotifyConfigChange reads protocol
 		s.protocol, s.protocolSet = f, true
+		s.backendMu.Unlock()
 		return nil, nil
 	case vu.GetQueueNum:
 		return vu.EncodeU64(uint64(len(s.rings))), nil

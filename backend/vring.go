@@ -21,11 +21,12 @@ var ErrQueueStopped = errors.New("queue not running")
 // (the worker is started by start and joined by stop), so the worker reads
 // them without a lock.
 type vring struct {
-	s   *session // immutable
-	q   *Queue   // immutable
-	log *logrus.Entry
+	s   *session      // immutable
+	q   *Queue        // immutable
+	log *logrus.Entry // immutable
 
-	// Configuration (session goroutine; see above).
+	// Configuration (session goroutine; read by the worker while it runs,
+	// see above).
 	num      uint16
 	desc     memmap.UVA
 	avail    memmap.UVA
@@ -34,17 +35,17 @@ type vring struct {
 	base     uint16                          // next avail index, from SET_VRING_BASE / GET_VRING_BASE
 	ours     bool                            // base is what this session's GET_VRING_BASE returned
 	kick     *eventfd.EventFD                // replaced only while stopped
-	wakeFd   atomic.Pointer[eventfd.EventFD] // = kick while started, for Wake from any goroutine
+	wakeFd   atomic.Pointer[eventfd.EventFD] // atomic; = kick while started, for Wake from any goroutine
 	call     *eventfd.EventFD                // protected by q.mu (written by the session, read by workers)
 	errfd    *eventfd.EventFD                // protected by q.mu
-	started  bool
-	enabled  atomic.Bool
-	brokenAt atomic.Pointer[error] // the error that broke the ring, until it is set up again
+	started  bool                            // session goroutine
+	enabled  atomic.Bool                     // atomic
+	brokenAt atomic.Pointer[error]           // atomic; the error that broke the ring, until it is set up again
 
-	stopping atomic.Bool
-	done     chan struct{} // closed when the worker exits; nil when none runs
-	gen      uint64        // memory generation the rings were translated for (worker)
-	wg       *sync.WaitGroup
+	stopping atomic.Bool     // atomic; set by stop and read by the worker and handlers (Queue.Stopping)
+	done     chan struct{}   // session goroutine; closed when the worker exits; nil when none runs
+	gen      uint64          // memory generation the rings were translated for: set by start, then protected by q.mu
+	wg       *sync.WaitGroup // immutable; the session's count of running workers
 }
 
 // ready reports whether the ring has what it needs to start.
