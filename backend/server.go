@@ -175,6 +175,7 @@ func (s *Server) Stats() StatsSnapshot {
 func (s *Server) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { s.Close() })
 	defer stop()
+	var pause time.Duration // after EMFILE/ENFILE: doubles to a second, reset by an accept
 	for {
 		c, err := s.ln.AcceptUnix()
 		if err != nil {
@@ -190,11 +191,20 @@ func (s *Server) Serve(ctx context.Context) error {
 				continue
 			}
 			if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
-				s.log.WithError(err).Warn("accept")
+				// Out of descriptors: the pending connection stays in the
+				// backlog; try again after a pause (as net/http does)
+				// rather than spinning on a core until one frees.
+				pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+				s.log.WithError(err).Warnf("accept: retrying in %v", pause)
+				select {
+				case <-ctx.Done():
+				case <-time.After(pause):
+				}
 				continue
 			}
 			return fmt.Errorf("backend: accept: %w", err)
 		}
+		pause = 0
 		s.wg.Add(1)
 		go s.admit(c)
 	}

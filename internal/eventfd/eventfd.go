@@ -50,6 +50,14 @@ func FromFd(fd int) (*EventFD, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("eventfd: fd %d is not an eventfd", fd)
 	}
+	// The stat check lets character devices and other anonymous inodes
+	// through: a kick fd on /dev/zero would always read as signalled and
+	// keep its ring's worker spinning. Where /proc is mounted the fd's
+	// link names its kind exactly.
+	if kind, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd)); err == nil && kind != "anon_inode:[eventfd]" {
+		unix.Close(fd)
+		return nil, fmt.Errorf("eventfd: fd %d is %s, not an eventfd", fd, kind)
+	}
 	if err := unix.SetNonblock(fd, true); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("eventfd: set non-blocking: %w", err)

@@ -2,8 +2,11 @@ package eventfd
 
 import (
 	"errors"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestSignalWait(t *testing.T) {
@@ -58,5 +61,36 @@ func TestFromFdShared(t *testing.T) {
 	a.Signal()
 	if n, err := b.Wait(); n != 1 || err != nil {
 		t.Fatalf("Wait on dup = %d, %v", n, err)
+	}
+}
+
+// TestFromFdRejectsOthers: only an eventfd is taken; a regular file, a
+// character device that always reads (a kick on /dev/zero would spin its
+// worker) and a pipe are refused, and their fds closed.
+func TestFromFdRejectsOthers(t *testing.T) {
+	open := func(path string) int {
+		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			t.Fatalf("open %s: %v", path, err)
+		}
+		return fd
+	}
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[1])
+	for name, fd := range map[string]int{
+		"regular file": open(filepath.Join(t.TempDir(), "f")),
+		"/dev/zero":    open("/dev/zero"),
+		"pipe":         p[0],
+	} {
+		if e, err := FromFd(fd); err == nil {
+			e.Close()
+			t.Errorf("%s: accepted as an eventfd", name)
+		}
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil {
+			t.Errorf("%s: fd %d left open after the refusal", name, fd)
+		}
 	}
 }
