@@ -770,7 +770,7 @@ func TestHugeWQEs(t *testing.T) {
 	cases := []struct {
 		name string
 		wqe  []byte
-		want int
+		want abi.WCStatus
 		peer bool // the responder QP goes to ERR too
 	}{
 		{"num_sge one above max_send_sge", wqe(hdr(abi.WROpRDMAWrite, 17), big(16)...), abi.WCLocQPOpErr, false},

@@ -118,7 +118,7 @@ var wcStatusNames = [...]string{
 // reportedStatuses are the error statuses the engine produces; each is
 // reported for every device even at zero, so rate() works from the first
 // error on.
-var reportedStatuses = []uint8{
+var reportedStatuses = []abi.WCStatus{
 	abi.WCLocLenErr, abi.WCLocQPOpErr, abi.WCLocProtErr, abi.WCWRFlushErr,
 	abi.WCBadRespErr, abi.WCLocAccessErr, abi.WCRemInvReqErr, abi.WCRemAccessErr,
 	abi.WCRemOpErr, abi.WCRetryExcErr, abi.WCRNRRetryExcErr, abi.WCGeneralErr,
@@ -127,7 +127,7 @@ var reportedStatuses = []uint8{
 // WCStatusName is the status label value of a work completion status: its
 // ibv_wc_status name without IBV_WC_, lower-case ("wr_flush_err"), or
 // "status_N" for a value without a name.
-func WCStatusName(s uint8) string {
+func WCStatusName(s abi.WCStatus) string {
 	if int(s) < len(wcStatusNames) {
 		return wcStatusNames[s]
 	}

@@ -126,7 +126,7 @@ func TestCollectorValues(t *testing.T) {
 			Engine: engine.Stats{
 				BytesMoved:       123456,
 				Ops:              [7]uint64{1, 2, 3, 4, 5, 6, 7},
-				CompletionErrors: map[uint8]uint64{abi.WCWRFlushErr: 12, abi.WCRemAccessErr: 1, 30: 2},
+				CompletionErrors: map[abi.WCStatus]uint64{abi.WCWRFlushErr: 12, abi.WCRemAccessErr: 1, 30: 2},
 				EventsDropped:    4,
 			},
 			EventsLost: 6,
@@ -251,7 +251,7 @@ func TestCollectorValues(t *testing.T) {
 
 func TestWCStatusName(t *testing.T) {
 	tests := []struct {
-		s    uint8
+		s    abi.WCStatus
 		want string
 	}{
 		{abi.WCSuccess, "success"},

@@ -467,15 +467,15 @@ type RecvWQE struct {
 
 // CQE is a completion queue entry (struct vrdma_cqe).
 type CQE struct {
-	WRID      uint64 `spec:"wr_id"`
-	Status    uint8  `spec:"status"`
-	Opcode    uint8  `spec:"opcode"`
-	WCFlags   uint16 `spec:"wc_flags"`
-	QPNum     uint32 `spec:"qp_num"`
-	ByteLen   uint32 `spec:"byte_len"`
-	ImmData   uint32 `spec:"imm_data"`
-	SrcQP     uint32 `spec:"src_qp"`
-	VendorErr uint32 `spec:"vendor_err"`
+	WRID      uint64   `spec:"wr_id"`
+	Status    WCStatus `spec:"status"`
+	Opcode    uint8    `spec:"opcode"`
+	WCFlags   uint16   `spec:"wc_flags"`
+	QPNum     uint32   `spec:"qp_num"`
+	ByteLen   uint32   `spec:"byte_len"`
+	ImmData   uint32   `spec:"imm_data"`
+	SrcQP     uint32   `spec:"src_qp"`
+	VendorErr uint32   `spec:"vendor_err"`
 }
 
 // Event is an event queue message (struct vrdma_event).
@@ -562,22 +562,42 @@ const (
 	WRFlagSolicited = 8
 )
 
+// WCStatus is a completion's status (ibv_wc_status), the CQE's status byte.
+type WCStatus uint8
+
 // Completion statuses (ibv_wc_status).
 const (
-	WCSuccess        = 0
-	WCLocLenErr      = 1
-	WCLocQPOpErr     = 2
-	WCLocProtErr     = 4
-	WCWRFlushErr     = 5
-	WCBadRespErr     = 7
-	WCLocAccessErr   = 8
-	WCRemInvReqErr   = 9
-	WCRemAccessErr   = 10
-	WCRemOpErr       = 11
-	WCRetryExcErr    = 12
-	WCRNRRetryExcErr = 13
-	WCGeneralErr     = 21
+	WCSuccess        WCStatus = 0
+	WCLocLenErr      WCStatus = 1
+	WCLocQPOpErr     WCStatus = 2
+	WCLocProtErr     WCStatus = 4
+	WCWRFlushErr     WCStatus = 5
+	WCBadRespErr     WCStatus = 7
+	WCLocAccessErr   WCStatus = 8
+	WCRemInvReqErr   WCStatus = 9
+	WCRemAccessErr   WCStatus = 10
+	WCRemOpErr       WCStatus = 11
+	WCRetryExcErr    WCStatus = 12
+	WCRNRRetryExcErr WCStatus = 13
+	WCGeneralErr     WCStatus = 21
 )
+
+var wcStatusNames = map[WCStatus]string{
+	WCSuccess: "SUCCESS", WCLocLenErr: "LOC_LEN_ERR", WCLocQPOpErr: "LOC_QP_OP_ERR",
+	WCLocProtErr: "LOC_PROT_ERR", WCWRFlushErr: "WR_FLUSH_ERR", WCBadRespErr: "BAD_RESP_ERR",
+	WCLocAccessErr: "LOC_ACCESS_ERR", WCRemInvReqErr: "REM_INV_REQ_ERR", WCRemAccessErr: "REM_ACCESS_ERR",
+	WCRemOpErr: "REM_OP_ERR", WCRetryExcErr: "RETRY_EXC_ERR", WCRNRRetryExcErr: "RNR_RETRY_EXC_ERR",
+	WCGeneralErr: "GENERAL_ERR",
+}
+
+// String returns the status's name as docs/spec.md and ibv_wc_status_str
+// spell it (without the IBV_WC_ prefix).
+func (s WCStatus) String() string {
+	if n, ok := wcStatusNames[s]; ok {
+		return n
+	}
+	return fmt.Sprintf("WCStatus(%d)", uint8(s))
+}
 
 // Completion opcodes (ibv_wc_opcode) and flags.
 const (

@@ -12,8 +12,8 @@ import (
 // WC is a work completion, like ibv_wc.
 type WC struct {
 	WRID    uint64
-	Status  int // WCSuccess, WCLocLenErr, …
-	Opcode  int // WCOpSend, …, WCOpRecv
+	Status  WCStatus // WCSuccess, WCLocLenErr, …
+	Opcode  int      // WCOpSend, …, WCOpRecv
 	ByteLen uint32
 	Imm     uint32
 	Flags   int // WCFlagWithImm
@@ -118,7 +118,7 @@ func (cq *CQ) Poll(wc []WC) (int, error) {
 		e := cq.ring[off : off+CQESize : off+CQESize]
 		w := &wc[i]
 		w.WRID = binary.LittleEndian.Uint64(e[0:])
-		w.Status = int(e[8])
+		w.Status = WCStatus(e[8])
 		w.Opcode = int(e[9])
 		w.Flags = int(binary.LittleEndian.Uint16(e[10:]))
 		w.QPNum = binary.LittleEndian.Uint32(e[12:])

@@ -11,7 +11,7 @@ import (
 func putCQE(b []byte, e *abi.CQE) {
 	_ = b[abi.CQESize-1]
 	binary.LittleEndian.PutUint64(b[0:], e.WRID)
-	b[8] = e.Status
+	b[8] = uint8(e.Status)
 	b[9] = e.Opcode
 	binary.LittleEndian.PutUint16(b[10:], e.WCFlags)
 	binary.LittleEndian.PutUint32(b[12:], e.QPNum)

@@ -18,10 +18,10 @@ type EventSink func(ev abi.Event)
 
 // Stats are a device's data-path counters.
 type Stats struct {
-	BytesMoved       uint64           // payload bytes copied by executed WQEs (as requester)
-	Ops              [7]uint64        // executed send WQEs by send opcode
-	CompletionErrors map[uint8]uint64 // error CQEs (written or lost) by wc status
-	EventsDropped    uint64           // events raised while no EventSink was attached
+	BytesMoved       uint64                  // payload bytes copied by executed WQEs (as requester)
+	Ops              [7]uint64               // executed send WQEs by send opcode
+	CompletionErrors map[abi.WCStatus]uint64 // error CQEs (written or lost) by wc status
+	EventsDropped    uint64                  // events raised while no EventSink was attached
 }
 
 // maxWCStatus bounds the wc statuses counted in Stats.
@@ -361,7 +361,7 @@ func (d *Device) Reset() {
 func (d *Device) Stats() Stats {
 	s := Stats{
 		BytesMoved:       d.bytesMoved.Load(),
-		CompletionErrors: make(map[uint8]uint64),
+		CompletionErrors: make(map[abi.WCStatus]uint64),
 		EventsDropped:    d.eventsDropped.Load(),
 	}
 	for i := range s.Ops {
@@ -369,7 +369,7 @@ func (d *Device) Stats() Stats {
 	}
 	for i := range d.wcErrors {
 		if n := d.wcErrors[i].Load(); n != 0 {
-			s.CompletionErrors[uint8(i)] = n
+			s.CompletionErrors[abi.WCStatus(i)] = n
 		}
 	}
 	return s

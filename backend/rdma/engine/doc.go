@@ -25,14 +25,22 @@
 // each QP in RTS it reads the head send WQE once into per-QP scratch,
 // validates the copy, runs it, completes it, and advances sq_ci, at most
 // pollBudget WQEs per QP per call; for each QP in ERR it flushes both
-// queues. The requester also runs the responder side on the peer QP
+// queues. Running a WQE (engine.go, run) checks its local side and builds
+// a request — the message as the responder sees it: opcode, remote
+// address and key, length, immediate, where the payload comes from — that
+// the responder side answers with an outcome (respond.go: a typed
+// completion status and length, or receiver-not-ready). The requester
+// runs the responder side on the peer QP
 // (another device's, possibly in another engine goroutine): it consumes the
 // peer's receive WQEs under the peer QP's rqMu, holding a reference on the
 // peer device's table for the operation, and writes the peer's CQEs. An
 // empty receive queue (RNR) leaves the WQE at the head, decoded and held in
 // the scratch (never read from the ring again), and retries after the
 // responder's min_rnr_timer: Poll skips the QP until then and returns the
-// deadline; a timer calls wake too.
+// deadline; a timer calls wake too. The responder QP remembers the waiting
+// requester (rnrWaiter) and, when its RQ_NOTIFY record is used, asks its
+// driver for a notification of the next receive (rq_notify); the
+// responder's engine, woken by it, ends the wait at once (kickWaiter).
 //
 // State changes from other goroutines (Modify, a peer's remote error, CQ
 // overrun, a peer device's Reset) set the state under QP.mu and call

@@ -22,10 +22,6 @@ const (
 	publishBytes = 16 << 10
 )
 
-// rnrPending is run's result when the responder had no receive WQE and the
-// head WQE waits for an RNR retry. It is no wc status.
-const rnrPending = 0xff
-
 // epoch anchors the engine's monotonic clock.
 var epoch = time.Now()
 
@@ -182,14 +178,14 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64) {
 		sc.w, ok = decodeSend(sc.wqe[:n], min(q.MaxSendSGE, maxSendSGEs), q.MaxInline, sc.lsge[:])
 	}
 	w := &sc.w
-	status, total := uint8(abi.WCLocQPOpErr), uint64(0)
+	o := outcome{status: abi.WCLocQPOpErr}
 	if ok {
-		status, total = q.run(t, w, sc, now)
-		if status == rnrPending {
+		if o = q.run(t, w, sc, now); o.rnr {
 			sc.held = true
 			return
 		}
 	}
+	status, total := o.status, o.n
 	sc.held = false
 	q.rnrTries, q.rnrWait = 0, 0
 	q.rnrKick.Store(false)
@@ -213,9 +209,9 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64) {
 	q.sqCI++ // stored into the record by publish
 }
 
-// run executes a validated send WQE whose SGEs are in sc.lsge. It returns
-// the wc status (or rnrPending) and the message length.
-func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) (status uint8, total uint64) {
+// run executes a validated send WQE whose SGEs are in sc.lsge: it checks
+// the local side, builds the request and hands it to the responder.
+func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
 	d := q.Dev
 	op := w.opcode
 	atomic := op == abi.WROpAtomicCmpSwp || op == abi.WROpAtomicFetchAdd
@@ -226,6 +222,7 @@ func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) (status ui
 	// and [addr, addr+length) must lie within the MR; an SGE the device
 	// writes into needs LOCAL_WRITE. Otherwise the WQE completes with
 	// LOC_PROT_ERR."
+	var total uint64
 	nsge := int(w.numSGE)
 	if inline {
 		nsge = 0
@@ -237,13 +234,13 @@ func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) (status ui
 		mr := d.LookupMR(s.LKey)
 		if mr == nil || mr.PD != q.PD || !mr.Contains(s.Addr, uint64(s.Length)) ||
 			(writesLocal && mr.Access&abi.AccessLocalWrite == 0) {
-			return abi.WCLocProtErr, 0
+			return failed(abi.WCLocProtErr)
 		}
 		lmr[i] = mr
 		total += uint64(s.Length)
 	}
 	if total > abi.MaxMsgSize || (atomic && total != 8) {
-		return abi.WCLocLenErr, 0
+		return failed(abi.WCLocLenErr)
 	}
 
 	// The responder: a QP that does not exist or is not in RTR/RTS is
@@ -252,169 +249,23 @@ func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) (status ui
 	peer, dest, rnrRetry := q.peer, q.attr.DestQPNum, q.attr.RNRRetry
 	q.mu.Unlock()
 	if peer == nil {
-		return abi.WCRetryExcErr, 0
+		return failed(abi.WCRetryExcErr)
 	}
 	pq := peer.LookupQP(dest)
 	if pq == nil {
-		return abi.WCRetryExcErr, 0
+		return failed(abi.WCRetryExcErr)
 	}
 	pt := peer.acquire()
 	if pt == nil {
-		return abi.WCRetryExcErr, 0
+		return failed(abi.WCRetryExcErr)
 	}
 	defer pt.Release()
-	return q.respondContained(t, pt, pq, w, sc, lsge, lmr, total, rnrRetry, now) // fault.go
-}
-
-// respond runs the responder side of w on pq (of device pq.Dev, table
-// pt) under pq.rqMu. Remote errors move pq to ERR with a QP_FATAL event.
-func (q *QP) respond(t, pt *memmap.Table, pq *QP, w *sendWQE, sc *scratch, lsge []abi.SGE, lmr []*MR,
-	total uint64, rnrRetry uint32, now int64) (uint8, uint64) {
-	peer := pq.Dev
-	pq.rqMu.Lock()
-	defer pq.rqMu.Unlock()
-	pq.mu.Lock()
-	pst, pdead, pacc, minRNR := pq.attr.QPState, pq.dead, pq.attr.QPAccessFlags, pq.attr.MinRNRTimer
-	pq.mu.Unlock()
-	if pdead || (pst != abi.QPSRTR && pst != abi.QPSRTS) {
-		return abi.WCRetryExcErr, 0
-	}
-	op := w.opcode
-
-	// Operations that consume the responder's next receive WQE.
-	var (
-		prec  []byte
-		rwrID uint64
-		nr    int
-	)
-	if op == abi.WROpSend || op == abi.WROpSendWithImm || op == abi.WROpRDMAWriteWithImm {
-		var err error
-		prec, err = pt.Slice(pq.Record, QPRecordSize(pq.RQNotify))
-		if err != nil {
-			pq.toErr(true)
-			return abi.WCRemOpErr, 0
-		}
-		pi := memmap.LoadUint32(prec, abi.QPRecordRQPI)
-		if pi == pq.rqCI {
-			// Receiver not ready: ask pq's driver for a notification
-			// when it posts a receive, then look once more.
-			if pi = pq.awaitRecv(prec, q); pi == pq.rqCI {
-				return q.rnr(rnrRetry, minRNR, now), 0
-			}
-		}
-		if pi-pq.rqCI > pq.RQ.Depth {
-			pq.toErr(true)
-			return abi.WCRemOpErr, 0
-		}
-		slot, err := pq.RQ.Slot(pt, pq.rqCI)
-		if err != nil {
-			pq.toErr(true)
-			return abi.WCRemOpErr, 0
-		}
-		n := copy(sc.rwqe[:], slot)
-		var ok bool
-		rwrID, nr, ok = decodeRecv(sc.rwqe[:n], min(pq.MaxRecvSGE, maxRecvSGEs), sc.rsge[:])
-		if !ok {
-			q.recvDone(pq, pt, prec, rwrID, abi.WCLocQPOpErr, w, 0)
-			pq.toErr(true)
-			return abi.WCRemOpErr, 0
-		}
-	}
-
-	switch op {
-	case abi.WROpSend, abi.WROpSendWithImm:
-		rs, rm := sc.rsge[:nr], sc.rmr[:nr]
-		var capacity uint64
-		for i := range rs {
-			s := &rs[i]
-			mr := peer.LookupMR(s.LKey)
-			if mr == nil || mr.PD != pq.PD || !mr.Contains(s.Addr, uint64(s.Length)) ||
-				mr.Access&abi.AccessLocalWrite == 0 {
-				q.recvDone(pq, pt, prec, rwrID, abi.WCLocProtErr, w, 0)
-				pq.toErr(true)
-				return abi.WCRemOpErr, 0
-			}
-			rm[i] = mr
-			capacity += uint64(s.Length)
-		}
-		if total > capacity {
-			// "A message longer than the receive WQE's scatter list is
-			// LOC_LEN_ERR at the responder and REM_INV_REQ_ERR at the
-			// requester."
-			q.recvDone(pq, pt, prec, rwrID, abi.WCLocLenErr, w, 0)
-			pq.toErr(true)
-			return abi.WCRemInvReqErr, 0
-		}
-		sc.mv.start(pt, rs, rm)
-		if err := q.gather(t, w, sc, lsge, lmr); err != nil {
-			if sc.mv.dstFailed {
-				q.recvDone(pq, pt, prec, rwrID, abi.WCLocProtErr, w, 0)
-				pq.toErr(true)
-				return abi.WCRemOpErr, 0
-			}
-			return abi.WCLocProtErr, 0
-		}
-		q.recvDone(pq, pt, prec, rwrID, abi.WCSuccess, w, total)
-		return abi.WCSuccess, total
-
-	case abi.WROpRDMAWrite, abi.WROpRDMAWriteWithImm:
-		mr := remoteMR(pq, pacc, w.rkey, w.remoteAddr, total, abi.AccessRemoteWrite)
-		if mr == nil {
-			pq.toErr(true)
-			return abi.WCRemAccessErr, 0
-		}
-		sc.one[0] = abi.SGE{Addr: w.remoteAddr, Length: uint32(total), LKey: w.rkey}
-		sc.oneM[0] = mr
-		sc.mv.start(pt, sc.one[:], sc.oneM[:])
-		if err := q.gather(t, w, sc, lsge, lmr); err != nil {
-			if sc.mv.dstFailed {
-				pq.toErr(true)
-				return abi.WCRemAccessErr, 0
-			}
-			return abi.WCLocProtErr, 0
-		}
-		if op == abi.WROpRDMAWriteWithImm {
-			q.recvDone(pq, pt, prec, rwrID, abi.WCSuccess, w, total)
-		}
-		return abi.WCSuccess, total
-
-	case abi.WROpRDMARead:
-		mr := remoteMR(pq, pacc, w.rkey, w.remoteAddr, total, abi.AccessRemoteRead)
-		if mr == nil {
-			pq.toErr(true)
-			return abi.WCRemAccessErr, 0
-		}
-		sc.mv.start(t, lsge, lmr)
-		if err := mr.Range(pt, w.remoteAddr, total, sc.mv.srcFn); err != nil {
-			if sc.mv.dstFailed {
-				return abi.WCLocProtErr, 0
-			}
-			pq.toErr(true)
-			return abi.WCRemAccessErr, 0
-		}
-		return abi.WCSuccess, total
-
-	default: // atomics (decodeSend admits no other opcode)
-		if w.remoteAddr%8 != 0 {
-			pq.toErr(true)
-			return abi.WCRemInvReqErr, 0
-		}
-		mr := remoteMR(pq, pacc, w.rkey, w.remoteAddr, 8, abi.AccessRemoteAtomic)
-		if mr == nil {
-			pq.toErr(true)
-			return abi.WCRemAccessErr, 0
-		}
-		a := &sc.atom
-		a.op, a.compareAdd, a.swap, a.done = op, w.compareAdd, w.swap, false
-		if err := mr.Range(pt, w.remoteAddr, 8, a.fn); err != nil || !a.done {
-			return abi.WCRemOpErr, 0
-		}
-		sc.mv.start(t, lsge, lmr)
-		if err := sc.mv.srcFn(a.orig[:]); err != nil {
-			return abi.WCLocProtErr, 0
-		}
-		return abi.WCSuccess, 8
-	}
+	r := &sc.req
+	*r = request{q: q, pq: pq, t: t, pt: pt, w: w, sc: sc, lsge: lsge, lmr: lmr,
+		total: total, rnrRetry: rnrRetry, now: now}
+	o := r.respondContained() // fault.go
+	*r = request{}            // drop the references until the next WQE
+	return o
 }
 
 // remoteMR checks a remote access: "the rkey must name an MR of the peer
@@ -442,31 +293,13 @@ func (q *QP) gather(t *memmap.Table, w *sendWQE, sc *scratch, lsge []abi.SGE, lm
 	return nil
 }
 
-// recvDone consumes pq's head receive WQE (rq_ci advances) and completes
-// it on pq's receive CQ. Precondition: pq.rqMu held; prec is pq's record
-// on pt.
-func (q *QP) recvDone(pq *QP, pt *memmap.Table, prec []byte, wrID uint64, status uint8, w *sendWQE, n uint64) {
-	pq.rqCI++
-	memmap.StoreUint32(prec, abi.QPRecordRQCI, pq.rqCI)
-	e := abi.CQE{WRID: wrID, Status: status, Opcode: abi.WCOpRecv, QPNum: pq.Num, SrcQP: q.Num}
-	if status == abi.WCSuccess {
-		e.ByteLen = uint32(n)
-		switch w.opcode {
-		case abi.WROpSendWithImm:
-			e.WCFlags, e.ImmData = abi.WCFlagWithImm, w.imm
-		case abi.WROpRDMAWriteWithImm:
-			e.Opcode, e.WCFlags, e.ImmData = abi.WCOpRecvRDMAWithImm, abi.WCFlagWithImm, w.imm
-		}
-	}
-	pq.Dev.complete(pq.RecvCQ, pt, &e, w.flags&abi.WRFlagSolicited != 0)
-}
-
 // rnr handles a receiver-not-ready answer: the head WQE is retried after
-// the responder's min_rnr_timer, up to rnr_retry times (7: forever), then
-// completes with RNR_RETRY_EXC_ERR. Precondition: sqMu held.
-func (q *QP) rnr(rnrRetry, minRNR uint32, now int64) uint8 {
+// the responder's min_rnr_timer (or when the responder's driver posts a
+// receive: kickWaiter), up to rnr_retry times (7: forever), then completes
+// with RNR_RETRY_EXC_ERR. Precondition: sqMu held.
+func (q *QP) rnr(rnrRetry, minRNR uint32, now int64) outcome {
 	if rnrRetry != 7 && q.rnrTries >= rnrRetry {
-		return abi.WCRNRRetryExcErr
+		return failed(abi.WCRNRRetryExcErr)
 	}
 	q.rnrTries++
 	delay := time.Duration(rnrDelayUS[minRNR&31]) * time.Microsecond
@@ -477,7 +310,7 @@ func (q *QP) rnr(rnrRetry, minRNR uint32, now int64) uint8 {
 	} else {
 		q.rnrTimer.Reset(delay)
 	}
-	return rnrPending
+	return outcome{rnr: true}
 }
 
 // flush completes, in order, every send WQE between sqCI and sq_pi and
@@ -500,7 +333,7 @@ func (q *QP) flush(t *memmap.Table, rec []byte, budget int) (n int) {
 				copy(hdr[:], slot)
 				wrID, op = binary.LittleEndian.Uint64(hdr[:]), hdr[8]
 			}
-			status := uint8(abi.WCWRFlushErr)
+			status := abi.WCWRFlushErr
 			if q.retryExc && int32(q.retryEnd-q.sqCI) > 0 {
 				status = abi.WCRetryExcErr
 			}

@@ -230,9 +230,9 @@ func TestErrors(t *testing.T) {
 		name       string
 		opts       pairOpts
 		setup      func(t *testing.T, e env)
-		wantStatus uint8
-		peerErr    bool   // b's QP must be in ERR with a QP_FATAL event
-		recvStatus *uint8 // b's receive CQE status, if one is expected
+		wantStatus abi.WCStatus
+		peerErr    bool          // b's QP must be in ERR with a QP_FATAL event
+		recvStatus *abi.WCStatus // b's receive CQE status, if one is expected
 	}{
 		{name: "bad lkey", wantStatus: abi.WCLocProtErr, setup: func(t *testing.T, e env) {
 			send(e, abi.SendWQE{Opcode: abi.WROpRDMAWrite, RemoteAddr: mrIOVA, RKey: mrKey}, abi.SGE{Addr: mrIOVA, Length: 8, LKey: 0xbad})
@@ -308,12 +308,12 @@ func TestErrors(t *testing.T) {
 		{name: "rnr with rnr_retry 0", wantStatus: abi.WCRNRRetryExcErr, setup: func(t *testing.T, e env) {
 			send(e, abi.SendWQE{Opcode: abi.WROpSend}, e.a.sge(0, 8))
 		}},
-		{name: "message too long for the recv", wantStatus: abi.WCRemInvReqErr, peerErr: true, recvStatus: ptr[uint8](abi.WCLocLenErr),
+		{name: "message too long for the recv", wantStatus: abi.WCRemInvReqErr, peerErr: true, recvStatus: ptr[abi.WCStatus](abi.WCLocLenErr),
 			setup: func(t *testing.T, e env) {
 				e.b.postRecv(t, 1, []abi.SGE{e.b.sge(0, 4), e.b.sge(100, 3)})
 				send(e, abi.SendWQE{Opcode: abi.WROpSend}, e.a.sge(0, 8))
 			}},
-		{name: "recv sge bad lkey", wantStatus: abi.WCRemOpErr, peerErr: true, recvStatus: ptr[uint8](abi.WCLocProtErr),
+		{name: "recv sge bad lkey", wantStatus: abi.WCRemOpErr, peerErr: true, recvStatus: ptr[abi.WCStatus](abi.WCLocProtErr),
 			setup: func(t *testing.T, e env) {
 				e.b.postRecv(t, 1, []abi.SGE{{Addr: mrIOVA, Length: 64, LKey: 0x999}})
 				send(e, abi.SendWQE{Opcode: abi.WROpSend}, e.a.sge(0, 8))

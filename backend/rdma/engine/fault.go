@@ -27,17 +27,17 @@ import (
 // unchanged for Guard.
 
 // respondContained is respond with a fault in the responder's guest memory
-// contained: the WR then completes with REM_OP_ERR (the step moves q to ERR
-// as for any error completion) and pq moves to ERR with a QP_FATAL event
-// on its device. The deferred closure is open-coded (no allocation).
-func (q *QP) respondContained(t, pt *memmap.Table, pq *QP, w *sendWQE, sc *scratch, lsge []abi.SGE, lmr []*MR,
-	total uint64, rnrRetry uint32, now int64) (status uint8, n uint64) {
+// contained: the WR then completes with REM_OP_ERR (the step moves the
+// requester QP to ERR as for any error completion) and the responder QP
+// moves to ERR with a QP_FATAL event on its device. The deferred closure
+// is open-coded (no allocation).
+func (r *request) respondContained() (o outcome) {
 	defer func() {
 		if v := recover(); v != nil {
-			status, n = peerFault(v, t, pt, pq)
+			o = peerFault(v, r.t, r.pt, r.pq)
 		}
 	}()
-	return q.respond(t, pt, pq, w, sc, lsge, lmr, total, rnrRetry, now)
+	return r.respond()
 }
 
 // peerFault handles v, a value recovered from respond. A memory fault at an
@@ -46,7 +46,7 @@ func (q *QP) respondContained(t, pt *memmap.Table, pq *QP, w *sendWQE, sc *scrat
 // the responder's: pq moves to ERR with QP_FATAL and the requester's WR
 // gets REM_OP_ERR. Everything else is panicked again with the same value.
 // respond released its locks (by defer) before this runs.
-func peerFault(v any, t, pt *memmap.Table, pq *QP) (uint8, uint64) {
+func peerFault(v any, t, pt *memmap.Table, pq *QP) outcome {
 	addr, ok := memmap.FaultAddr(v)
 	if !ok || !pt.MapsHost(addr) || t.MapsHost(addr) {
 		panic(v)
@@ -55,7 +55,7 @@ func peerFault(v any, t, pt *memmap.Table, pq *QP) (uint8, uint64) {
 	if pq.Dev != nil {
 		pq.Dev.warnFault(pq.Num, addr)
 	}
-	return abi.WCRemOpErr, 0
+	return failed(abi.WCRemOpErr)
 }
 
 // faultLogAt rate-limits the warning of peerFault to one per second for the

@@ -157,6 +157,9 @@ type scratch struct {
 	// and waits for an RNR retry; it is not read from the ring again.
 	held bool
 	w    sendWQE
+
+	req  request // the message being answered (run builds it for respond)
+	recv recvWQE // the receive WQE it consumes
 }
 
 func newScratch() *scratch {

@@ -1,0 +1,247 @@
+package engine
+
+import (
+	"github.com/vrdma/vrdma/memmap"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+)
+
+// The responder side of an RC message, as data: the requester validates
+// its WQE and its local SGEs (run), then hands the responder a request —
+// everything the message carries and where its payload comes from — and
+// gets an outcome back. On the same host the responder places the payload
+// straight from the requester's memory (no copy in between); a network
+// transport would carry the same request in packets.
+
+// outcome is what a send WQE came to for its requester: the completion
+// status and the message length, or receiver-not-ready (rnr: the WQE stays
+// at the head of the send queue for a retry; status and n are then unset).
+type outcome struct {
+	status abi.WCStatus
+	n      uint64
+	rnr    bool
+}
+
+// failed is the outcome of a WQE that completes in error.
+func failed(st abi.WCStatus) outcome { return outcome{status: st} }
+
+// succeeded is the outcome of a WQE that moved n bytes.
+func succeeded(n uint64) outcome { return outcome{status: abi.WCSuccess, n: n} }
+
+// request is one message of an RC QP on its way to the responder.
+type request struct {
+	q        *QP           // requester QP (its sqMu held)
+	pq       *QP           // responder QP, q's destination
+	t, pt    *memmap.Table // the requester's and the responder's device tables
+	w        *sendWQE      // the validated WQE (a copy in sc)
+	sc       *scratch      // q's scratch: receive WQE copy, SGE lists, mover
+	lsge     []abi.SGE     // the local SGEs (none when inline)
+	lmr      []*MR         // the MRs of lsge, checked
+	total    uint64        // message length
+	rnrRetry uint32        // q's rnr_retry
+	now      int64         // monotonic ns of this pass
+}
+
+// respond runs r on the responder QP under its rqMu. Remote errors move
+// the responder QP to ERR with a QP_FATAL event (remoteErr).
+func (r *request) respond() outcome {
+	pq := r.pq
+	pq.rqMu.Lock()
+	defer pq.rqMu.Unlock()
+	pq.mu.Lock()
+	pst, pdead, pacc, minRNR := pq.attr.QPState, pq.dead, pq.attr.QPAccessFlags, pq.attr.MinRNRTimer
+	pq.mu.Unlock()
+	if pdead || (pst != abi.QPSRTR && pst != abi.QPSRTS) {
+		return failed(abi.WCRetryExcErr)
+	}
+	switch r.w.opcode {
+	case abi.WROpSend, abi.WROpSendWithImm:
+		rv, o := r.takeRecv(minRNR)
+		if rv == nil {
+			return o
+		}
+		return r.send(rv)
+	case abi.WROpRDMAWrite:
+		return r.write(pacc, nil)
+	case abi.WROpRDMAWriteWithImm:
+		rv, o := r.takeRecv(minRNR)
+		if rv == nil {
+			return o
+		}
+		return r.write(pacc, rv)
+	case abi.WROpRDMARead:
+		return r.read(pacc)
+	default: // atomics (decodeSend admits no other opcode)
+		return r.atomic(pacc)
+	}
+}
+
+// recvWQE is the responder's head receive WQE, copied and decoded, that a
+// SEND or WRITE_WITH_IMM consumes.
+type recvWQE struct {
+	rec  []byte    // the responder QP's record on pt
+	wrID uint64    // the receive's wr_id
+	sge  []abi.SGE // its scatter list (in the scratch)
+	mr   []*MR     // filled by send as it checks sge
+}
+
+// takeRecv reads the responder's head receive WQE once into the scratch and
+// decodes it. Without one it answers receiver-not-ready (after asking the
+// responder's driver for a notification: awaitRecv); a receive queue the
+// device cannot read or a WQE that does not decode is the responder's
+// error. It returns nil and the requester's outcome when there is no
+// receive to use. Precondition: pq.rqMu held.
+func (r *request) takeRecv(minRNR uint32) (*recvWQE, outcome) {
+	pq, pt, sc := r.pq, r.pt, r.sc
+	rec, err := pt.Slice(pq.Record, QPRecordSize(pq.RQNotify))
+	if err != nil {
+		return nil, r.remoteErr(abi.WCRemOpErr)
+	}
+	pi := memmap.LoadUint32(rec, abi.QPRecordRQPI)
+	if pi == pq.rqCI {
+		// Receiver not ready: ask pq's driver for a notification when it
+		// posts a receive, then look once more.
+		if pi = pq.awaitRecv(rec, r.q); pi == pq.rqCI {
+			return nil, r.q.rnr(r.rnrRetry, minRNR, r.now)
+		}
+	}
+	if pi-pq.rqCI > pq.RQ.Depth {
+		return nil, r.remoteErr(abi.WCRemOpErr)
+	}
+	slot, err := pq.RQ.Slot(pt, pq.rqCI)
+	if err != nil {
+		return nil, r.remoteErr(abi.WCRemOpErr)
+	}
+	n := copy(sc.rwqe[:], slot)
+	wrID, nr, ok := decodeRecv(sc.rwqe[:n], min(pq.MaxRecvSGE, maxRecvSGEs), sc.rsge[:])
+	rv := &sc.recv
+	*rv = recvWQE{rec: rec, wrID: wrID, sge: sc.rsge[:nr], mr: sc.rmr[:nr]}
+	if !ok {
+		r.recvDone(rv, abi.WCLocQPOpErr)
+		return nil, r.remoteErr(abi.WCRemOpErr)
+	}
+	return rv, outcome{}
+}
+
+// send places a SEND's payload into the receive WQE rv.
+func (r *request) send(rv *recvWQE) outcome {
+	peer, pq, sc := r.pq.Dev, r.pq, r.sc
+	var capacity uint64
+	for i := range rv.sge {
+		s := &rv.sge[i]
+		mr := peer.LookupMR(s.LKey)
+		if mr == nil || mr.PD != pq.PD || !mr.Contains(s.Addr, uint64(s.Length)) ||
+			mr.Access&abi.AccessLocalWrite == 0 {
+			r.recvDone(rv, abi.WCLocProtErr)
+			return r.remoteErr(abi.WCRemOpErr)
+		}
+		rv.mr[i] = mr
+		capacity += uint64(s.Length)
+	}
+	if r.total > capacity {
+		// "A message longer than the receive WQE's scatter list is
+		// LOC_LEN_ERR at the responder and REM_INV_REQ_ERR at the
+		// requester."
+		r.recvDone(rv, abi.WCLocLenErr)
+		return r.remoteErr(abi.WCRemInvReqErr)
+	}
+	sc.mv.start(r.pt, rv.sge, rv.mr)
+	if err := r.q.gather(r.t, r.w, sc, r.lsge, r.lmr); err != nil {
+		if sc.mv.dstFailed {
+			r.recvDone(rv, abi.WCLocProtErr)
+			return r.remoteErr(abi.WCRemOpErr)
+		}
+		return failed(abi.WCLocProtErr)
+	}
+	r.recvDone(rv, abi.WCSuccess)
+	return succeeded(r.total)
+}
+
+// write places an RDMA WRITE's payload at the remote address; with an
+// immediate (rv not nil) it then consumes the receive WQE rv.
+func (r *request) write(qpAccess uint32, rv *recvWQE) outcome {
+	w, sc := r.w, r.sc
+	mr := remoteMR(r.pq, qpAccess, w.rkey, w.remoteAddr, r.total, abi.AccessRemoteWrite)
+	if mr == nil {
+		return r.remoteErr(abi.WCRemAccessErr)
+	}
+	sc.one[0] = abi.SGE{Addr: w.remoteAddr, Length: uint32(r.total), LKey: w.rkey}
+	sc.oneM[0] = mr
+	sc.mv.start(r.pt, sc.one[:], sc.oneM[:])
+	if err := r.q.gather(r.t, w, sc, r.lsge, r.lmr); err != nil {
+		if sc.mv.dstFailed {
+			return r.remoteErr(abi.WCRemAccessErr)
+		}
+		return failed(abi.WCLocProtErr)
+	}
+	if rv != nil {
+		r.recvDone(rv, abi.WCSuccess)
+	}
+	return succeeded(r.total)
+}
+
+// read copies the remote range into the local SGEs.
+func (r *request) read(qpAccess uint32) outcome {
+	w, sc := r.w, r.sc
+	mr := remoteMR(r.pq, qpAccess, w.rkey, w.remoteAddr, r.total, abi.AccessRemoteRead)
+	if mr == nil {
+		return r.remoteErr(abi.WCRemAccessErr)
+	}
+	sc.mv.start(r.t, r.lsge, r.lmr)
+	if err := mr.Range(r.pt, w.remoteAddr, r.total, sc.mv.srcFn); err != nil {
+		if sc.mv.dstFailed {
+			return failed(abi.WCLocProtErr)
+		}
+		return r.remoteErr(abi.WCRemAccessErr)
+	}
+	return succeeded(r.total)
+}
+
+// atomic executes a CMP_AND_SWP or FETCH_AND_ADD on the remote 8 bytes and
+// writes the original value into the local SGE.
+func (r *request) atomic(qpAccess uint32) outcome {
+	w, sc := r.w, r.sc
+	if w.remoteAddr%8 != 0 {
+		return r.remoteErr(abi.WCRemInvReqErr)
+	}
+	mr := remoteMR(r.pq, qpAccess, w.rkey, w.remoteAddr, 8, abi.AccessRemoteAtomic)
+	if mr == nil {
+		return r.remoteErr(abi.WCRemAccessErr)
+	}
+	a := &sc.atom
+	a.op, a.compareAdd, a.swap, a.done = w.opcode, w.compareAdd, w.swap, false
+	if err := mr.Range(r.pt, w.remoteAddr, 8, a.fn); err != nil || !a.done {
+		return failed(abi.WCRemOpErr)
+	}
+	sc.mv.start(r.t, r.lsge, r.lmr)
+	if err := sc.mv.srcFn(a.orig[:]); err != nil {
+		return failed(abi.WCLocProtErr)
+	}
+	return succeeded(8)
+}
+
+// remoteErr is an error the responder detected: the responder QP moves to
+// ERR with a QP_FATAL event, and the requester completes with st.
+func (r *request) remoteErr(st abi.WCStatus) outcome {
+	r.pq.toErr(true)
+	return failed(st)
+}
+
+// recvDone consumes the responder's head receive WQE rv (rq_ci advances)
+// and completes it on the responder's receive CQ with status st (and, on
+// success, the message length and immediate). Precondition: pq.rqMu held.
+func (r *request) recvDone(rv *recvWQE, st abi.WCStatus) {
+	pq, w := r.pq, r.w
+	pq.rqCI++
+	memmap.StoreUint32(rv.rec, abi.QPRecordRQCI, pq.rqCI)
+	e := abi.CQE{WRID: rv.wrID, Status: st, Opcode: abi.WCOpRecv, QPNum: pq.Num, SrcQP: r.q.Num}
+	if st == abi.WCSuccess {
+		e.ByteLen = uint32(r.total)
+		switch w.opcode {
+		case abi.WROpSendWithImm:
+			e.WCFlags, e.ImmData = abi.WCFlagWithImm, w.imm
+		case abi.WROpRDMAWriteWithImm:
+			e.Opcode, e.WCFlags, e.ImmData = abi.WCOpRecvRDMAWithImm, abi.WCFlagWithImm, w.imm
+		}
+	}
+	pq.Dev.complete(pq.RecvCQ, r.pt, &e, w.flags&abi.WRFlagSolicited != 0)
+}
