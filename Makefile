@@ -103,6 +103,9 @@ TEST_APT += libvirt-clients libxml2-utils libvirt-daemon libvirt-daemon-driver-q
 # scripts, and promtool (Debian ships it only in prometheus) a live /metrics
 # scrape (internal/metrics, packaging).
 TEST_APT += lintian shellcheck prometheus
+# RoCEv2 (backend/rdma/roce): tshark dissects what the codec writes, and
+# Scapy computes ICRCs independently of it.
+TEST_APT += tshark python3-scapy
 
 test-tools:
 	@missing=""; for p in $(TEST_APT); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
