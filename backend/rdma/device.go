@@ -121,7 +121,11 @@ type Device struct {
 	raw  [abi.ConfigSize]byte
 
 	// Control-queue scratch, protected by the control queue's lock (only
-	// HandleQueue on queue 0 uses them).
+	// HandleQueue on queue 0 uses them). req and resp are allocated by the
+	// first command, grown to the largest one seen (scratch), and dropped
+	// by Detach: a device without a driver, and an idle one that only
+	// answered small commands, holds little (backend/doc.go, "Cost of a
+	// device").
 	chain virtio.Chain
 	req   []byte
 	resp  []byte
@@ -175,7 +179,7 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 	if cfg.UUID == uuid.Nil {
 		cfg.UUID = uuid.New()
 	}
-	d := &Device{cfg: cfg, req: make([]byte, maxRequest), resp: make([]byte, maxResponse)}
+	d := &Device{cfg: cfg}
 	for _, o := range opts {
 		o(d)
 	}
@@ -185,13 +189,13 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 		d.log = logrus.NewEntry(l)
 	}
 	d.log = d.log.WithField("device", cfg.ID)
-	guid := NodeGUID(cfg.UUID)
+	guid := abi.GUIDOfUUID(cfg.UUID)
 	l := cfg.Limits
 	d.conf = abi.Config{
 		ABIVersion:        abi.ABIVersion,
 		NumDoorbellQueues: uint32(cfg.DoorbellQueues),
 		NodeGUID:          guid,
-		PortGID:           GID(guid),
+		PortGID:           abi.LinkLocalGID(guid),
 		MaxQP:             l.MaxQP,
 		MaxQPWR:           l.MaxQPWR,
 		MaxSGE:            l.MaxSGE,
@@ -234,24 +238,6 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 // Close unregisters the device from its fabric. The server must have been
 // closed (the device detached).
 func (d *Device) Close() { d.cfg.Fabric.Unregister(d.eng) }
-
-// NodeGUID derives an EUI-64 node GUID from a UUID: its first eight bytes
-// with the locally-administered bit set and the group bit clear.
-func NodeGUID(u uuid.UUID) uint64 {
-	g := binary.BigEndian.Uint64(u[:8])
-	g |= 0x02 << 56
-	g &^= 0x01 << 56
-	return g
-}
-
-// GID is the port's GID 0: fe80::/64 with the node GUID as interface ID, as
-// IB and RoCE form a default GID.
-func GID(guid uint64) [16]byte {
-	var g [16]byte
-	g[0], g[1] = 0xfe, 0x80
-	binary.BigEndian.PutUint64(g[8:], guid)
-	return g
-}
 
 // ID is the device's ID.
 func (d *Device) ID() string { return d.cfg.ID }
@@ -337,6 +323,9 @@ func (d *Device) Detach() {
 	}
 	d.host, d.res, d.pinner, d.memory = nil, nil, nil, nil
 	d.hostp.Store(nil)
+	// No worker runs (the session joined them before Detach): the control
+	// queue's scratch can go.
+	d.req, d.resp = nil, nil
 }
 
 // Reset destroys every object the driver created and releases every pin.
@@ -584,9 +573,10 @@ func (d *Device) execute(c *virtio.Chain, t *memmap.Table) uint32 {
 	var payload []byte
 	if !d.admitCommand() {
 		st = abi.StatusQuota
-	} else if c.ReadableLen > uint64(len(d.req)) || c.ReadableLen < abi.CmdHeaderSize {
+	} else if c.ReadableLen > maxRequest || c.ReadableLen < abi.CmdHeaderSize {
 		st = abi.StatusInvalid
 	} else {
+		d.req = scratch(d.req, int(c.ReadableLen))
 		req := d.req[:c.Gather(d.req)]
 		var h abi.CmdHeader
 		_ = abi.Unmarshal(req[:abi.CmdHeaderSize], &h)
@@ -607,11 +597,31 @@ func (d *Device) execute(c *virtio.Chain, t *memmap.Table) uint32 {
 		d.errors.Add(1)
 		payload = nil
 	}
+	d.resp = scratch(d.resp, abi.RespHeaderSize+len(payload))
 	resp := d.resp[:abi.RespHeaderSize+len(payload)]
 	binary.LittleEndian.PutUint32(resp[0:], uint32(st))
 	binary.LittleEndian.PutUint32(resp[4:], 0)
 	copy(resp[abi.RespHeaderSize:], payload)
 	return uint32(c.Scatter(resp))
+}
+
+// minScratch is the least a control scratch buffer is allocated with: most
+// commands and responses fit, so a device that sees only those allocates
+// each buffer once.
+const minScratch = 512
+
+// scratch returns buf if it holds n bytes, else a new buffer of at least n
+// bytes (the next power of two, at least minScratch); n is bounded by
+// maxRequest or maxResponse.
+func scratch(buf []byte, n int) []byte {
+	if len(buf) >= n {
+		return buf
+	}
+	size := minScratch
+	for size < n {
+		size *= 2
+	}
+	return make([]byte, size)
 }
 
 // admitCommand takes a token from the command-rate bucket. Precondition:

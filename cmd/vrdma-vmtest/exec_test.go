@@ -2,7 +2,10 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
 	"io"
+	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -95,7 +98,13 @@ func TestExecGuests(t *testing.T) {
 	}
 	for i, w := range want {
 		g := two[i]
-		guid, err := guestvm.GUIDFromMAC(g.MAC)
+		hw, err := net.ParseMAC(g.MAC)
+		var guid string
+		if err == nil {
+			var g64 uint64
+			g64, err = abi.GUIDOfMAC(hw)
+			guid = fmt.Sprintf("%016x", g64)
+		}
 		if g.Name != w.name || g.MAC != w.mac || g.IP.String() != w.ip || err != nil || guid != w.guid {
 			t.Errorf("guest %d: got %+v (guid %s, %v), want %+v", i, g, guid, err, w)
 		}

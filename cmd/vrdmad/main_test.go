@@ -639,7 +639,7 @@ func TestRestartKeepsIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := daemon.FormatGUID(attr.NodeGUID); got != before["vm1"].GUID {
+	if got := vrdma.FormatGUID(attr.NodeGUID); got != before["vm1"].GUID {
 		t.Errorf("node GUID the driver sees after the restart: got %s, want %s", got, before["vm1"].GUID)
 	}
 	if _, err := vc2.AllocPD(); err != nil {

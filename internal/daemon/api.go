@@ -3,10 +3,10 @@ package daemon
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
 	"io"
 	"net"
 	"net/http"
@@ -61,9 +61,9 @@ func (dv *Device) Info() DeviceInfo {
 		CacheHits:   ds.Pin.CacheHits,
 		CacheMisses: ds.Pin.CacheMisses,
 		EventsLost:  ds.EventsLost,
-		GUID:        FormatGUID(cs.NodeGUID),
+		GUID:        abi.FormatGUID(cs.NodeGUID),
 		GID:         netip.AddrFrom16(cs.PortGID).String(),
-		MAC:         MACOfGUID(cs.NodeGUID),
+		MAC:         abi.MACOfGUID(cs.NodeGUID).String(),
 		Limits:      Limits{MaxQPs: cs.MaxQP, MaxCQs: cs.MaxCQ, MaxMRs: cs.MaxMR, MaxPinnedBytes: dv.MaxPinned},
 		NumQueues:   dv.Dev.NumQueues(),
 		Persisted:   dv.persist,
@@ -75,15 +75,13 @@ const (
 	maxRequestBody = 64 << 10
 	maxIDLen       = 64
 	// maxSocketPath is sun_path's size less its terminating NUL.
-	maxSocketPath      = 107
-	maxDoorbellQueues  = 256
-	maxQPs             = 1 << 16
-	maxCQs             = 1 << 16
-	maxMRs             = 1 << 20
-	minPinnedBytes     = 1 << 21 // one hugepage: anything less cannot hold a ring
-	maxPinnedBytes     = 1 << 48
-	guidLocalUnicast   = 0x02 // of the GUID's first byte: locally administered,
-	guidMaskLocalMcast = 0x03 // and not multicast (rdma.NodeGUID forces both)
+	maxSocketPath     = 107
+	maxDoorbellQueues = 256
+	maxQPs            = 1 << 16
+	maxCQs            = 1 << 16
+	maxMRs            = 1 << 20
+	minPinnedBytes    = 1 << 21 // one hugepage: anything less cannot hold a ring
+	maxPinnedBytes    = 1 << 48
 )
 
 // ErrInvalidRequest means a control API request is malformed or out of
@@ -231,19 +229,23 @@ func requestIdentity(r AddRequest) (uuid.UUID, error) {
 		u = v
 	}
 	if r.GUID != "" {
-		g, err := ParseGUID(r.GUID)
+		g, err := abi.ParseGUID(r.GUID)
 		if err != nil {
 			return uuid.Nil, reqErr("guid", "%v", err)
 		}
 		guid, hasGUID = g, true
 	}
 	if r.MAC != "" {
-		g, err := GUIDOfMAC(r.MAC)
+		hw, err := net.ParseMAC(r.MAC)
+		if err != nil || len(hw) != 6 {
+			return uuid.Nil, reqErr("mac", "%q is not an EUI-48 MAC address", r.MAC)
+		}
+		g, err := abi.GUIDOfMAC(hw)
 		if err != nil {
 			return uuid.Nil, reqErr("mac", "%v", err)
 		}
 		if hasGUID && g != guid {
-			return uuid.Nil, reqErr("mac", "%s gives node GUID %s, not %s", r.MAC, FormatGUID(g), FormatGUID(guid))
+			return uuid.Nil, reqErr("mac", "%s gives node GUID %s, not %s", r.MAC, abi.FormatGUID(g), abi.FormatGUID(guid))
 		}
 		guid, hasGUID = g, true
 	}
@@ -257,18 +259,18 @@ func requestIdentity(r AddRequest) (uuid.UUID, error) {
 			return uuid.Nil, reqErr("gid", "%s is not in fe80::/64 (port GID 0 is the link-local prefix and the node GUID)", a)
 		}
 		g := binary.BigEndian.Uint64(b[8:])
-		if err := checkGUID(g); err != nil {
+		if err := abi.CheckGUID(g); err != nil {
 			return uuid.Nil, reqErr("gid", "interface ID: %v", err)
 		}
 		if hasGUID && g != guid {
-			return uuid.Nil, reqErr("gid", "%s does not match guid %s", a, FormatGUID(guid))
+			return uuid.Nil, reqErr("gid", "%s does not match guid %s", a, abi.FormatGUID(guid))
 		}
 		guid, hasGUID = g, true
 	}
 	switch {
 	case hasGUID && u != uuid.Nil:
-		if rdma.NodeGUID(u) != guid {
-			return uuid.Nil, reqErr("uuid", "%s gives node GUID %s, not %s", u, FormatGUID(rdma.NodeGUID(u)), FormatGUID(guid))
+		if abi.GUIDOfUUID(u) != guid {
+			return uuid.Nil, reqErr("uuid", "%s gives node GUID %s, not %s", u, abi.FormatGUID(abi.GUIDOfUUID(u)), abi.FormatGUID(guid))
 		}
 	case hasGUID:
 		// The node GUID is the UUID's first 8 bytes; the rest is random.
@@ -278,68 +280,6 @@ func requestIdentity(r AddRequest) (uuid.UUID, error) {
 		u = uuid.New()
 	}
 	return u, nil
-}
-
-// GUIDOfMAC is the node GUID of a device paired with the NIC of MAC
-// address mac ("52:54:00:12:34:56"): its EUI-64, mac[0:3] ff fe mac[3:6].
-// The MAC must be locally administered and unicast, as device GUIDs are.
-func GUIDOfMAC(mac string) (uint64, error) {
-	hw, err := net.ParseMAC(mac)
-	if err != nil || len(hw) != 6 {
-		return 0, fmt.Errorf("%q is not an EUI-48 MAC address", mac)
-	}
-	g := uint64(hw[0])<<56 | uint64(hw[1])<<48 | uint64(hw[2])<<40 | 0xfffe<<24 |
-		uint64(hw[3])<<16 | uint64(hw[4])<<8 | uint64(hw[5])
-	if err := checkGUID(g); err != nil {
-		return 0, fmt.Errorf("%s: %v", mac, err)
-	}
-	return g, nil
-}
-
-// MACOfGUID is the MAC address a node GUID pairs with, or "" when the GUID
-// is not an EUI-48 in an EUI-64 (bytes 3 and 4 are not ff fe).
-func MACOfGUID(g uint64) string {
-	if g>>24&0xffff != 0xfffe {
-		return ""
-	}
-	return net.HardwareAddr{byte(g >> 56), byte(g >> 48), byte(g >> 40), byte(g >> 16), byte(g >> 8), byte(g)}.String()
-}
-
-// ParseGUID parses a GUID written as four colon-separated groups of four
-// hex digits ("0211:2233:4455:6677") or as 16 hex digits, and checks that
-// it is a locally administered unicast EUI-64, as device GUIDs are.
-func ParseGUID(s string) (uint64, error) {
-	h := s
-	if len(s) == 19 {
-		h = strings.ReplaceAll(s, ":", "")
-		if len(h) != 16 || s[4] != ':' || s[9] != ':' || s[14] != ':' {
-			return 0, fmt.Errorf("%q: want xxxx:xxxx:xxxx:xxxx or 16 hex digits", s)
-		}
-	}
-	if len(h) != 16 {
-		return 0, fmt.Errorf("%q: want xxxx:xxxx:xxxx:xxxx or 16 hex digits", s)
-	}
-	b, err := hex.DecodeString(h)
-	if err != nil {
-		return 0, fmt.Errorf("%q: want xxxx:xxxx:xxxx:xxxx or 16 hex digits", s)
-	}
-	g := binary.BigEndian.Uint64(b)
-	if err := checkGUID(g); err != nil {
-		return 0, err
-	}
-	return g, nil
-}
-
-func checkGUID(g uint64) error {
-	if byte(g>>56)&guidMaskLocalMcast != guidLocalUnicast {
-		return fmt.Errorf("%s is not a locally administered unicast EUI-64 (first byte: bit 0x02 set, bit 0x01 clear)", FormatGUID(g))
-	}
-	return nil
-}
-
-// FormatGUID writes a GUID as ibstat does: "0211:2233:4455:6677".
-func FormatGUID(g uint64) string {
-	return fmt.Sprintf("%04x:%04x:%04x:%04x", g>>48, g>>32&0xffff, g>>16&0xffff, g&0xffff)
 }
 
 // Handler is the control API. Every error answer is JSON:

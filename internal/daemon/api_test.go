@@ -246,12 +246,12 @@ func TestParseGUID(t *testing.T) {
 		{"0100:0000:0000:0000", 0, false},
 		{"", 0, false},
 	} {
-		got, err := ParseGUID(tt.in)
+		got, err := vrdma.ParseGUID(tt.in)
 		if got != tt.want || (err == nil) != tt.ok {
-			t.Errorf("ParseGUID(%q): got %#x, %v, want %#x, ok=%v", tt.in, got, err, tt.want, tt.ok)
+			t.Errorf("vrdma.ParseGUID(%q): got %#x, %v, want %#x, ok=%v", tt.in, got, err, tt.want, tt.ok)
 		}
-		if err == nil && FormatGUID(got) != tt.in && len(tt.in) == 19 {
-			t.Errorf("FormatGUID(%#x): got %s, want %s", got, FormatGUID(got), tt.in)
+		if err == nil && vrdma.FormatGUID(got) != tt.in && len(tt.in) == 19 {
+			t.Errorf("vrdma.FormatGUID(%#x): got %s, want %s", got, vrdma.FormatGUID(got), tt.in)
 		}
 	}
 }
@@ -280,7 +280,7 @@ func FuzzDecodeAddRequest(f *testing.F) {
 		if p := spec.MaxPinned; p != 0 && (p < minPinnedBytes || p > maxPinnedBytes) {
 			t.Fatalf("accepted max pinned %d", p)
 		}
-		if g := rdma.NodeGUID(spec.Device.UUID); checkGUID(g) != nil {
+		if g := vrdma.GUIDOfUUID(spec.Device.UUID); vrdma.CheckGUID(g) != nil {
 			t.Fatalf("accepted uuid %s", spec.Device.UUID)
 		}
 	})

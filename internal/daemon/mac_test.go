@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/vrdma/vrdma/backend/rdma"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
 )
 
 // TestMAC covers POST /v1/devices' "mac": the node GUID is the MAC's
@@ -36,7 +36,7 @@ func TestMAC(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := FormatGUID(rdma.NodeGUID(spec.Device.UUID)); got != c.guid {
+			if got := abi.FormatGUID(abi.GUIDOfUUID(spec.Device.UUID)); got != c.guid {
 				t.Fatalf("node GUID %s, want %s", got, c.guid)
 			}
 		})
@@ -48,7 +48,7 @@ func TestMAC(t *testing.T) {
 		{0x525400fffe123456, "52:54:00:12:34:56"},
 		{0x0211223344556677, ""},
 	} {
-		if got := MACOfGUID(c.guid); got != c.mac {
+		if got := abi.MACOfGUID(c.guid).String(); got != c.mac {
 			t.Errorf("MACOfGUID(%#x) = %q, want %q", c.guid, got, c.mac)
 		}
 	}

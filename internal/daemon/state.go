@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	abi "github.com/vrdma/vrdma/virtio/rdma"
 	"io"
 	"os"
 	"path/filepath"
@@ -13,8 +14,6 @@ import (
 
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
-
-	"github.com/vrdma/vrdma/backend/rdma"
 )
 
 // The device state file: DIR/devices.json, where DIR is vrdmad's
@@ -336,7 +335,7 @@ func (spec DeviceSpec) record() AddRequest {
 	r := AddRequest{ID: spec.ID, Socket: spec.Socket, DoorbellQueues: spec.Device.DoorbellQueues}
 	if u := spec.Device.UUID; u != uuid.Nil {
 		r.UUID = u.String()
-		r.GUID = FormatGUID(rdma.NodeGUID(u))
+		r.GUID = abi.FormatGUID(abi.GUIDOfUUID(u))
 	}
 	l := Limits{MaxQPs: spec.Device.Limits.MaxQP, MaxCQs: spec.Device.Limits.MaxCQ, MaxMRs: spec.Device.Limits.MaxMR, MaxPinnedBytes: spec.MaxPinned}
 	if l != (Limits{}) {

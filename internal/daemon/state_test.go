@@ -17,7 +17,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/sirupsen/logrus"
 
-	"github.com/vrdma/vrdma/backend/rdma"
 	vrdma "github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
@@ -510,7 +509,7 @@ func FuzzDecodeState(f *testing.F) {
 				t.Fatalf("accepted %+v", s)
 			}
 			ids[s.ID] = true
-			if checkGUID(rdma.NodeGUID(s.Device.UUID)) != nil {
+			if vrdma.CheckGUID(vrdma.GUIDOfUUID(s.Device.UUID)) != nil {
 				t.Fatalf("accepted uuid %s", s.Device.UUID)
 			}
 		}

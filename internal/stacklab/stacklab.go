@@ -96,12 +96,10 @@ func (l *Lab) configure(ctx context.Context, cfg Config) error {
 		hosts[i] = guestvm.Host{Name: g.Name, IP: g.IP.Addr()}
 	}
 	for i, g := range l.Guests {
-		guid, err := guestvm.GUIDFromMAC(g.MAC)
-		if err != nil {
-			return err
-		}
+		// The daemon pairs the device with the NIC: node GUID = the MAC's
+		// EUI-64 (docs/spec.md, "The device's MAC").
 		info, err := l.Daemon.AddDevice(ctx, daemon.AddRequest{ID: g.Name,
-			Socket: filepath.Join(l.Daemon.Dir(), g.Name+".sock"), GUID: guid, DoorbellQueues: cfg.SMP})
+			Socket: filepath.Join(l.Daemon.Dir(), g.Name+".sock"), MAC: g.MAC, DoorbellQueues: cfg.SMP})
 		if err != nil {
 			return err
 		}

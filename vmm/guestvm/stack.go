@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -71,7 +70,7 @@ type StackConfig struct {
 	Command string
 	// NIC is the guest's network card (eth0); nil means none. The vrdma
 	// kernel driver binds its RDMA port to the netdev whose MAC address
-	// matches the device's node GUID (GUIDFromMAC).
+	// matches the device's node GUID (abi.GUIDOfMAC in virtio/rdma).
 	NIC *qemu.NIC
 	// IP is eth0's IPv4 address and prefix ("10.11.0.1/24"); invalid (the
 	// zero Prefix) means none. It needs NIC.
@@ -219,24 +218,6 @@ func BootStack(ctx context.Context, cfg StackConfig, opts ...Option) (*Guest, er
 		qcfg.NICs = []qemu.NIC{*cfg.NIC}
 	}
 	return boot(ctx, cfg.Name, qcfg, opts)
-}
-
-// GUIDFromMAC returns the node GUID that goes with a NIC's MAC address, as
-// a vrdma device's "guid" in vrdmad's control API (16 hex digits): the
-// EUI-64 made of the MAC with ff:fe in its middle, mac[0], mac[1], mac[2],
-// 0xff, 0xfe, mac[3], mac[4], mac[5], without flipping the universal/local
-// bit. The vrdma kernel driver finds its netdev by this correspondence.
-// vrdmad wants a locally administered unicast GUID, so the MAC must be one
-// too (first byte: bit 0x02 set, bit 0x01 clear; 52:54:00:... is).
-func GUIDFromMAC(mac string) (string, error) {
-	hw, err := net.ParseMAC(mac)
-	if err != nil || len(hw) != 6 {
-		return "", fmt.Errorf("mac %q: not a 6-byte Ethernet address", mac)
-	}
-	if hw[0]&0x03 != 0x02 {
-		return "", fmt.Errorf("mac %s: not a locally administered unicast address (first byte: bit 0x02 set, bit 0x01 clear)", mac)
-	}
-	return fmt.Sprintf("%02x%02x%02xfffe%02x%02x%02x", hw[0], hw[1], hw[2], hw[3], hw[4], hw[5]), nil
 }
 
 // StackLine is one line of a stack guest's console.

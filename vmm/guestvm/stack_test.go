@@ -96,28 +96,6 @@ func TestStackAppendLine(t *testing.T) {
 	}
 }
 
-func TestGUIDFromMAC(t *testing.T) {
-	tests := []struct {
-		mac, guid string
-		ok        bool
-	}{
-		{"52:54:00:00:00:01", "525400fffe000001", true},
-		{"52:54:00:12:34:56", "525400fffe123456", true},
-		{"02:AB:cd:ef:01:02", "02abcdfffeef0102", true},
-		{"00:16:3e:00:00:01", "", false}, // universally administered
-		{"53:54:00:00:00:01", "", false}, // multicast
-		{"52:54:00:00:01", "", false},
-		{"52:54:00:ff:fe:00:00:01", "", false},
-		{"", "", false},
-	}
-	for _, tt := range tests {
-		got, err := GUIDFromMAC(tt.mac)
-		if (err == nil) != tt.ok || got != tt.guid {
-			t.Errorf("GUIDFromMAC(%q) = %q, %v; want %q, ok=%v", tt.mac, got, err, tt.guid, tt.ok)
-		}
-	}
-}
-
 func TestSplitLine(t *testing.T) {
 	tests := []struct {
 		in   string
