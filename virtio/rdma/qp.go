@@ -119,7 +119,7 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	sqBytes, rqBytes := uint64(sqDepth)*uint64(sqStride), uint64(rqDepth)*uint64(rqStride)
 	sqAlloc := (sqBytes + PageSize - 1) &^ (PageSize - 1)
 	rqAlloc := (rqBytes + PageSize - 1) &^ (PageSize - 1)
-	mem, err := c.allocDMA(sqAlloc+rqAlloc+QPRecordSize, PageSize)
+	mem, err := c.allocDMA(sqAlloc+rqAlloc+QPNotifyRecordSize, PageSize)
 	if err != nil {
 		return nil, fmt.Errorf("create qp: %w", err)
 	}
@@ -154,6 +154,7 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 		SQWQEShift: uint32(log2(sqStride)), RQWQEShift: uint32(log2(rqStride)),
 		DoorbellQueue: uint32(db), Record: uint64(recGPA),
 		SQNPages: uint32(len(sqPages)), RQNPages: uint32(len(rqPages)), PageList: plAddr,
+		Flags: QPFlagRQNotify,
 	}
 	if a.SigAll {
 		req.SQSigAll = 1
@@ -168,7 +169,7 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 		sqDepth: sqDepth, rqDepth: rqDepth, sqShift: log2(sqStride), rqShift: log2(rqStride), mem: mem,
 		sq:  mem.Buf[:sqBytes:sqBytes],
 		rq:  mem.Buf[sqAlloc : sqAlloc+rqBytes : sqAlloc+rqBytes],
-		rec: mem.Buf[recOff : recOff+QPRecordSize : recOff+QPRecordSize],
+		rec: mem.Buf[recOff : recOff+QPNotifyRecordSize : recOff+QPNotifyRecordSize],
 	}
 	c.objMu.Lock()
 	c.qps[qp.num] = qp
@@ -401,5 +402,12 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 		pi++
 	}
 	qp.rqPI = pi
+	// RQ_NOTIFY (docs/spec.md, struct vrdma_qp_notify_record): the
+	// device reads rq_pi when a message arrives, and asks for the doorbell
+	// only while the QP is in ERR or a message waits for a receive.
+	memmap.StoreUint32(qp.rec, QPRecordRQPI, pi)
+	if memmap.LoadUint32(qp.rec, QPRecordRQNotify) == 0 {
+		return nil
+	}
 	return qp.ring(QPRecordRQPI, pi)
 }

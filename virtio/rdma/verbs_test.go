@@ -103,7 +103,7 @@ func TestCommandEncoding(t *testing.T) {
 		{"CreateQP", nil, qpOp,
 			append(Marshal(&CreateQP{PDN: pd.Num(), SendCQN: cq.Num(), RecvCQN: cq.Num(), QPType: QPTypeRC, MaxSendWR: 128, MaxRecvWR: 64,
 				MaxSendSGE: 2, MaxRecvSGE: 3, MaxInlineData: 100, SQWQEShift: 8, RQWQEShift: 6, DoorbellQueue: 0,
-				Record: qpMem + 9*PageSize, SQNPages: 8, RQNPages: 1, SQSigAll: 1}), pages(qpMem, 9)...)},
+				Record: qpMem + 9*PageSize, SQNPages: 8, RQNPages: 1, SQSigAll: 1, Flags: QPFlagRQNotify}), pages(qpMem, 9)...)},
 		{"Modify", func() error { return qp.Modify(QPAttr{QPState: QPSErr}, QPAttrState) }, CmdModifyQP,
 			Marshal(&QPAttr{QPN: qp.Num(), AttrMask: QPAttrState, QPState: QPSErr})},
 		{"Query", func() error { _, err := qp.Query(); return err }, CmdQueryQP, Marshal(&Handle{Handle: qp.Num()})},
