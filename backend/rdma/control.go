@@ -1,7 +1,6 @@
 package rdma
 
 import (
-	"crypto/rand"
 	"encoding/binary"
 	"errors"
 
@@ -12,84 +11,17 @@ import (
 	abi "github.com/vrdma/vrdma/virtio/rdma"
 )
 
-// Control-path objects. Every table is protected by Device.mu; the engine
-// objects they point to synchronise themselves.
-
-type pdEntry struct {
-	users int // MRs, QPs and AHs naming the PD
-}
-
-type mrEntry struct {
-	mr *engine.MR // its extents are what is pinned (pinMR)
-}
-
-type cqEntry struct {
-	cq    *engine.CQ
-	pages []memmap.GPA // ring pages, pinned
-}
-
-type qpEntry struct {
-	qp    *engine.QP
-	pages []memmap.GPA // SQ then RQ pages, pinned
-}
-
-type ahEntry struct {
-	pd   uint32
-	dgid [16]byte
-}
-
-// resources are one attachment's objects.
+// The device's objects live in one registry, the engine's (engine.Device,
+// registry.go); the control path validates commands, pins the guest
+// memory they name, and adds and removes objects there. What it keeps of
+// its own is the pin accounting below. Protected by Device.mu.
 type resources struct {
-	pds map[uint32]*pdEntry
-	mrs map[uint32]*mrEntry
-	cqs map[uint32]*cqEntry
-	qps map[uint32]*qpEntry
-	ahs map[uint32]*ahEntry
-	seq uint32 // handle sequence (the upper 24 bits of new handles)
-
 	mrExtents int // extents of all MRs (Limits.MaxMRExtents)
-}
-
-func newResources() *resources {
-	return &resources{
-		pds: map[uint32]*pdEntry{},
-		mrs: map[uint32]*mrEntry{},
-		cqs: map[uint32]*cqEntry{},
-		qps: map[uint32]*qpEntry{},
-		ahs: map[uint32]*ahEntry{},
-	}
-}
-
-// newHandle returns a handle not in use by taken: a sequence number in the
-// upper 24 bits and a random low byte, so handles and keys cannot be
-// guessed from one another. Zero is never a handle.
-func (r *resources) newHandle(taken func(uint32) bool) uint32 {
-	return r.newHandleBits(32, taken)
 }
 
 // qpnBits is the width of a QP number: the InfiniBand BTH carries 24 bits,
 // and applications (perftest, ibv_rc_pingpong) exchange QP numbers so.
 const qpnBits = 24
-
-// newHandleBits is newHandle for handles of bits bits (9 … 32): the
-// sequence takes bits 8 … bits−1. The loop ends: the device's objects of
-// one kind are far fewer than the 2^(bits−8) sequence numbers.
-func (r *resources) newHandleBits(bits uint, taken func(uint32) bool) uint32 {
-	var b [1]byte
-	mask := uint32(1)<<(bits-8) - 1
-	for {
-		r.seq = (r.seq + 1) & 0xffffff
-		seq := r.seq & mask
-		if seq == 0 {
-			continue
-		}
-		rand.Read(b[:])
-		h := seq<<8 | uint32(b[0])
-		if h != 0 && !taken(h) {
-			return h
-		}
-	}
-}
 
 // errStatus carries a command status through helper returns.
 type errStatus abi.Status
@@ -278,24 +210,21 @@ func (d *Device) withHandle(req []byte, fn func(h uint32) error) error {
 }
 
 func (d *Device) createPD() (any, error) {
-	r := d.res
-	if uint32(len(r.pds)) >= d.conf.MaxPD {
+	if uint32(d.eng.Count(engine.KindPD)) >= d.conf.MaxPD {
 		return nil, errStatus(abi.StatusNoResources)
 	}
-	h := r.newHandle(func(h uint32) bool { return r.pds[h] != nil })
-	r.pds[h] = &pdEntry{}
+	h := d.eng.NewHandle(engine.KindPD, 32)
+	d.eng.AddPD(h)
 	return &abi.Handle{Handle: h}, nil
 }
 
 func (d *Device) destroyPD(h uint32) error {
-	pd := d.res.pds[h]
-	if pd == nil {
+	switch err := d.eng.RemovePD(h); {
+	case errors.Is(err, engine.ErrNoPD):
 		return errStatus(abi.StatusNotFound)
-	}
-	if pd.users > 0 {
+	case errors.Is(err, engine.ErrPDBusy):
 		return errStatus(abi.StatusBusy)
 	}
-	delete(d.res.pds, h)
 	return nil
 }
 
@@ -305,11 +234,10 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	pd := d.res.pds[m.PDN]
 	switch {
 	case m.Reserved != 0 || m.PageShift < abi.PageShift || m.PageShift > abi.MaxPageShift:
 		return nil, errStatus(abi.StatusInvalid)
-	case pd == nil:
+	case !d.eng.HasPD(m.PDN):
 		return nil, errStatus(abi.StatusNotFound)
 	case m.Access&^uint32(abi.AccessAll) != 0:
 		return nil, errStatus(abi.StatusInvalid)
@@ -319,7 +247,7 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 		return nil, errStatus(abi.StatusInvalid)
 	case uint64(m.NPages) != pagesOf(m.IOVA&(1<<m.PageShift-1)+m.Length, uint(m.PageShift)):
 		return nil, errStatus(abi.StatusInvalid)
-	case uint32(len(d.res.mrs)) >= d.conf.MaxMR:
+	case uint32(d.eng.Count(engine.KindMR)) >= d.conf.MaxMR:
 		return nil, errStatus(abi.StatusNoResources)
 	}
 	pages, err := pageList(t, inline, m.PageList, m.NPages, uint(m.PageShift))
@@ -336,25 +264,22 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 	if err := d.pinMR(t, mr); err != nil {
 		return nil, err
 	}
+	mr.Key = d.eng.NewHandle(engine.KindMR, 32)
+	if err := d.eng.AddMR(mr); err != nil { // the PD was checked under d.mu
+		d.unpinMR(mr)
+		return nil, errStatus(abi.StatusNotFound)
+	}
 	r.mrExtents += mr.NumExtents()
-	key := r.newHandle(func(h uint32) bool { return r.mrs[h] != nil })
-	mr.Key = key
-	r.mrs[key] = &mrEntry{mr: mr}
-	pd.users++
-	d.eng.AddMR(mr)
-	return &abi.MRKeys{LKey: key, RKey: key}, nil
+	return &abi.MRKeys{LKey: mr.Key, RKey: mr.Key}, nil
 }
 
 func (d *Device) deregMR(key uint32) error {
-	e := d.res.mrs[key]
-	if e == nil {
+	mr := d.eng.RemoveMR(key)
+	if mr == nil {
 		return errStatus(abi.StatusNotFound)
 	}
-	d.eng.RemoveMR(key)
-	delete(d.res.mrs, key)
-	d.res.pds[e.mr.PD].users--
-	d.res.mrExtents -= e.mr.NumExtents()
-	d.unpinMR(e.mr)
+	d.res.mrExtents -= mr.NumExtents()
+	d.unpinMR(mr)
 	return nil
 }
 
@@ -426,9 +351,13 @@ func (d *Device) pinRing(t *memmap.Table, pages []memmap.GPA, record uint64, rec
 	return nil
 }
 
-func (d *Device) unpinRing(pages []memmap.GPA, record memmap.GPA, recordSize uint64) {
+// unpinRing releases what pinRing pinned: the record and the pages of
+// one ring or several.
+func (d *Device) unpinRing(record memmap.GPA, recordSize uint64, pages ...[]memmap.GPA) {
 	t := d.mem().Acquire()
-	d.pinner.UnpinPages(t, pages)
+	for _, p := range pages {
+		d.pinner.UnpinPages(t, p)
+	}
 	d.pinner.Unpin(t, record, recordSize)
 	t.Release()
 }
@@ -444,7 +373,7 @@ func (d *Device) createCQ(req []byte, t *memmap.Table) (any, error) {
 		return nil, errStatus(abi.StatusInvalid)
 	case uint64(c.NPages) != pagesFor(uint64(c.CQE)*abi.CQESize):
 		return nil, errStatus(abi.StatusInvalid)
-	case uint32(len(d.res.cqs)) >= d.conf.MaxCQ:
+	case uint32(d.eng.Count(engine.KindCQ)) >= d.conf.MaxCQ:
 		return nil, errStatus(abi.StatusNoResources)
 	}
 	pages, err := pageList(t, inline, c.PageList, c.NPages, abi.PageShift)
@@ -455,8 +384,7 @@ func (d *Device) createCQ(req []byte, t *memmap.Table) (any, error) {
 	if err := d.pinRing(t, pages, c.Record, engine.CQRecordSize(armRecord)); err != nil {
 		return nil, err
 	}
-	r := d.res
-	h := r.newHandle(func(h uint32) bool { return r.cqs[h] != nil })
+	h := d.eng.NewHandle(engine.KindCQ, 32)
 	cq := &engine.CQ{
 		Num:       h,
 		Dev:       d.eng,
@@ -465,23 +393,31 @@ func (d *Device) createCQ(req []byte, t *memmap.Table) (any, error) {
 		ArmRecord: armRecord,
 	}
 	cq.InitArm(t)
-	r.cqs[h] = &cqEntry{cq: cq, pages: pages}
 	d.eng.AddCQ(cq)
 	return &abi.Handle{Handle: h}, nil
 }
 
 func (d *Device) destroyCQ(h uint32) error {
-	e := d.res.cqs[h]
-	if e == nil {
+	cq := d.eng.LookupCQ(h)
+	if cq == nil {
 		return errStatus(abi.StatusNotFound)
 	}
-	if e.cq.Users.Load() > 0 {
+	if cq.Users.Load() > 0 {
 		return errStatus(abi.StatusBusy)
 	}
 	d.eng.RemoveCQ(h)
-	delete(d.res.cqs, h)
-	d.unpinRing(e.pages, e.cq.Record, engine.CQRecordSize(e.cq.ArmRecord))
+	d.unpinCQ(cq)
 	return nil
+}
+
+// unpinCQ releases what createCQ pinned: the ring and the record.
+func (d *Device) unpinCQ(cq *engine.CQ) {
+	d.unpinRing(cq.Record, engine.CQRecordSize(cq.ArmRecord), cq.Ring.Pages)
+}
+
+// unpinQP releases what createQP pinned: both rings and the record.
+func (d *Device) unpinQP(qp *engine.QP) {
+	d.unpinRing(qp.Record, engine.QPRecordSize(qp.RQNotify), qp.SQ.Pages, qp.RQ.Pages)
 }
 
 func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
@@ -490,9 +426,7 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := d.res
-	pd := r.pds[c.PDN]
-	scq, rcq := r.cqs[c.SendCQN], r.cqs[c.RecvCQN]
+	scq, rcq := d.eng.LookupCQ(c.SendCQN), d.eng.LookupCQ(c.RecvCQN)
 	l := &d.conf
 	sqStride, rqStride := uint64(1)<<(c.SQWQEShift&31), uint64(1)<<(c.RQWQEShift&31)
 	switch {
@@ -500,7 +434,7 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		return nil, errStatus(abi.StatusInvalid)
 	case c.QPType != abi.QPTypeRC:
 		return nil, errStatus(abi.StatusUnsupported)
-	case pd == nil || scq == nil || rcq == nil:
+	case !d.eng.HasPD(c.PDN) || scq == nil || rcq == nil:
 		return nil, errStatus(abi.StatusNotFound)
 	case !isPow2(c.MaxSendWR) || c.MaxSendWR > l.MaxQPWR || !isPow2(c.MaxRecvWR) || c.MaxRecvWR > l.MaxQPWR:
 		return nil, errStatus(abi.StatusInvalid)
@@ -520,7 +454,7 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 	case uint64(c.SQNPages) != pagesFor(uint64(c.MaxSendWR)*sqStride) ||
 		uint64(c.RQNPages) != pagesFor(uint64(c.MaxRecvWR)*rqStride):
 		return nil, errStatus(abi.StatusInvalid)
-	case uint32(len(r.qps)) >= l.MaxQP:
+	case uint32(d.eng.Count(engine.KindQP)) >= l.MaxQP:
 		return nil, errStatus(abi.StatusNoResources)
 	}
 	pages, err := pageList(t, inline, c.PageList, c.SQNPages+c.RQNPages, abi.PageShift)
@@ -531,13 +465,13 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 	if err := d.pinRing(t, pages, c.Record, engine.QPRecordSize(rqNotify)); err != nil {
 		return nil, err
 	}
-	h := r.newHandleBits(qpnBits, func(h uint32) bool { return r.qps[h] != nil })
+	h := d.eng.NewHandle(engine.KindQP, qpnBits)
 	qp := &engine.QP{
 		Num:           h,
 		PD:            c.PDN,
 		Dev:           d.eng,
-		SendCQ:        scq.cq,
-		RecvCQ:        rcq.cq,
+		SendCQ:        scq,
+		RecvCQ:        rcq,
 		SQ:            engine.Ring{Pages: pages[:c.SQNPages], Depth: c.MaxSendWR, Stride: uint32(sqStride)},
 		RQ:            engine.Ring{Pages: pages[c.SQNPages:], Depth: c.MaxRecvWR, Stride: uint32(rqStride)},
 		Record:        memmap.GPA(c.Record),
@@ -549,21 +483,19 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		RQNotify:      rqNotify,
 	}
 	qp.InitRecord(t)
-	r.qps[h] = &qpEntry{qp: qp, pages: pages}
-	pd.users++
-	d.eng.AddQP(qp)
+	if err := d.eng.AddQP(qp); err != nil { // the PD was checked under d.mu
+		d.unpinQP(qp)
+		return nil, errStatus(abi.StatusNotFound)
+	}
 	return &abi.Handle{Handle: h}, nil
 }
 
 func (d *Device) destroyQP(h uint32) error {
-	e := d.res.qps[h]
-	if e == nil {
+	qp := d.eng.RemoveQP(h)
+	if qp == nil {
 		return errStatus(abi.StatusNotFound)
 	}
-	d.eng.RemoveQP(h)
-	delete(d.res.qps, h)
-	d.res.pds[e.qp.PD].users--
-	d.unpinRing(e.pages, e.qp.Record, engine.QPRecordSize(e.qp.RQNotify))
+	d.unpinQP(qp)
 	return nil
 }
 
@@ -572,8 +504,8 @@ func (d *Device) modifyQP(req []byte) error {
 	if _, err := decode(req, &a, false); err != nil {
 		return err
 	}
-	e := d.res.qps[a.QPN]
-	if e == nil {
+	qp := d.eng.LookupQP(a.QPN)
+	if qp == nil {
 		return errStatus(abi.StatusNotFound)
 	}
 	// The device's limits; the engine checks everything else.
@@ -581,7 +513,7 @@ func (d *Device) modifyQP(req []byte) error {
 		(a.AttrMask&abi.QPAttrMaxDestRdAtomic != 0 && a.MaxDestRdAtomic > d.conf.MaxQPRdAtom) {
 		return errStatus(abi.StatusInvalid)
 	}
-	if st := e.qp.Modify(a); st != abi.StatusOK {
+	if st := qp.Modify(a); st != abi.StatusOK {
 		return errStatus(st)
 	}
 	return nil
@@ -592,11 +524,11 @@ func (d *Device) queryQP(req []byte) (any, error) {
 	if _, err := decode(req, &h, false); err != nil || h.Reserved != 0 {
 		return nil, errStatus(abi.StatusInvalid)
 	}
-	e := d.res.qps[h.Handle]
-	if e == nil {
+	qp := d.eng.LookupQP(h.Handle)
+	if qp == nil {
 		return nil, errStatus(abi.StatusNotFound)
 	}
-	a := e.qp.Attr()
+	a := qp.Attr()
 	a.QPN, a.AttrMask = h.Handle, 0
 	return &a, nil
 }
@@ -606,31 +538,27 @@ func (d *Device) createAH(req []byte) (any, error) {
 	if _, err := decode(req, &c, false); err != nil {
 		return nil, err
 	}
-	pd := d.res.pds[c.PDN]
 	switch {
 	case c.Reserved != 0 || c.PortNum != 1 || c.SGIDIndex >= abi.GIDTableLen:
 		return nil, errStatus(abi.StatusInvalid)
 	case !d.hasGID(c.SGIDIndex):
 		return nil, errStatus(abi.StatusInvalid)
-	case pd == nil:
+	case !d.eng.HasPD(c.PDN):
 		return nil, errStatus(abi.StatusNotFound)
-	case uint32(len(d.res.ahs)) >= d.conf.MaxAH:
+	case uint32(d.eng.Count(engine.KindAH)) >= d.conf.MaxAH:
 		return nil, errStatus(abi.StatusNoResources)
 	}
-	r := d.res
-	h := r.newHandle(func(h uint32) bool { return r.ahs[h] != nil })
-	r.ahs[h] = &ahEntry{pd: c.PDN, dgid: c.DGID}
-	pd.users++
+	h := d.eng.NewHandle(engine.KindAH, 32)
+	if err := d.eng.AddAH(&engine.AH{Num: h, PD: c.PDN, DGID: c.DGID}); err != nil {
+		return nil, errStatus(abi.StatusNotFound)
+	}
 	return &abi.Handle{Handle: h}, nil
 }
 
 func (d *Device) destroyAH(h uint32) error {
-	e := d.res.ahs[h]
-	if e == nil {
+	if d.eng.RemoveAH(h) == nil {
 		return errStatus(abi.StatusNotFound)
 	}
-	delete(d.res.ahs, h)
-	d.res.pds[e.pd].users--
 	return nil
 }
 
@@ -683,11 +611,11 @@ func (d *Device) reqNotifyCQ(req []byte) error {
 	if n.SolicitedOnly > 1 {
 		return errStatus(abi.StatusInvalid)
 	}
-	e := d.res.cqs[n.CQN]
-	if e == nil {
+	cq := d.eng.LookupCQ(n.CQN)
+	if cq == nil {
 		return errStatus(abi.StatusNotFound)
 	}
-	e.cq.Arm(n.SolicitedOnly == 1)
+	cq.Arm(n.SolicitedOnly == 1)
 	return nil
 }
 
@@ -698,25 +626,16 @@ func (d *Device) destroyAll() {
 	if r == nil {
 		return
 	}
-	d.eng.Reset() // QPs (flushing peers), then CQs and MRs, inside the engine
+	rel := d.eng.Reset() // QPs (flushing peers), then CQs, MRs, AHs and PDs
 	d.eng.ResetGIDs()
-	for h := range r.qps {
-		d.destroyQPEntry(h)
+	for _, qp := range rel.QPs {
+		d.unpinQP(qp)
 	}
-	for h, e := range r.cqs {
-		delete(r.cqs, h)
-		d.unpinRing(e.pages, e.cq.Record, engine.CQRecordSize(e.cq.ArmRecord))
+	for _, cq := range rel.CQs {
+		d.unpinCQ(cq)
 	}
-	for h, e := range r.mrs {
-		delete(r.mrs, h)
-		d.unpinMR(e.mr)
+	for _, mr := range rel.MRs {
+		d.unpinMR(mr)
 	}
-	clear(r.ahs)
-	clear(r.pds)
-}
-
-func (d *Device) destroyQPEntry(h uint32) {
-	e := d.res.qps[h]
-	delete(d.res.qps, h)
-	d.unpinRing(e.pages, e.qp.Record, engine.QPRecordSize(e.qp.RQNotify))
+	r.mrExtents = 0
 }

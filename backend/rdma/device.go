@@ -267,8 +267,10 @@ func (d *Device) Stats() Stats {
 	s := Stats{Commands: d.commands.Load(), Errors: d.errors.Load(), Engine: d.eng.Stats(), EventsLost: d.eventsLost.Load()}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if r := d.res; r != nil {
-		s.PDs, s.MRs, s.CQs, s.QPs, s.AHs = len(r.pds), len(r.mrs), len(r.cqs), len(r.qps), len(r.ahs)
+	if d.res != nil {
+		e := d.eng
+		s.PDs, s.MRs, s.CQs = e.Count(engine.KindPD), e.Count(engine.KindMR), e.Count(engine.KindCQ)
+		s.QPs, s.AHs = e.Count(engine.KindQP), e.Count(engine.KindAH)
 	}
 	if d.pinner != nil {
 		s.Pin = d.pinner.Stats()
@@ -304,7 +306,7 @@ func (d *Device) Attach(h backend.Host) {
 	d.hostp.Store(&h)
 	d.lostReported.Store(false)
 	d.memory = h.Memory()
-	d.res = newResources()
+	d.res = &resources{}
 	d.pinner = memmap.NewPinner(d.cfg.Pin)
 	d.eng.Attach(d.memory, d.postEvent, func(dbq int) {
 		if q := h.Queue(abi.FirstDoorbellQueue + dbq); q != nil {
@@ -334,7 +336,7 @@ func (d *Device) Reset() {
 	defer d.mu.Unlock()
 	d.destroyAll()
 	if d.res != nil {
-		d.res = newResources()
+		d.res = &resources{}
 	}
 }
 

@@ -6,10 +6,18 @@
 // per-device buffer) and only the copy is parsed; a malformed command gets
 // an error status and changes nothing.
 //
+// Objects: the device's PDs, MRs, CQs, QPs and AHs live in one registry,
+// the engine's (engine.Device, registry.go), which also keeps their
+// lifetimes (an MR, QP or AH holds its PD; a QP holds its CQs). The
+// control path validates a command, pins the guest memory it names, and
+// adds or removes the object there; the engine finds it there on the data
+// path. There is no second table.
+//
 // Concurrency: the control queue is handled by its worker with the queue
 // locked, so the per-device scratch buffers need no lock of their own.
-// Device.mu protects the object tables, the pinner and the attachment;
-// commands hold it while they run. Each doorbell queue's worker runs the
+// Device.mu protects the pin accounting, the pinner and the attachment,
+// and serialises commands (a command's checks and its registry update are
+// one step). Each doorbell queue's worker runs the
 // engine for the QPs bound to it (backend/rdma/engine has its own locks).
 // Events are posted into the event queue with Queue.Run from any of these
 // goroutines, without Device.mu.

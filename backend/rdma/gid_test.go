@@ -3,6 +3,7 @@ package rdma
 import (
 	"errors"
 	"fmt"
+	"github.com/vrdma/vrdma/backend/rdma/engine"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -163,18 +164,14 @@ func TestStatusOfErrors(t *testing.T) {
 // however many handles the device handed out before (perftest and
 // ibv_rc_pingpong exchange them as 24-bit numbers).
 func TestQPNumbers24Bits(t *testing.T) {
-	r := newResources()
-	seen := map[uint32]bool{}
+	e := engine.NewDevice(engine.NewFabric(), [16]byte{0xfe, 0x80, 15: 1}, nil)
 	for i := range 200_000 {
-		var h uint32
 		if i%3 == 0 {
-			h = r.newHandleBits(qpnBits, func(h uint32) bool { return seen[h] })
-			if h == 0 || h >= 1<<24 {
+			if h := e.NewHandle(engine.KindQP, qpnBits); h == 0 || h >= 1<<24 {
 				t.Fatalf("QP number %#x after %d handles", h, i)
 			}
-			seen[h] = true
 		} else {
-			r.newHandle(func(uint32) bool { return false }) // other objects advance the sequence
+			e.NewHandle(engine.KindMR, 32) // other objects advance the sequence
 		}
 	}
 }

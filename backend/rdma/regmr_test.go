@@ -40,7 +40,7 @@ func TestRegMRLargePages(t *testing.T) {
 	}
 	base, _ := tbl.Slice(0, guestSize)
 	var views int
-	err := d.res.mrs[key].mr.Range(tbl, 0x3100, 0x20000, func(b []byte) error {
+	err := d.eng.LookupMR(key).Range(tbl, 0x3100, 0x20000, func(b []byte) error {
 		views++
 		if &b[0] != &base[0x3100] || len(b) != 0x20000 {
 			t.Errorf("view of %d bytes at the wrong place", len(b))

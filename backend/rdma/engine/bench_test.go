@@ -17,8 +17,8 @@ func BenchmarkWrite(b *testing.B) {
 	const key = 0x4242_0001
 	src := a.g.newMR(b, key, testPD, abi.AccessAll, 0, 1<<20, false)
 	dst := r.g.newMR(b, key, testPD, abi.AccessAll, 0, 1<<20, false)
-	a.d.AddMR(src)
-	r.d.AddMR(dst)
+	addMR(a.d, src)
+	addMR(r.d, dst)
 	for _, size := range benchSizes {
 		b.Run(fmt.Sprintf("%dB", size), func(b *testing.B) {
 			sg := []abi.SGE{{Addr: 0, Length: uint32(size), LKey: key}}

@@ -40,10 +40,14 @@ type Device struct {
 	mem    *memmap.Memory // protected by mu; nil while detached
 	events EventSink      // protected by mu
 	wake   func(dbq int)  // protected by mu
-	mrs    map[uint32]*MR // protected by mu
-	cqs    map[uint32]*CQ // protected by mu
-	qps    map[uint32]*QP // protected by mu
-	byDBQ  map[int][]*QP  // protected by mu; each slice is immutable (copy on write)
+	// The registry (registry.go): every object of the device, by handle.
+	pds   map[uint32]*PD // protected by mu
+	mrs   map[uint32]*MR // protected by mu
+	cqs   map[uint32]*CQ // protected by mu
+	qps   map[uint32]*QP // protected by mu
+	ahs   map[uint32]*AH // protected by mu
+	byDBQ map[int][]*QP  // protected by mu; each slice is immutable (copy on write)
+	seq   uint32         // handle sequence (protected by mu)
 
 	bytesMoved    atomic.Uint64
 	ops           [7]atomic.Uint64
@@ -63,9 +67,11 @@ func NewDevice(f *Fabric, gid [16]byte, log *logrus.Entry) *Device {
 		fabric: f,
 		gid:    gid,
 		log:    log,
+		pds:    make(map[uint32]*PD),
 		mrs:    make(map[uint32]*MR),
 		cqs:    make(map[uint32]*CQ),
 		qps:    make(map[uint32]*QP),
+		ahs:    make(map[uint32]*AH),
 		byDBQ:  make(map[int][]*QP),
 	}
 }
@@ -124,186 +130,11 @@ func (d *Device) wakeQueue(dbq int) {
 	}
 }
 
-// AddMR makes m reachable by its key.
-func (d *Device) AddMR(m *MR) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.mrs[m.Key] = m
-}
-
-// RemoveMR removes and returns the MR with key, or nil. An operation that
-// resolved the key before RemoveMR may still be copying (see doc.go).
-func (d *Device) RemoveMR(key uint32) *MR {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	m := d.mrs[key]
-	delete(d.mrs, key)
-	return m
-}
-
-// LookupMR returns the MR with key, or nil.
-func (d *Device) LookupMR(key uint32) *MR {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.mrs[key]
-}
-
-// AddCQ makes c reachable by its number. c.Dev must be d.
-func (d *Device) AddCQ(c *CQ) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.cqs[c.Num] = c
-}
-
-// RemoveCQ removes and returns the CQ with num, or nil. Later completions
-// for it are dropped.
-func (d *Device) RemoveCQ(num uint32) *CQ {
-	d.mu.Lock()
-	c := d.cqs[num]
-	delete(d.cqs, num)
-	d.mu.Unlock()
-	if c != nil {
-		c.mu.Lock()
-		c.dead = true
-		c.armed = false
-		c.mu.Unlock()
-	}
-	return c
-}
-
-// LookupCQ returns the CQ with num, or nil.
-func (d *Device) LookupCQ(num uint32) *CQ {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.cqs[num]
-}
-
-// AddQP makes q reachable by its number and by the engine of
-// q.DoorbellQueue. q starts in RESET; its CQs' Users are incremented.
-// q.Dev must be d.
-func (d *Device) AddQP(q *QP) {
-	q.mu.Lock()
-	q.attr = abi.QPAttr{QPN: q.Num, QPState: abi.QPSReset}
-	q.peer = nil
-	q.dead = false
-	q.mu.Unlock()
-	if q.SendCQ != nil {
-		q.SendCQ.Users.Add(1)
-	}
-	if q.RecvCQ != nil {
-		q.RecvCQ.Users.Add(1)
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.qps[q.Num] = q
-	old := d.byDBQ[q.DoorbellQueue]
-	list := make([]*QP, len(old), len(old)+1)
-	copy(list, old)
-	d.byDBQ[q.DoorbellQueue] = append(list, q)
-}
-
-// RemoveQP destroys the QP with num and returns it, or nil. Peers stop
-// reaching it at once; RemoveQP then waits for the engine's current pass
-// over it and for in-flight remote operations on it to end (both are
-// bounded), so nothing touches its rings or CQs after it returns. Its CQs'
-// Users are decremented. The caller must not hold a lock that EventSink or
-// wake take.
-func (d *Device) RemoveQP(num uint32) *QP {
-	d.mu.Lock()
-	q := d.qps[num]
-	if q == nil {
-		d.mu.Unlock()
-		return nil
-	}
-	delete(d.qps, num)
-	old := d.byDBQ[q.DoorbellQueue]
-	list := make([]*QP, 0, len(old))
-	for _, o := range old {
-		if o != q {
-			list = append(list, o)
-		}
-	}
-	if len(list) == 0 {
-		delete(d.byDBQ, q.DoorbellQueue)
-	} else {
-		d.byDBQ[q.DoorbellQueue] = list
-	}
-	d.mu.Unlock()
-
-	q.sqMu.Lock()
-	defer q.sqMu.Unlock()
-	q.rqMu.Lock()
-	defer q.rqMu.Unlock()
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.dead {
-		return q
-	}
-	q.dead = true
-	q.peer = nil
-	if q.rnrTimer != nil {
-		q.rnrTimer.Stop()
-	}
-	if q.SendCQ != nil {
-		q.SendCQ.Users.Add(-1)
-	}
-	if q.RecvCQ != nil {
-		q.RecvCQ.Users.Add(-1)
-	}
-	return q
-}
-
-// LookupQP returns the QP with num, or nil.
-func (d *Device) LookupQP(num uint32) *QP {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.qps[num]
-}
-
-// NumQPs returns the number of QPs.
-func (d *Device) NumQPs() int {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return len(d.qps)
-}
-
-// NumCQs returns the number of CQs.
-func (d *Device) NumCQs() int {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return len(d.cqs)
-}
-
-// NumMRs returns the number of MRs.
-func (d *Device) NumMRs() int {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return len(d.mrs)
-}
-
-// queueQPs returns the QPs of doorbell queue dbq (an immutable slice).
-func (d *Device) queueQPs(dbq int) []*QP {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.byDBQ[dbq]
-}
-
-// allQPs returns a snapshot of every QP.
-func (d *Device) allQPs() []*QP {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	qs := make([]*QP, 0, len(d.qps))
-	for _, q := range d.qps {
-		qs = append(qs, q)
-	}
-	return qs
-}
-
-// Reset destroys every QP (peers' QPs connected to them move to ERR, and
-// their outstanding send WQEs complete with RETRY_EXC_ERR), then every CQ
-// and MR. The control path then releases the pins.
-func (d *Device) Reset() {
-	ours := d.allQPs()
+// loseQPs tells the peers of ours, QPs of d about to be destroyed by
+// Reset, that they are gone: every peer QP connected to one of them moves
+// to ERR with a QP_FATAL event, and its send WQEs outstanding now will
+// complete with RETRY_EXC_ERR.
+func (d *Device) loseQPs(ours []*QP) {
 	byNum := make(map[uint32]bool, len(ours))
 	for _, q := range ours {
 		byNum[q.Num] = true
@@ -340,21 +171,6 @@ func (d *Device) Reset() {
 			pt.Release()
 		}
 	}
-	for _, q := range ours {
-		d.RemoveQP(q.Num)
-	}
-	d.mu.Lock()
-	cqs := make([]*CQ, 0, len(d.cqs))
-	for _, c := range d.cqs {
-		cqs = append(cqs, c)
-	}
-	d.mu.Unlock()
-	for _, c := range cqs {
-		d.RemoveCQ(c.Num)
-	}
-	d.mu.Lock()
-	clear(d.mrs)
-	d.mu.Unlock()
 }
 
 // Stats returns the device's counters.

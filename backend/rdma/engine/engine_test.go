@@ -166,7 +166,7 @@ func TestWriteAcrossRegions(t *testing.T) {
 	// An MR on b whose pages straddle the boundary of b's two memory regions.
 	b.g.next = memmap.GPA(guestBase + 4<<20 - 2*abi.PageSize)
 	mr := b.g.newMR(t, 0x5501, testPD, abi.AccessAll, 0x100, 4*abi.PageSize, false)
-	b.d.AddMR(mr)
+	addMR(b.d, mr)
 	msg := pattern(4*abi.PageSize, 3)
 	a.g.mrWrite(t, a.mr, mrIOVA, msg)
 	a.postSend(t, abi.SendWQE{WRID: 1, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled, RemoteAddr: 0x100, RKey: 0x5501},
@@ -239,7 +239,7 @@ func TestErrors(t *testing.T) {
 		}},
 		{name: "lkey of another pd", wantStatus: abi.WCLocProtErr, setup: func(t *testing.T, e env) {
 			m := e.a.g.newMR(t, 0x7702, 2, abi.AccessAll, 0x1000, 4096, false)
-			e.a.d.AddMR(m)
+			addMR(e.a.d, m)
 			send(e, abi.SendWQE{Opcode: abi.WROpRDMAWrite, RemoteAddr: mrIOVA, RKey: mrKey}, abi.SGE{Addr: 0x1000, Length: 8, LKey: 0x7702})
 		}},
 		{name: "local out of bounds", wantStatus: abi.WCLocProtErr, setup: func(t *testing.T, e env) {
@@ -250,13 +250,13 @@ func TestErrors(t *testing.T) {
 		}},
 		{name: "read into mr without local write", wantStatus: abi.WCLocProtErr, setup: func(t *testing.T, e env) {
 			m := e.a.g.newMR(t, 0x7703, testPD, abi.AccessRemoteRead, 0x1000, 4096, false)
-			e.a.d.AddMR(m)
+			addMR(e.a.d, m)
 			send(e, abi.SendWQE{Opcode: abi.WROpRDMARead, RemoteAddr: mrIOVA, RKey: mrKey}, abi.SGE{Addr: 0x1000, Length: 8, LKey: 0x7703})
 		}},
 		{name: "message above 2^31", wantStatus: abi.WCLocLenErr, setup: func(t *testing.T, e env) {
 			// A huge MR without backing pages is fine: lengths are checked before data moves.
 			m := NewMR(0x7705, testPD, abi.AccessAll, 0, 3<<30, make([]memmap.GPA, (3<<30)/abi.PageSize), abi.PageShift)
-			e.a.d.AddMR(m)
+			addMR(e.a.d, m)
 			send(e, abi.SendWQE{Opcode: abi.WROpRDMAWrite, RemoteAddr: mrIOVA, RKey: mrKey},
 				abi.SGE{Addr: 0, Length: 1 << 31, LKey: 0x7705}, abi.SGE{Addr: 0, Length: 1, LKey: 0x7705})
 		}},
@@ -265,7 +265,7 @@ func TestErrors(t *testing.T) {
 		}},
 		{name: "rkey of another pd", wantStatus: abi.WCRemAccessErr, peerErr: true, setup: func(t *testing.T, e env) {
 			m := e.b.g.newMR(t, 0x8801, 2, abi.AccessAll, 0x1000, 4096, false)
-			e.b.d.AddMR(m)
+			addMR(e.b.d, m)
 			send(e, abi.SendWQE{Opcode: abi.WROpRDMAWrite, RemoteAddr: 0x1000, RKey: 0x8801}, e.a.sge(0, 8))
 		}},
 		{name: "remote out of bounds", wantStatus: abi.WCRemAccessErr, peerErr: true, setup: func(t *testing.T, e env) {
@@ -273,12 +273,12 @@ func TestErrors(t *testing.T) {
 		}},
 		{name: "mr without remote write", wantStatus: abi.WCRemAccessErr, peerErr: true, setup: func(t *testing.T, e env) {
 			m := e.b.g.newMR(t, 0x8802, testPD, abi.AccessLocalWrite|abi.AccessRemoteRead, 0x1000, 4096, false)
-			e.b.d.AddMR(m)
+			addMR(e.b.d, m)
 			send(e, abi.SendWQE{Opcode: abi.WROpRDMAWrite, RemoteAddr: 0x1000, RKey: 0x8802}, e.a.sge(0, 8))
 		}},
 		{name: "mr without remote atomic", wantStatus: abi.WCRemAccessErr, peerErr: true, setup: func(t *testing.T, e env) {
 			m := e.b.g.newMR(t, 0x8803, testPD, abi.AccessLocalWrite|abi.AccessRemoteWrite, 0x1000, 4096, false)
-			e.b.d.AddMR(m)
+			addMR(e.b.d, m)
 			send(e, abi.SendWQE{Opcode: abi.WROpAtomicFetchAdd, RemoteAddr: 0x1000, RKey: 0x8803}, e.a.sge(0, 8))
 		}},
 		{name: "qp without remote read", opts: pairOpts{accessB: abi.AccessRemoteWrite}, wantStatus: abi.WCRemAccessErr, peerErr: true,
@@ -647,8 +647,8 @@ func TestResetDevice(t *testing.T) {
 	a.postSend(t, abi.SendWQE{WRID: 1, Opcode: abi.WROpRDMAWrite, RemoteAddr: mrIOVA, RKey: mrKey}, nil, nil)
 	a.postSend(t, abi.SendWQE{WRID: 2, Opcode: abi.WROpRDMAWrite, RemoteAddr: mrIOVA, RKey: mrKey}, nil, nil)
 	b.d.Reset()
-	if b.d.NumQPs() != 0 || b.d.NumCQs() != 0 || b.d.NumMRs() != 0 {
-		t.Fatalf("after reset: %d QPs %d CQs %d MRs, want none", b.d.NumQPs(), b.d.NumCQs(), b.d.NumMRs())
+	if b.d.Count(KindQP) != 0 || b.d.Count(KindCQ) != 0 || b.d.Count(KindMR) != 0 {
+		t.Fatalf("after reset: %d QPs %d CQs %d MRs, want none", b.d.Count(KindQP), b.d.Count(KindCQ), b.d.Count(KindMR))
 	}
 	if b.scq.Users.Load() != 0 || b.rcq.Users.Load() != 0 {
 		t.Fatalf("CQ users after reset: got %d %d, want 0", b.scq.Users.Load(), b.rcq.Users.Load())

@@ -254,8 +254,8 @@ func TestResetWithFaultedPeer(t *testing.T) {
 	r.bg.cut(t, 0)
 	r.bg.cut(t, 1)
 	a.d.Reset()
-	if a.d.NumQPs() != 0 {
-		t.Fatalf("after reset: %d QPs, want none", a.d.NumQPs())
+	if a.d.Count(KindQP) != 0 {
+		t.Fatalf("after reset: %d QPs, want none", a.d.Count(KindQP))
 	}
 	if s := b.qp.State(); s != abi.QPSErr {
 		t.Fatalf("peer QP of the reset device: state %d, want ERR", s)
@@ -283,7 +283,7 @@ func TestPeerCQFault(t *testing.T) {
 		b.d.AddCQ(rcq)
 		b.g.next = guestBase + 0x80000
 		mr := b.g.newMR(t, mrKey+1, testPD, abi.AccessAll, 0, 8192, false)
-		b.d.AddMR(mr)
+		addMR(b.d, mr)
 		bq := newQP(t, b.g, b.d, 0x201, b.scq, rcq, qpOpts{})
 		all := uint32(abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic)
 		connect(t, a.qp, b.d, 0x201, all, 1, 0)

@@ -219,7 +219,7 @@ func newQP(tb testing.TB, g *guest, d *Device, num uint32, scq, rcq *CQ, o qpOpt
 		Record:     g.pages(tb, 1)[0] + 16,
 		MaxSendSGE: o.maxSGE, MaxRecvSGE: o.maxSGE, MaxInline: o.inl, SigAll: o.sigAll,
 	}
-	d.AddQP(q)
+	addQP(d, q)
 	return q
 }
 
@@ -254,7 +254,7 @@ func newNodeIn(tb testing.TB, f *Fabric, g *guest, gid byte, qpn uint32, o qpOpt
 		n.g.next = mrAt
 	}
 	n.mr = n.g.newMR(tb, mrKey, testPD, abi.AccessAll, mrIOVA, mrLen, true)
-	n.d.AddMR(n.mr)
+	addMR(n.d, n.mr)
 	return n
 }
 
@@ -434,3 +434,24 @@ var (
 	errorsIs = errors.Is
 	errorsAs = func(err error, target any) bool { return errors.As(err, target) }
 )
+
+// addMR registers m on d, and its PD first if d has none of that number
+// (engine tests build objects without the control path).
+func addMR(d *Device, m *MR) {
+	if !d.HasPD(m.PD) {
+		d.AddPD(m.PD)
+	}
+	if err := d.AddMR(m); err != nil {
+		panic(err)
+	}
+}
+
+// addQP is addMR for a QP.
+func addQP(d *Device, q *QP) {
+	if !d.HasPD(q.PD) {
+		d.AddPD(q.PD)
+	}
+	if err := d.AddQP(q); err != nil {
+		panic(err)
+	}
+}

@@ -79,7 +79,7 @@ func TestOverlappingRingsRunDry(t *testing.T) {
 				Record:     lay.qpRecord,
 				MaxSendSGE: qpSGE, MaxRecvSGE: qpSGE, MaxInline: qpInl,
 			}
-			a.d.AddQP(q)
+			addQP(a.d, q)
 			connect(t, q, b.d, 0x200, 0, 1, 0)
 			// Driver-style posts through the aliased record.
 			n := &node{g: a.g, d: a.d, qp: q}

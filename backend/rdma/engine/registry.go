@@ -1,0 +1,390 @@
+package engine
+
+import (
+	"crypto/rand"
+	"errors"
+
+	abi "github.com/vrdma/vrdma/virtio/rdma"
+)
+
+// The registry: every object of a device (PD, MR, CQ, QP, AH) by handle,
+// with the lifetimes the objects impose on one another. The control path
+// (package backend/rdma) validates commands, pins guest memory and then
+// adds, looks up and removes objects here; the engine finds them here on
+// the data path. There is no other table of device objects.
+//
+// Lifetimes: an MR, a QP and an AH hold their PD (RemovePD answers
+// ErrBusy while any do); a QP holds its CQs (CQ.Users; the control path
+// refuses DESTROY_CQ while it is not zero).
+
+// Registry errors.
+var (
+	ErrNoPD   = errors.New("no such protection domain")
+	ErrPDBusy = errors.New("protection domain in use")
+)
+
+// PD is a protection domain.
+type PD struct {
+	Num   uint32 // immutable
+	users int    // MRs, QPs and AHs naming it (protected by Device.mu)
+}
+
+// AH is an address handle: a destination as a UD work request would name
+// it (RC QPs carry theirs in their attributes).
+type AH struct {
+	Num  uint32   // immutable
+	PD   uint32   // immutable
+	DGID [16]byte // immutable
+}
+
+// Kind names one of the registry's tables.
+type Kind int
+
+// The registry's tables.
+const (
+	KindPD Kind = iota
+	KindMR
+	KindCQ
+	KindQP
+	KindAH
+)
+
+// NewHandle returns a handle that no object of kind k holds: a sequence
+// number in bits 8 … bits−1 and a random low byte, so that handles and
+// keys cannot be guessed from one another. Zero is never a handle. bits is
+// 9 … 32 (QP numbers are 24 bits wide, as a BTH carries them). The loop
+// ends: a device's objects of one kind are far fewer than the 2^(bits−8)
+// sequence numbers.
+func (d *Device) NewHandle(k Kind, bits uint) uint32 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var b [1]byte
+	mask := uint32(1)<<(bits-8) - 1
+	for {
+		d.seq = (d.seq + 1) & 0xffffff
+		seq := d.seq & mask
+		if seq == 0 {
+			continue
+		}
+		rand.Read(b[:])
+		h := seq<<8 | uint32(b[0])
+		if h != 0 && !d.takenLocked(k, h) {
+			return h
+		}
+	}
+}
+
+// takenLocked reports whether an object of kind k holds handle h.
+// Precondition: mu held.
+func (d *Device) takenLocked(k Kind, h uint32) bool {
+	switch k {
+	case KindPD:
+		return d.pds[h] != nil
+	case KindMR:
+		return d.mrs[h] != nil
+	case KindCQ:
+		return d.cqs[h] != nil
+	case KindQP:
+		return d.qps[h] != nil
+	default:
+		return d.ahs[h] != nil
+	}
+}
+
+// Count returns the number of objects of kind k.
+func (d *Device) Count(k Kind) int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	switch k {
+	case KindPD:
+		return len(d.pds)
+	case KindMR:
+		return len(d.mrs)
+	case KindCQ:
+		return len(d.cqs)
+	case KindQP:
+		return len(d.qps)
+	default:
+		return len(d.ahs)
+	}
+}
+
+// AddPD registers a protection domain with handle num.
+func (d *Device) AddPD(num uint32) *PD {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := &PD{Num: num}
+	d.pds[num] = p
+	return p
+}
+
+// RemovePD removes the PD with num: ErrNoPD if there is none, ErrPDBusy
+// (and nothing changes) while an MR, QP or AH names it.
+func (d *Device) RemovePD(num uint32) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.pds[num]
+	switch {
+	case p == nil:
+		return ErrNoPD
+	case p.users > 0:
+		return ErrPDBusy
+	}
+	delete(d.pds, num)
+	return nil
+}
+
+// HasPD reports whether the PD num exists.
+func (d *Device) HasPD(num uint32) bool {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.pds[num] != nil
+}
+
+// holdPDLocked counts one more user of the PD num. Precondition: mu held.
+func (d *Device) holdPDLocked(num uint32) error {
+	p := d.pds[num]
+	if p == nil {
+		return ErrNoPD
+	}
+	p.users++
+	return nil
+}
+
+// releasePDLocked counts one user less. Precondition: mu held.
+func (d *Device) releasePDLocked(num uint32) {
+	if p := d.pds[num]; p != nil && p.users > 0 {
+		p.users--
+	}
+}
+
+// AddMR makes m reachable by its key; it holds its PD (ErrNoPD if m.PD
+// does not exist, and then nothing changes).
+func (d *Device) AddMR(m *MR) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.holdPDLocked(m.PD); err != nil {
+		return err
+	}
+	d.mrs[m.Key] = m
+	return nil
+}
+
+// RemoveMR removes and returns the MR with key, or nil. An operation that
+// resolved the key before RemoveMR may still be copying (see doc.go).
+func (d *Device) RemoveMR(key uint32) *MR {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := d.mrs[key]
+	if m != nil {
+		delete(d.mrs, key)
+		d.releasePDLocked(m.PD)
+	}
+	return m
+}
+
+// LookupMR returns the MR with key, or nil.
+func (d *Device) LookupMR(key uint32) *MR {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.mrs[key]
+}
+
+// AddCQ makes c reachable by its number. c.Dev must be d.
+func (d *Device) AddCQ(c *CQ) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.cqs[c.Num] = c
+}
+
+// RemoveCQ removes and returns the CQ with num, or nil. Later completions
+// for it are dropped.
+func (d *Device) RemoveCQ(num uint32) *CQ {
+	d.mu.Lock()
+	c := d.cqs[num]
+	delete(d.cqs, num)
+	d.mu.Unlock()
+	if c != nil {
+		c.mu.Lock()
+		c.dead = true
+		c.armed = false
+		c.mu.Unlock()
+	}
+	return c
+}
+
+// LookupCQ returns the CQ with num, or nil.
+func (d *Device) LookupCQ(num uint32) *CQ {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.cqs[num]
+}
+
+// AddQP makes q reachable by its number and by the engine of
+// q.DoorbellQueue; it holds its PD (ErrNoPD if q.PD does not exist, and
+// then nothing changes) and its CQs (Users). q starts in RESET. q.Dev must
+// be d.
+func (d *Device) AddQP(q *QP) error {
+	q.mu.Lock()
+	q.attr = abi.QPAttr{QPN: q.Num, QPState: abi.QPSReset}
+	q.peer = nil
+	q.dead = false
+	q.mu.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.holdPDLocked(q.PD); err != nil {
+		return err
+	}
+	if q.SendCQ != nil {
+		q.SendCQ.Users.Add(1)
+	}
+	if q.RecvCQ != nil {
+		q.RecvCQ.Users.Add(1)
+	}
+	d.qps[q.Num] = q
+	old := d.byDBQ[q.DoorbellQueue]
+	list := make([]*QP, len(old), len(old)+1)
+	copy(list, old)
+	d.byDBQ[q.DoorbellQueue] = append(list, q)
+	return nil
+}
+
+// RemoveQP destroys the QP with num and returns it, or nil. Peers stop
+// reaching it at once; RemoveQP then waits for the engine's current pass
+// over it and for in-flight remote operations on it to end (both are
+// bounded), so nothing touches its rings or CQs after it returns. It
+// releases its PD and its CQs. The caller must not hold a lock that
+// EventSink or wake take.
+func (d *Device) RemoveQP(num uint32) *QP {
+	d.mu.Lock()
+	q := d.qps[num]
+	if q == nil {
+		d.mu.Unlock()
+		return nil
+	}
+	delete(d.qps, num)
+	d.releasePDLocked(q.PD)
+	old := d.byDBQ[q.DoorbellQueue]
+	list := make([]*QP, 0, len(old))
+	for _, o := range old {
+		if o != q {
+			list = append(list, o)
+		}
+	}
+	if len(list) == 0 {
+		delete(d.byDBQ, q.DoorbellQueue)
+	} else {
+		d.byDBQ[q.DoorbellQueue] = list
+	}
+	d.mu.Unlock()
+
+	q.sqMu.Lock()
+	defer q.sqMu.Unlock()
+	q.rqMu.Lock()
+	defer q.rqMu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.dead {
+		return q
+	}
+	q.dead = true
+	q.peer = nil
+	if q.rnrTimer != nil {
+		q.rnrTimer.Stop()
+	}
+	if q.SendCQ != nil {
+		q.SendCQ.Users.Add(-1)
+	}
+	if q.RecvCQ != nil {
+		q.RecvCQ.Users.Add(-1)
+	}
+	return q
+}
+
+// LookupQP returns the QP with num, or nil.
+func (d *Device) LookupQP(num uint32) *QP {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.qps[num]
+}
+
+// AddAH registers a; it holds its PD (ErrNoPD if a.PD does not exist).
+func (d *Device) AddAH(a *AH) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.holdPDLocked(a.PD); err != nil {
+		return err
+	}
+	d.ahs[a.Num] = a
+	return nil
+}
+
+// RemoveAH removes and returns the AH with num, or nil.
+func (d *Device) RemoveAH(num uint32) *AH {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	a := d.ahs[num]
+	if a != nil {
+		delete(d.ahs, num)
+		d.releasePDLocked(a.PD)
+	}
+	return a
+}
+
+// queueQPs returns the QPs of doorbell queue dbq (an immutable slice).
+func (d *Device) queueQPs(dbq int) []*QP {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.byDBQ[dbq]
+}
+
+// allQPs returns a snapshot of every QP.
+func (d *Device) allQPs() []*QP {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	qs := make([]*QP, 0, len(d.qps))
+	for _, q := range d.qps {
+		qs = append(qs, q)
+	}
+	return qs
+}
+
+// Released is what Reset removed from the registry, for the control path
+// to release the memory they pinned.
+type Released struct {
+	QPs []*QP
+	CQs []*CQ
+	MRs []*MR
+}
+
+// Reset destroys every object: every QP first (peers' QPs connected to
+// them move to ERR, and their outstanding send WQEs complete with
+// RETRY_EXC_ERR), then every CQ, MR, AH and PD. It returns what held
+// pinned guest memory.
+func (d *Device) Reset() Released {
+	var rel Released
+	rel.QPs = d.allQPs()
+	d.loseQPs(rel.QPs)
+	for _, q := range rel.QPs {
+		d.RemoveQP(q.Num)
+	}
+	d.mu.Lock()
+	rel.CQs = make([]*CQ, 0, len(d.cqs))
+	for _, c := range d.cqs {
+		rel.CQs = append(rel.CQs, c)
+	}
+	d.mu.Unlock()
+	for _, c := range rel.CQs {
+		d.RemoveCQ(c.Num)
+	}
+	d.mu.Lock()
+	rel.MRs = make([]*MR, 0, len(d.mrs))
+	for _, m := range d.mrs {
+		rel.MRs = append(rel.MRs, m)
+	}
+	clear(d.mrs)
+	clear(d.ahs)
+	clear(d.pds)
+	d.mu.Unlock()
+	return rel
+}
