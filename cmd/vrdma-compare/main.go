@@ -48,6 +48,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
 )
@@ -201,7 +202,7 @@ func compare(ctx context.Context, o options, ws []Workload, stdout, logw io.Writ
 		vals[p] = make([][]float64, len(ws))
 	}
 	// add files perftest results of pair p under their workloads.
-	add := func(p Pair, res []guestvm.Result) error {
+	add := func(p Pair, res []guestresult.Result) error {
 		for _, r := range res {
 			matched := false
 			for i, w := range ws {

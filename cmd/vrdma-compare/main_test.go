@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/vrdma/vrdma/vmm/guestvm"
+	"github.com/vrdma/vrdma/internal/guestresult"
 )
 
 func TestSummarize(t *testing.T) {
@@ -86,9 +86,9 @@ func TestReplaceBlock(t *testing.T) {
 	}
 }
 
-func result(t *testing.T, s string) guestvm.Result {
+func result(t *testing.T, s string) guestresult.Result {
 	t.Helper()
-	r, err := guestvm.ParseResult(s)
+	r, err := guestresult.Parse(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +263,7 @@ func FuzzReplaceBlock(f *testing.F) {
 func FuzzFigure(f *testing.F) {
 	f.Add(`{"role":"client","transport":"rxe","op":"write_bw","size":65536,"iters":200,"run":1,"exit":0,"gbits_per_s":0.13,"gbytes_per_s":0.01625}`, uint8(RxePerftest))
 	f.Fuzz(func(t *testing.T, line string, pair uint8) {
-		r, err := guestvm.ParseResult(line)
+		r, err := guestresult.Parse(line)
 		if err != nil {
 			return
 		}

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
+	"github.com/vrdma/vrdma/internal/guestresult"
+	"github.com/vrdma/vrdma/internal/rxepair"
 	"github.com/vrdma/vrdma/internal/stacklab"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	abi "github.com/vrdma/vrdma/virtio/rdma"
@@ -17,129 +17,21 @@ import (
 	"github.com/vrdma/vrdma/vmm/qemu"
 )
 
-// rxe guests' addresses on their private dgram link.
-const (
-	rxeServerIP = "10.77.0.1"
-	rxeClientIP = "10.77.0.2"
-	rxeGID      = 1
-)
-
-// freeUDPPorts returns two distinct free UDP ports on 127.0.0.1.
-func freeUDPPorts() (int, int, error) {
-	var ports [2]int
-	var conns []net.PacketConn
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-	}()
-	for i := range ports {
-		c, err := net.ListenPacket("udp4", "127.0.0.1:0")
-		if err != nil {
-			return 0, 0, fmt.Errorf("pick a udp port: %w", err)
-		}
-		conns = append(conns, c)
-		ports[i] = c.LocalAddr().(*net.UDPAddr).Port
-	}
-	return ports[0], ports[1], nil
-}
-
-// dgramNIC is the QEMU arguments of a virtio-net NIC on a UDP socket pair
-// on the loopback interface.
-func dgramNIC(local, remote int, mac string) []string {
-	return []string{
-		"-netdev", fmt.Sprintf("dgram,id=n0,local.type=inet,local.host=127.0.0.1,local.port=%d,remote.type=inet,remote.host=127.0.0.1,remote.port=%d", local, remote),
-		"-device", "virtio-net-pci,netdev=n0,romfile=,mac=" + mac,
-	}
-}
-
-// rxeConfig is one rxe guest.
-func rxeConfig(o options, name, role, ip, peer string, jobs []string, runs int, nic []string) guestvm.Config {
-	app := fmt.Sprintf("rxe.role=%s rxe.ip=%s rxe.runs=%d rxe.gid=%d", role, ip, runs, rxeGID)
-	if peer != "" {
-		app += " rxe.peer=" + peer
-	}
-	return guestvm.Config{
-		Name: name, QEMU: o.qemuBin, Kernel: o.rxeKernel, Initrd: o.rxeInitrd,
-		MemoryMiB: o.memory, SMP: 1, HugePages: 1, Run: "perftest", Args: jobs,
-		Append: app, ExtraQEMUArgs: nic,
-	}
-}
-
-// waitLine waits until g prints a line containing one of subs, g stops
-// (VRDMA-ERROR, VRDMA-EXIT, console closed) or ctx ends.
-func waitLine(ctx context.Context, g *guestvm.Guest, subs ...string) error {
-	lines := g.Lines()
-	for {
-		var line string
-		var ok bool
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("guest %s: wait for the server to listen: %w", g.Name(), ctx.Err())
-		case line, ok = <-lines:
-		}
-		if !ok {
-			return fmt.Errorf("guest %s: console closed before the server listened", g.Name())
-		}
-		for _, s := range subs {
-			if strings.Contains(line, s) {
-				return nil
-			}
-		}
-		if k, _ := guestvm.Classify(line); k == guestvm.KindError || k == guestvm.KindExit {
-			return fmt.Errorf("guest %s: %q before the server listened", g.Name(), line)
-		}
-	}
-}
+// rxeGID is the RoCE v2 GID index perftest uses over rxe: eth0's IPv4
+// address (internal/rxepair).
+const rxeGID = rxepair.GIDIPv4
 
 // runRxe boots the soft-RoCE pair once and runs every workload runs times.
 // It returns the client's results and both consoles.
-func runRxe(ctx context.Context, o options, ws []Workload, runs int) ([]guestvm.Result, string, error) {
-	p1, p2, err := freeUDPPorts()
-	if err != nil {
-		return nil, "", err
-	}
+func runRxe(ctx context.Context, o options, ws []Workload, runs int) ([]guestresult.Result, string, error) {
 	jobs := make([]string, len(ws))
 	for i, w := range ws {
 		jobs[i] = w.PerftestJob()
 	}
-	scfg := rxeConfig(o, "rxe-server", "server", rxeServerIP, "", jobs, runs, dgramNIC(p1, p2, "52:54:00:77:00:01"))
-	ccfg := rxeConfig(o, "rxe-client", "client", rxeClientIP, rxeServerIP, jobs, runs, dgramNIC(p2, p1, "52:54:00:77:00:02"))
-	srv, err := guestvm.Boot(ctx, scfg)
-	if err != nil {
-		return nil, "", fmt.Errorf("boot rxe server: %w", err)
-	}
-	defer srv.Close()
-	// perftest's server prints this just before it listens; the client
-	// also retries a refused connection (guest/perftest-jobs).
-	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	err = waitLine(wctx, srv, "Waiting for client")
-	cancel()
-	if err != nil {
-		return nil, srv.Log(), err
-	}
-	cli, err := guestvm.Boot(ctx, ccfg)
-	if err != nil {
-		return nil, srv.Log(), fmt.Errorf("boot rxe client: %w", err)
-	}
-	defer cli.Close()
-	var wg sync.WaitGroup
-	var serr error
-	wg.Add(1)
-	go func() { defer wg.Done(); _, serr = srv.WaitResult(ctx) }()
-	res, cerr := cli.WaitResult(ctx)
-	if cerr != nil {
-		srv.Kill()
-	}
-	wg.Wait()
-	log := srv.Log() + cli.Log()
-	if cerr != nil {
-		return res, log, fmt.Errorf("rxe client: %w", cerr)
-	}
-	if serr != nil {
-		return res, log, fmt.Errorf("rxe server: %w", serr)
-	}
-	return res, log, nil
+	return rxepair.Run(ctx, rxepair.Config{
+		QEMU: o.qemuBin, Kernel: o.rxeKernel, Initrd: o.rxeInitrd, MemoryMiB: o.memory,
+		Jobs: jobs, Runs: runs, GID: rxeGID,
+	})
 }
 
 // stackDevice is the vrdma device in a stack guest.
@@ -167,7 +59,7 @@ func perftestJobsCommand(role string, ws []Workload, runs int, peer string) stri
 // returns the client's results, both guests' logs (and vrdmad's, when it
 // failed), and how many kernel warnings the guests reported (the e2e tests
 // judge those; the figures stand).
-func runStack(ctx context.Context, o options, ws []Workload, runs int) ([]guestvm.Result, string, int, error) {
+func runStack(ctx context.Context, o options, ws []Workload, runs int) ([]guestresult.Result, string, int, error) {
 	lab, err := stacklab.New(ctx, stacklab.Config{
 		Names:  []string{guestvm.RoleServer, guestvm.RoleClient},
 		VRDMAD: o.vrdmad, QEMU: o.qemuBin, Kernel: o.stackKernel, Initrd: o.stackInitrd,
@@ -185,7 +77,7 @@ func runStack(ctx context.Context, o options, ws []Workload, runs int) ([]guestv
 	}
 	var (
 		mu      sync.Mutex
-		results []guestvm.Result
+		results []guestresult.Result
 		errs    []string
 	)
 	res, err := p.Run(ctx, func(role string, l guestvm.StackLine) {
@@ -201,7 +93,7 @@ func runStack(ctx context.Context, o options, ws []Workload, runs int) ([]guestv
 			if role != guestvm.RoleClient {
 				return
 			}
-			r, perr := guestvm.ParseResult(payload)
+			r, perr := guestresult.Parse(payload)
 			if perr != nil {
 				errs = append(errs, fmt.Sprintf("client: unparsable VRDMA-RESULT %q: %v", payload, perr))
 				return
@@ -228,7 +120,7 @@ func runStack(ctx context.Context, o options, ws []Workload, runs int) ([]guestv
 }
 
 // runVrdma runs one workload once between two vrdma guests on one vrdmad.
-func runVrdma(ctx context.Context, o options, w Workload) ([]guestvm.Result, string, error) {
+func runVrdma(ctx context.Context, o options, w Workload) ([]guestresult.Result, string, error) {
 	d, err := vrdmadproc.Start(ctx, vrdmadproc.Config{Binary: o.vrdmad, Devices: []string{"server", "client"}})
 	if err != nil {
 		return nil, "", err

@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strconv"
 
-	"github.com/vrdma/vrdma/vmm/guestvm"
+	"github.com/vrdma/vrdma/internal/guestresult"
 )
 
 // Metric is what a workload measures.
@@ -123,7 +123,7 @@ func (e *ResultError) Error() string { return fmt.Sprintf("%s: %s", e.Workload, 
 // Is matches ErrBadResult.
 func (e *ResultError) Is(target error) bool { return target == ErrBadResult }
 
-// perftestExtra are perftest-jobs' fields beyond guestvm.Result.
+// perftestExtra are perftest-jobs' fields beyond guestresult.Result.
 type perftestExtra struct {
 	Transport string   `json:"transport"`
 	Run       int      `json:"run"`
@@ -135,7 +135,7 @@ type perftestExtra struct {
 // perftest-jobs with p's transport ("vrdma-perftest", "rxe") and op
 // ib_<PerftestOp>; Go-guest results must be verified. On error the figure
 // is 0.
-func (w Workload) Figure(r guestvm.Result, p Pair) (float64, error) {
+func (w Workload) Figure(r guestresult.Result, p Pair) (float64, error) {
 	bad := func(f string, a ...any) (float64, error) {
 		return 0, &ResultError{Workload: w.Name, Reason: fmt.Sprintf(f, a...)}
 	}
