@@ -8,7 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"hash/crc32"
+	"github.com/vrdma/vrdma/backend/rdma/roce"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -171,31 +171,12 @@ func parseRoCE(p pcapfile.Packet) (rocePacket, bool) {
 	r.op = bth[0]
 	r.qpn = uint32(bth[5])<<16 | uint32(bth[6])<<8 | uint32(bth[7])
 	r.psn = uint32(bth[9])<<16 | uint32(bth[10])<<8 | uint32(bth[11])
-	r.icrcOK = roceICRC(ip, ipHdr, r.ipv6) == binary.LittleEndian.Uint32(ip[len(ip)-4:])
-	return r, true
-}
-
-// roceICRC computes the invariant CRC of a RoCE v2 datagram (ip: the IP
-// header to the ICRC's end) as rdma_rxe does (rxe_icrc.c): CRC-32 over 8
-// bytes of 0xff (the masked LRH), the IP and UDP headers with their
-// variant fields set to ones, the BTH with its reserved byte set to ones,
-// and the rest up to the ICRC. The ICRC travels as the CRC's little-endian
-// bytes.
-func roceICRC(ip []byte, ipHdr int, ipv6 bool) uint32 {
-	m := append(bytes.Repeat([]byte{0xff}, 8), ip[:len(ip)-4]...)
-	h := m[8:]
-	if ipv6 {
-		h[0] |= 0x0f                        // traffic class, high nibble
-		h[1], h[2], h[3] = 0xff, 0xff, 0xff // traffic class low nibble, flow label
-		h[7] = 0xff                         // hop limit
-	} else {
-		h[1] = 0xff               // TOS
-		h[8] = 0xff               // TTL
-		h[10], h[11] = 0xff, 0xff // header checksum
+	hdr := roce.IPHeader{Src: r.src, Dst: r.dst}
+	if !r.ipv6 {
+		hdr.ID, hdr.FlagsFragment = binary.BigEndian.Uint16(ip[4:]), binary.BigEndian.Uint16(ip[6:])
 	}
-	h[ipHdr+6], h[ipHdr+7] = 0xff, 0xff // UDP checksum
-	h[ipHdr+8+4] = 0xff                 // BTH resv8a (FECN, BECN, reserved)
-	return crc32.ChecksumIEEE(m)
+	r.icrcOK = roce.Verify(hdr, binary.BigEndian.Uint16(udp), roce.UDPPort, udp[8:]) == nil
+	return r, true
 }
 
 // roceRun is the packets of one perftest run.
