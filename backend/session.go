@@ -70,7 +70,7 @@ func newSession(c *net.UnixConn, dev Device, log *logrus.Entry, stats *Stats) *s
 	s.queues = make([]*Queue, n)
 	for i := range n {
 		q := &Queue{index: i}
-		r := &vring{s: s, q: q, wg: &s.wg, log: log.WithField("queue", i)}
+		r := &vring{s: s, q: q, wg: &s.wg}
 		q.vr = r
 		s.rings[i] = r
 		s.queues[i] = q
@@ -135,7 +135,6 @@ func (s *session) serve() error {
 func (s *session) handle(m *vu.Message) error {
 	defer m.CloseFds() // whatever a handler did not take
 	req := m.Req()
-	log := s.log.WithField("msg", req.String())
 	if m.Flags&vu.FlagReply != 0 {
 		return fmt.Errorf("%s: reply flag set on a request", req)
 	}
@@ -143,11 +142,13 @@ func (s *session) handle(m *vu.Message) error {
 	if err == nil {
 		reply, err = s.dispatch(m)
 	}
+	// The entry is built only when it is written: one per message was
+	// most of what a connect allocated (backend/doc.go, "Cost of a device").
 	if err != nil {
 		s.stats.protocolErrors.Add(1)
-		log.WithError(err).Warn("request failed")
-	} else {
-		log.Debug("request")
+		s.log.WithField("msg", req.String()).WithError(err).Warn("request failed")
+	} else if s.log.Logger.IsLevelEnabled(logrus.DebugLevel) {
+		s.log.WithField("msg", req.String()).Debug("request")
 	}
 	if alwaysReplies(req) {
 		if err != nil {

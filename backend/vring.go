@@ -6,8 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/sirupsen/logrus"
-
 	"github.com/vrdma/vrdma/internal/eventfd"
 	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio"
@@ -21,9 +19,8 @@ var ErrQueueStopped = errors.New("queue not running")
 // (the worker is started by start and joined by stop), so the worker reads
 // them without a lock.
 type vring struct {
-	s   *session      // immutable
-	q   *Queue        // immutable
-	log *logrus.Entry // immutable
+	s *session // immutable
+	q *Queue   // immutable
 
 	// Configuration (session goroutine; read by the worker while it runs,
 	// see above).
@@ -145,7 +142,7 @@ func (r *vring) breakRing(err error) {
 		return
 	}
 	r.s.stats.ringErrors.Add(1)
-	r.log.WithError(err).Warn("ring broken")
+	r.s.log.WithField("queue", r.q.index).WithError(err).Warn("ring broken")
 	if r.errfd != nil {
 		r.errfd.Signal()
 	}

@@ -28,8 +28,9 @@
 //
 //   - Every Region passed MapRegion's checks: Size > 0, GuestAddr+Size,
 //     UserAddr+Size and MmapOffset+Size do not overflow, and the file held
-//     MmapOffset+Size bytes when it was mapped. A Region owns its fd and its
-//     mapping; both go away together, on the last Release.
+//     MmapOffset+Size bytes when it was mapped. A Region owns its mapping,
+//     which goes away on the last Release; MapRegion closes the fd it is
+//     given (the mapping keeps the file open, nothing later needs the fd).
 //   - A Table is immutable after construction: at most MaxRegions regions,
 //     sorted by GuestAddr, no two overlapping in guest-physical nor in
 //     front-end virtual space. It holds one reference on each region while

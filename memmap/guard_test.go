@@ -12,13 +12,13 @@ import (
 // A front-end that shrinks the file behind a region makes the next access
 // raise SIGBUS; Guard turns it into an error and the process goes on.
 func TestGuardSIGBUS(t *testing.T) {
-	r := mapNew(t, "shrink", 0x2000, RegionSpec{GuestAddr: 0x1000, Size: 0x2000})
+	r, file := mapNewFile(t, "shrink", 0x2000, RegionSpec{GuestAddr: 0x1000, Size: 0x2000})
 	defer r.Release()
 	b := r.Bytes()
 	if err := Guard(func() { b[0] = 1; b[0x1fff] = 2 }); err != nil {
 		t.Fatalf("Guard on good memory: %v", err)
 	}
-	if err := unix.Ftruncate(r.fd, 0); err != nil {
+	if err := unix.Ftruncate(file, 0); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -92,8 +92,8 @@ func TestGuardPropagatesOtherPanics(t *testing.T) {
 // A handler that touches two guests' memories attributes a fault by the
 // address: FaultAddr gives it, MapsHost says whose mapping holds it.
 func TestFaultAttribution(t *testing.T) {
-	ra := mapNew(t, "guest-a", 0x3000, RegionSpec{GuestAddr: 0, Size: 0x3000, UserAddr: 0x10000})
-	rb := mapNew(t, "guest-b", 0x2000, RegionSpec{GuestAddr: 0x1000, Size: 0x2000, UserAddr: 0x20000})
+	ra, fileA := mapNewFile(t, "guest-a", 0x3000, RegionSpec{GuestAddr: 0, Size: 0x3000, UserAddr: 0x10000})
+	rb, fileB := mapNewFile(t, "guest-b", 0x2000, RegionSpec{GuestAddr: 0x1000, Size: 0x2000, UserAddr: 0x20000})
 	ta, err := NewTable([]*Region{ra})
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +114,7 @@ func TestFaultAttribution(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Ftruncate(rb.fd, 0x1000); err != nil { // b's second page goes
+	if err := unix.Ftruncate(fileB, 0x1000); err != nil { // b's second page goes
 		t.Fatal(err)
 	}
 	// What a multi-guest handler does: recover, attribute, re-panic what
@@ -160,7 +160,7 @@ func TestFaultAttribution(t *testing.T) {
 		t.Error("MapsHost claims an address no region maps")
 	}
 	// A fault the handler re-panics still reaches Guard as a FaultError.
-	if err := unix.Ftruncate(ra.fd, 0); err != nil {
+	if err := unix.Ftruncate(fileA, 0); err != nil {
 		t.Fatal(err)
 	}
 	tc := EmptyTable()

@@ -57,3 +57,21 @@ func dupFD(t testing.TB, fd int) int {
 	}
 	return d
 }
+
+// mapNewFile is mapNew that also returns a descriptor of the region's file
+// (closed when the test ends), for tests that shrink the file behind the
+// mapping: MapRegion closes the fd it is given.
+func mapNewFile(t testing.TB, name string, fileSize uint64, spec RegionSpec) (*Region, int) {
+	t.Helper()
+	fd, err := NewMemfd(name, fileSize)
+	if err != nil {
+		t.Fatalf("NewMemfd: %v", err)
+	}
+	file := dupFD(t, fd)
+	t.Cleanup(func() { unix.Close(file) })
+	r, err := MapRegion(fd, spec)
+	if err != nil {
+		t.Fatalf("MapRegion(%+v): %v", spec, err)
+	}
+	return r, file
+}

@@ -48,12 +48,20 @@ func (s RegionSpec) validate() error {
 	return nil
 }
 
-// Region is one mapped memory region. It owns its fd and its mapping and is
-// reference counted: MapRegion returns it with one reference, each Table
-// holding it takes another, and the last Release unmaps it and closes the fd.
+// Region is one mapped memory region. It owns its mapping and is reference
+// counted: MapRegion returns it with one reference, each Table holding it
+// takes another, and the last Release unmaps it.
+//
+// It keeps no descriptor: the fd is closed as soon as the file is mapped
+// (the mapping holds the file open). Nothing needs it later — pinning
+// (mlock) works on the mapping, a truncated file shows as SIGBUS (Guard),
+// inflight tracking is not offered, and a reconnecting front-end sends its
+// fds again — and a connected device then holds one descriptor fewer per
+// region (backend/doc.go, "Cost of a device").
 type Region struct {
 	spec    RegionSpec // immutable
-	fd      int        // immutable; owned; kept for PVDMA pinning
+	dev     uint64     // immutable; the file's device and inode, for SameFile
+	ino     uint64     // immutable; unique while the mapping keeps the file
 	mapping []byte     // immutable; the whole mmap, from the aligned offset
 	data    []byte     // immutable; exactly [MmapOffset, MmapOffset+Size) of the file
 	refs    atomic.Int64
@@ -62,8 +70,8 @@ type Region struct {
 // MapRegion maps spec.Size bytes at spec.MmapOffset of fd, MAP_SHARED,
 // read/write.
 //
-// It takes ownership of fd in every case: fd is closed on failure, else when
-// the region is unmapped. It refuses a zero Size (ErrBadRegion), any overflow
+// It takes ownership of fd in every case and closes it before it returns:
+// the region needs only the mapping. It refuses a zero Size (ErrBadRegion), any overflow
 // of GuestAddr+Size, UserAddr+Size or MmapOffset+Size (ErrOverflow), an fd
 // that is not a regular file (ErrBadRegion), and a file smaller than
 // MmapOffset+Size (ErrFileTooSmall); errors are *RegionError. MmapOffset need
@@ -73,10 +81,10 @@ type Region struct {
 // The returned region has one reference, owned by the caller.
 func MapRegion(fd int, spec RegionSpec) (*Region, error) {
 	r, err := mapRegion(fd, spec)
+	if fd >= 0 {
+		unix.Close(fd)
+	}
 	if err != nil {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
 		return nil, &RegionError{Spec: spec, Err: err}
 	}
 	return r, nil
@@ -117,7 +125,8 @@ func mapRegion(fd int, spec RegionSpec) (*Region, error) {
 	liveMappings.Add(1)
 	r := &Region{
 		spec:    spec,
-		fd:      fd,
+		dev:     uint64(st.Dev),
+		ino:     uint64(st.Ino),
 		mapping: m,
 		data:    m[head:mapLen:mapLen],
 	}
@@ -146,8 +155,8 @@ func (r *Region) tryRef() bool {
 	}
 }
 
-// Release drops a reference; the last one unmaps the region and closes its
-// fd. Releasing more references than were taken panics.
+// Release drops a reference; the last one unmaps the region. Releasing more
+// references than were taken panics.
 func (r *Region) Release() {
 	switch n := r.refs.Add(-1); {
 	case n > 0:
@@ -155,21 +164,21 @@ func (r *Region) Release() {
 	case n < 0:
 		panic("memmap: Region released too many times")
 	}
-	// Errors cannot be acted upon here: the mapping and fd are ours and
-	// valid, so munmap and close fail only on kernel bugs.
+	// An error cannot be acted upon here: the mapping is ours and valid,
+	// so munmap fails only on kernel bugs.
 	_ = unix.Munmap(r.mapping)
-	_ = unix.Close(r.fd)
 	liveMappings.Add(-1)
 }
 
-// SameFile reports whether fd refers to the same file as the region's fd
-// (same device and inode).
+// SameFile reports whether fd refers to the file the region maps (same
+// device and inode). The region's mapping keeps that inode alive, so no
+// other file can have taken its number meanwhile.
 func (r *Region) SameFile(fd int) bool {
-	var a, b unix.Stat_t
-	if unix.Fstat(r.fd, &a) != nil || unix.Fstat(fd, &b) != nil {
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
 		return false
 	}
-	return a.Dev == b.Dev && a.Ino == b.Ino
+	return uint64(st.Dev) == r.dev && uint64(st.Ino) == r.ino
 }
 
 // Reuse looks in t for a region with exactly spec that maps the same file

@@ -11,6 +11,7 @@
 //	vrdma-bench [--out docs/benchmarks.md] [--png docs/benchmarks-bw.png]
 //	            [--row-time 300ms] [--repeats 3] [--quick] [--micro FILE]
 //	            [--vmtest bin/vrdma-vmtest] [--cpuprofile FILE]
+//	            [--density 500,1000,2000,5000,10000] [--density-idle 10s]
 package main
 
 import (
@@ -44,6 +45,8 @@ type options struct {
 	only                                string
 	loadStart                           string
 	s                                   settings
+	density                             string        // device counts of the density section
+	densityIdle                         time.Duration // its idle-CPU window
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -56,10 +59,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.micro, "micro", "", "go test -bench output to include (optional)")
 	fs.StringVar(&o.vmtest, "vmtest", "bin/vrdma-vmtest", "vrdma-vmtest binary for the spin-up section")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run")
-	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,reg,startup,control,scaling)")
+	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,reg,startup,control,scaling,density)")
 	fs.DurationVar(&o.s.rowTime, "row-time", 500*time.Millisecond, "time box of one repeat of a row")
 	fs.IntVar(&o.s.repeats, "repeats", 3, "repeats per row (the median is reported)")
 	fs.BoolVar(&quick, "quick", false, "small sizes and guests, for a smoke test")
+	fs.StringVar(&o.density, "density", "500,1000,2000,5000,10000", "device counts of the density section (those that do not fit the machine are replaced by the largest that does)")
+	fs.DurationVar(&o.densityIdle, "density-idle", 10*time.Second, "how long the density section measures the idle daemon's CPU")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -78,6 +83,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		o.s.guestMems = []uint64{64 << 20, 128 << 20}
 		o.s.regSize = 16 << 20
 		o.s.pairs = []int{1, 2}
+		o.density = "" // density_test.go measures it (the section takes minutes)
 	}
 	return o, nil
 }
@@ -263,6 +269,14 @@ func suite(o options, w io.Writer) ([]section, []bwPoint, error) {
 	if o.want("scaling") {
 		progress(w, "scaling")
 		sec, err := scalingSection(s)
+		if err != nil {
+			return nil, nil, err
+		}
+		secs = append(secs, sec)
+	}
+	if o.want("density") {
+		progress(w, "density")
+		sec, err := densitySection(o, w)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -181,9 +181,10 @@ func watchdog(ctx context.Context, log *logrus.Entry, d *daemon.Daemon) {
 	}
 }
 
-// raiseNofile lifts the soft RLIMIT_NOFILE to the hard limit: every
-// connected VM holds a descriptor per memory region, kick and call fd,
-// and each device a socket. (The Go runtime raises it too at start-up;
+// raiseNofile lifts the soft RLIMIT_NOFILE to the hard limit: a connected
+// device holds 12 descriptors (its listening and connected sockets, the
+// backend channel, and a kick, call and error eventfd per queue; memory
+// regions are closed once mapped: backend/doc.go, "Cost of a device"). (The Go runtime raises it too at start-up;
 // this makes the limit vrdmad runs with explicit in its log.)
 func raiseNofile(log *logrus.Entry) {
 	var lim unix.Rlimit

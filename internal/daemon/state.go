@@ -37,11 +37,11 @@ const (
 	// StateVersion is the version this vrdmad writes and reads.
 	StateVersion = 1
 	// MaxDevices bounds the devices of one daemon, and so the state file.
-	MaxDevices = 4096
+	MaxDevices = 16384
 	// maxStateBytes bounds the state file: MaxDevices records of at most
 	// about 500 bytes each (id 64, socket 107, uuid, guid, limits), with
 	// room to spare.
-	maxStateBytes = 4 << 20
+	maxStateBytes = 16 << 20
 	// stateTempPattern names the temporary files of an atomic write.
 	stateTempPattern = ".devices.json.tmp-*"
 	// corruptSuffix precedes the UTC time in the name a bad state file is
