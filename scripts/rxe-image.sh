@@ -97,13 +97,18 @@ stage_modules
 
 # User space: the programs, the rxe verbs provider (dlopened by libibverbs,
 # found through /etc/libibverbs.d/rxe.driver) and, by DT_NEEDED, every
-# shared library they need, plus the dynamic loader.
-stage_elfs usr/bin/ib_write_bw usr/bin/ib_write_lat usr/bin/ib_read_bw usr/bin/ib_send_lat \
+# shared library they need, plus the dynamic loader. PERFTEST are the
+# perftest programs guest/perftest-jobs' jobs run (ib_atomic_bw serves both
+# atomic_bw and atomic_cs_bw); make compare-rxe uses write_bw, read_bw,
+# write_lat and send_lat, tests/rxe_capture_test.go also send_bw and the
+# atomics.
+PERFTEST=(ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat)
+stage_elfs "${PERFTEST[@]/#/usr/bin/}" \
 	usr/bin/rdma usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
 stage_closure
 mkdir -p "$STAGE/etc/libibverbs.d"
 cp "$POOL/etc/libibverbs.d/rxe.driver" "$STAGE/etc/libibverbs.d/"
-for f in ib_write_bw ib_write_lat ib_read_bw ib_send_lat; do
+for f in "${PERFTEST[@]}" rdma; do
 	[ -x "$STAGE/usr/bin/$f" ] || die "image lacks $f"
 done
 

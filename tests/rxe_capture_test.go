@@ -2,13 +2,10 @@ package tests
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"encoding/binary"
-	"errors"
 	"flag"
 	"fmt"
-	"github.com/vrdma/vrdma/backend/rdma/roce"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -19,9 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vrdma/vrdma/backend/rdma/roce"
 	"github.com/vrdma/vrdma/internal/pcapfile"
 	"github.com/vrdma/vrdma/internal/rxepair"
-	"github.com/vrdma/vrdma/vmm/guestvm"
 )
 
 // Real RoCE v2 packets of Linux soft-RoCE (rdma_rxe), with their ICRCs, as
@@ -89,9 +86,9 @@ func roceMessageEnd(op byte) bool {
 
 // rxeCaptures are the runs: every operation family over IPv4 (the 64 KiB
 // runs segment into 64 packets at rxe's 1024-byte path MTU, 4 KiB ones into
-// 4), and a WRITE and a SEND over IPv6 (eth0's link-local GID).
-// atomic_bw and atomic_cs_bw (ib_atomic_bw -A CMP_AND_SWAP) are not
-// guest/perftest-jobs' own: rxeOverlay adds them.
+// 4), and a WRITE and a SEND over IPv6 (eth0's link-local GID). atomic_bw
+// is ib_atomic_bw's FETCH_AND_ADD, atomic_cs_bw its -A CMP_AND_SWAP
+// (guest/perftest-jobs).
 var rxeCaptures = []roceCapture{
 	{name: "ipv4", gid: rxepair.GIDIPv4, jobs: []roceJob{
 		{"write_bw:4096:20", []byte{opWriteFirst, opWriteMiddle, opWriteLast, opAck}, 5},
@@ -313,8 +310,7 @@ func perftestCommand(j roceJob, gid int) string {
 }
 
 // rxePoolBin is the directory of the perftest programs scripts/rxe-image.sh
-// unpacked (its package pool), where ib_send_bw and ib_atomic_bw, which the
-// image leaves out, are found.
+// unpacked (its package pool); debVersion finds the cached .debs from it.
 func rxePoolBin() string {
 	home, err := os.UserHomeDir()
 	if err != nil {
@@ -323,115 +319,16 @@ func rxePoolBin() string {
 	return filepath.Join(home, ".cache", "vrdma", "rxe", "pool", "usr", "bin")
 }
 
-// rxeOverlay writes bin/rxe/initramfs.img with a second (gzip) cpio archive
-// appended, which the kernel unpacks over the first: ib_send_bw and
-// ib_atomic_bw from the image's package pool, ib_atomic_cs_bw (ib_atomic_bw
-// -A CMP_AND_SWAP) and guest/perftest-jobs taught those two jobs and
-// waitIPv6LinkLocal.
-func rxeOverlay(t *testing.T, root, dir string) string {
-	t.Helper()
-	base, err := os.ReadFile(filepath.Join(root, "bin", "rxe", "initramfs.img"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	jobs, err := os.ReadFile(filepath.Join(root, "guest", "perftest-jobs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const ops = "write_bw | read_bw | send_bw | write_lat | read_lat | send_lat) ;;"
-	if n := bytes.Count(jobs, []byte(ops)); n != 1 {
-		t.Fatalf("guest/perftest-jobs: %d lines %q, want 1: update rxeOverlay", n, ops)
-	}
-	jobs = bytes.Replace(jobs, []byte(ops), []byte("write_bw | read_bw | send_bw | write_lat | read_lat | send_lat | atomic_bw | atomic_cs_bw) ;;"), 1)
-	const gidLine = "[ \"$gid\" = auto ] && gid=$(gid_index)\n"
-	if n := bytes.Count(jobs, []byte(gidLine)); n != 1 {
-		t.Fatalf("guest/perftest-jobs: %d lines %q, want 1: update rxeOverlay", n, gidLine)
-	}
-	jobs = bytes.Replace(jobs, []byte(gidLine), []byte(gidLine+waitIPv6LinkLocal), 1)
-	files := []cpioFile{
-		{"usr/bin/perftest-jobs", jobs},
-		{"usr/bin/ib_atomic_cs_bw", []byte("#!/bin/sh\nexec ib_atomic_bw -A CMP_AND_SWAP \"$@\"\n")},
-	}
-	for _, prog := range []string{"ib_send_bw", "ib_atomic_bw"} {
-		b, err := os.ReadFile(filepath.Join(rxePoolBin(), prog))
-		if err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("CI: %s is missing (make rxe-image unpacks perftest there): %v", prog, err)
-			}
-			t.Skipf("%s not unpacked (make rxe-image): %v", prog, err)
-		}
-		files = append(files, cpioFile{"usr/bin/" + prog, b})
-	}
-	var gz bytes.Buffer
-	zw := gzip.NewWriter(&gz)
-	zw.Write(newcArchive(files))
-	if err := zw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	out := append(base, make([]byte, (4-len(base)%4)%4)...)
-	out = append(out, gz.Bytes()...)
-	p := filepath.Join(dir, "initramfs-capture.img")
-	if err := os.WriteFile(p, out, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// waitIPv6LinkLocal is rxeOverlay's addition to perftest-jobs: with an
-// IPv6 link-local GID, wait (at most 10 s) until eth0 has its link-local
-// address and duplicate address detection has passed. rxe shows that GID
-// (derived from the MAC) before the address exists, and until then
-// neighbour discovery of this side goes unanswered, so the peer's modify
-// QP to RTR fails (seen when the client boots fast).
-const waitIPv6LinkLocal = `case "$(cat /sys/class/infiniband/$dev/ports/1/gids/$gid 2>/dev/null)" in
-fe80:*)
-	i=0
-	until awk '$6 == "eth0" && $4 == "20" && $5 !~ /^[4-7c-f]/ { ok = 1 } END { exit !ok }' /proc/net/if_inet6; do
-		i=$((i + 1))
-		[ "$i" -le 100 ] || break
-		sleep 0.1
-	done
-	;;
-esac
-`
-
-type cpioFile struct {
-	name string
-	data []byte
-}
-
-// newcArchive is a cpio archive in the kernel's "newc" format of
-// executable regular files (their directories exist in the image).
-func newcArchive(files []cpioFile) []byte {
-	var b bytes.Buffer
-	pad := func() {
-		for b.Len()%4 != 0 {
-			b.WriteByte(0)
-		}
-	}
-	entry := func(ino int, name string, mode uint32, data []byte) {
-		fmt.Fprintf(&b, "070701%08x%08x%08x%08x%08x%08x%08x%08x%08x%08x%08x%08x%08x",
-			ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(name)+1, 0)
-		b.WriteString(name)
-		b.WriteByte(0)
-		pad()
-		b.Write(data)
-		pad()
-	}
-	for i, f := range files {
-		entry(900000+i, f.name, 0o100755, f.data)
-	}
-	entry(0, "TRAILER!!!", 0, nil)
-	return b.Bytes()
-}
-
 // TestRxeCapture boots two rxe pairs (IPv4, then IPv6 GID) with a
 // filter-dump on the server's netdev, runs rxeCaptures' perftest jobs and
 // checks the capture: every RoCE v2 packet whole and with a valid ICRC, of
 // the capture's IP version, one run per job in order, each with its
 // operation's opcodes. With -update-rxe-captures it rewrites
-// rxeCaptureDir. Skips outside CI when QEMU or the rxe image is missing;
-// fails in CI.
+// rxeCaptureDir. Both guests of a pair must end with VRDMA-EXIT 0 (their
+// /init drains the console before powering off). Skips outside CI when
+// QEMU or the rxe image is missing; fails in CI. The image must be current
+// (make rxe-image): it has ib_send_bw and ib_atomic_bw, and guest/rxe-init
+// waits for eth0's IPv6 link-local address before perftest runs.
 func TestRxeCapture(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots four TCG guests")
@@ -447,7 +344,7 @@ func TestRxeCapture(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	initrd := rxeOverlay(t, root, dir)
+	initrd := filepath.Join(root, "bin", "rxe", "initramfs.img")
 	start := time.Now()
 	type written struct {
 		c   roceCapture
@@ -470,14 +367,8 @@ func TestRxeCapture(t *testing.T) {
 			ServerQEMUArgs: []string{"-object", "filter-dump,id=dump0,netdev=" + rxepair.NetdevID + ",file=" + dump + ",maxlen=65536"},
 		})
 		cancel()
-		if err != nil && clientConsoleCut(err, log) {
-			// guest/rxe-init powers off without draining its console:
-			// the client's last lines can be lost. The capture decides.
-			t.Logf("%s: %v: the client's console was cut at power-off (the server exited 0); checking the capture", c.name, err)
-			err = nil
-		}
 		if err != nil {
-			t.Fatalf("%s: rxe pair: %v\n%s", c.name, err, log)
+			t.Fatalf("%s: rxe pair: %v (a job the image lacks? make rxe-image)\n%s", c.name, err, log)
 		}
 		if m := regexp.MustCompile(`VRDMA-INIT (\S+)`).FindStringSubmatch(log); m != nil {
 			kernel = m[1]
@@ -579,15 +470,6 @@ func debVersion(glob, def string) string {
 		return def
 	}
 	return f[1]
-}
-
-// clientConsoleCut reports whether err is only the rxe client's console
-// closing before its VRDMA-EXIT line, with no VRDMA-ERROR, while the
-// server exited 0.
-func clientConsoleCut(err error, log string) bool {
-	return strings.HasPrefix(err.Error(), "rxe client:") &&
-		errors.Is(err, guestvm.ErrGuestGone) && !errors.Is(err, guestvm.ErrGuestFailed) &&
-		!strings.Contains(log, "VRDMA-ERROR") && strings.Contains(log, "VRDMA-EXIT 0")
 }
 
 // TestRxeCaptureFiles checks the committed captures without booting
@@ -708,11 +590,10 @@ the capture into one file per perftest run (by the runs' fresh QPs).
 - perftest: %s (Debian)
 - QEMU: %s
 
-The test image adds ib_send_bw and ib_atomic_bw from the same perftest
-package, ib_atomic_cs_bw (ib_atomic_bw -A CMP_AND_SWAP) and those two jobs
-to perftest-jobs, which also waits for eth0's IPv6 link-local address to
-pass duplicate address detection before an IPv6 run (an initramfs overlay
-the test builds).
+The image's guest/rxe-init waits for eth0's IPv6 link-local address to be
+usable (duplicate address detection off) before perftest starts: rxe shows
+the link-local GID before the address exists, and until then the guest
+answers no neighbour solicitation, so the peer's QP could not reach RTR.
 Without -update-rxe-captures the test still boots, captures and checks
 every run's opcodes and ICRCs, writing nothing here; TestRxeCaptureFiles
 checks these files and this table.
