@@ -15,6 +15,7 @@ import (
 	"github.com/vrdma/vrdma/internal/eventfd"
 	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	vu "github.com/vrdma/vrdma/virtio/vhostuser"
 )
 
@@ -385,7 +386,7 @@ func TestMemorySlots(t *testing.T) {
 	f.send(vu.SetProtocolFeatures, vu.EncodeU64(ProtocolFeatures))
 	f.mustAck(vu.AddMemReg, vu.MemRegionMsg{Region: low}.Encode(), f.memfd)
 	f.mustAck(vu.AddMemReg, vu.MemRegionMsg{Region: high}.Encode(), f.memfd)
-	if got := regions(); len(got) != 2 || got[1].GuestAddr != memmap.GPA(half) {
+	if got := regions(); len(got) != 2 || got[1].GuestAddr != abi.GPA(half) {
 		t.Fatalf("regions after two ADD_MEM_REG: %+v", got)
 	}
 	// A ring in the high region works.
@@ -398,7 +399,7 @@ func TestMemorySlots(t *testing.T) {
 	f.nack(vu.RemMemReg, vu.MemRegionMsg{Region: vu.MemoryRegion{GuestAddr: 1 << 40, Size: 4096, UserAddr: 1 << 41}}.Encode())
 	// Removing the low region leaves the high one.
 	f.mustAck(vu.RemMemReg, vu.MemRegionMsg{Region: low}.Encode())
-	if got := regions(); len(got) != 1 || got[0].GuestAddr != memmap.GPA(half) {
+	if got := regions(); len(got) != 1 || got[0].GuestAddr != abi.GPA(half) {
 		t.Fatalf("regions after REM_MEM_REG: %+v", got)
 	}
 	// Up to MaxRegions slots, not one more.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	vu "github.com/vrdma/vrdma/virtio/vhostuser"
 )
 
@@ -102,7 +102,7 @@ func TestReconnectResumes(t *testing.T) {
 	for range 3 {
 		f.roundTrip(f.rings[0], "x")
 	}
-	used := memmap.LoadUint16(f.rings[0].usedRings, 2)
+	used := abi.LoadUint16(f.rings[0].usedRings, 2)
 	f.conn.Close()
 	waitDetached(t, dev, 1)
 

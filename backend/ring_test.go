@@ -11,6 +11,7 @@ import (
 	"github.com/vrdma/vrdma/internal/eventfd"
 	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	vu "github.com/vrdma/vrdma/virtio/vhostuser"
 )
 
@@ -242,7 +243,7 @@ func TestMalformedChainBreaksRing(t *testing.T) {
 	// Publish head index queueSize+3 in the available ring by hand.
 	avail := f.mem[r.avail:]
 	avail[4], avail[5] = queueSize+3, 0
-	memmap.StoreUint16(avail, 2, 1)
+	abi.StoreUint16(avail, 2, 1)
 	r.kick.Signal()
 	f.expectBroken(r)
 	f.roundTrip(f.rings[1], "other ring")
@@ -344,7 +345,7 @@ func TestHandlerSeesDriverProgress(t *testing.T) {
 			// a kick (the device asked for none).
 			in, out := uint64(dataBase+0x8000), uint64(dataBase+0x9000)
 			copy(f.mem[in:], "late")
-			r.dq.Add([]virtio.Buf{{Addr: memmap.GPA(in), Len: 4}, {Addr: memmap.GPA(out), Len: 4, Writable: true}})
+			r.dq.Add([]virtio.Buf{{Addr: abi.GPA(in), Len: 4}, {Addr: abi.GPA(out), Len: 4, Writable: true}})
 			extra <- out
 			return nil
 		}

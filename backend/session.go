@@ -14,6 +14,7 @@ import (
 
 	"github.com/vrdma/vrdma/internal/eventfd"
 	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	vu "github.com/vrdma/vrdma/virtio/vhostuser"
 )
 
@@ -322,7 +323,7 @@ func (s *session) mapRegions(m *vu.Message, regions []vu.MemoryRegion) ([]*memma
 		fd, err := m.TakeFd(i)
 		if err == nil {
 			spec := memmap.RegionSpec{
-				GuestAddr:  memmap.GPA(mr.GuestAddr),
+				GuestAddr:  abi.GPA(mr.GuestAddr),
 				Size:       mr.Size,
 				UserAddr:   memmap.UVA(mr.UserAddr),
 				MmapOffset: mr.MmapOffset,
@@ -402,7 +403,7 @@ func (s *session) remMemReg(m *vu.Message) error {
 	}
 	return s.editTable(func(cur *memmap.Table) (*memmap.Table, error) {
 		return cur.Without(memmap.RegionSpec{
-			GuestAddr: memmap.GPA(rm.Region.GuestAddr),
+			GuestAddr: abi.GPA(rm.Region.GuestAddr),
 			Size:      rm.Region.Size,
 			UserAddr:  memmap.UVA(rm.Region.UserAddr),
 		})

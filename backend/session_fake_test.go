@@ -26,6 +26,7 @@ import (
 	"github.com/vrdma/vrdma/internal/eventfd"
 	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	vu "github.com/vrdma/vrdma/virtio/vhostuser"
 )
 
@@ -575,8 +576,8 @@ func (f *testFrontend) add(r *testRing, data []byte) uint64 {
 	copy(f.mem[in:], data)
 	clear(f.mem[out : out+uint64(len(data))])
 	if _, err := r.dq.Add([]virtio.Buf{
-		{Addr: memmap.GPA(in), Len: uint32(len(data))},
-		{Addr: memmap.GPA(out), Len: uint32(len(data)), Writable: true},
+		{Addr: abi.GPA(in), Len: uint32(len(data))},
+		{Addr: abi.GPA(out), Len: uint32(len(data)), Writable: true},
 	}); err != nil {
 		f.t.Fatal(err)
 	}

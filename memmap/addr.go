@@ -3,12 +3,6 @@ package memmap
 import "math/bits"
 
 // Add returns a+n and whether the sum fits in 64 bits.
-func (a GPA) Add(n uint64) (GPA, bool) {
-	s, ok := add(uint64(a), n)
-	return GPA(s), ok
-}
-
-// Add returns a+n and whether the sum fits in 64 bits.
 func (a UVA) Add(n uint64) (UVA, bool) {
 	s, ok := add(uint64(a), n)
 	return UVA(s), ok

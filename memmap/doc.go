@@ -11,8 +11,7 @@
 // checks the whole range: Slice never returns bytes that cross a region
 // boundary, and ForEach splits a range explicitly across GPA-adjacent
 // regions. Guard contains the SIGBUS a front-end causes by shrinking the
-// file behind a region. The atomic accessors (LoadUint16 … StoreUint64,
-// Fence) are for ring fields shared with the other side.
+// file behind a region.
 //
 // Pinner (pin.go) is PVDMA: it pins exactly the guest pages a device
 // registers, refcounted, with a bounded map cache of released pins and
@@ -20,9 +19,14 @@
 // Table.Reuse keeps a region's mapping (and its pins) when a front-end
 // sends the same memory table again.
 //
-// Non-goals: the dirty-page log, and anything of the vhost-user wire
+// Non-goals: the dirty-page log; anything of the vhost-user wire
 // (package virtio/vhostuser decodes messages; this package only sees
-// RegionSpecs and fds).
+// RegionSpecs and fds); and what the guest shares with the host. The
+// guest-physical address type (abi.GPA) and the atomic accessors for ring
+// fields belong to the device ABI, package virtio/rdma/abi, which both
+// sides import. memmap is host memory: the backend uses it (and the
+// front-end that plays QEMU, vrdmad's device manager, integration tests);
+// the guest never does (internal/layout's test enforces both).
 //
 // # Invariants
 //
@@ -45,8 +49,8 @@
 //     valid only while the caller holds a reference on the table.
 //   - Guest memory may change or vanish at any time (the front-end and the
 //     guest write it concurrently; a front-end may truncate the file): copy
-//     guest structures once before validating them, use the atomic accessors
-//     for shared ring fields, and touch guest memory under Guard.
+//     guest structures once before validating them, use abi's atomic
+//     accessors for shared ring fields, and touch guest memory under Guard.
 //
 // # Lock order
 //

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // fuzzReader decodes fuzz input; reads past the end return zeros.
@@ -114,9 +116,9 @@ func FuzzTable(f *testing.F) {
 			file := int(mode) % len(fds)
 			var s RegionSpec
 			if mode&4 != 0 {
-				s.GuestAddr = prev.GuestAddr + GPA(prev.Size) + GPA(r.u8())*0x100
+				s.GuestAddr = prev.GuestAddr + abi.GPA(prev.Size) + abi.GPA(r.u8())*0x100
 			} else {
-				s.GuestAddr = GPA(r.u64())
+				s.GuestAddr = abi.GPA(r.u64())
 			}
 			if mode&8 != 0 {
 				s.UserAddr = prev.UserAddr + UVA(prev.Size) + UVA(r.u8())*0x100
@@ -157,7 +159,7 @@ func FuzzTable(f *testing.F) {
 		for i := range regions {
 			for j := range i {
 				a, b := regions[i].spec, regions[j].spec
-				if a.GuestAddr < b.GuestAddr+GPA(b.Size) && b.GuestAddr < a.GuestAddr+GPA(a.Size) ||
+				if a.GuestAddr < b.GuestAddr+abi.GPA(b.Size) && b.GuestAddr < a.GuestAddr+abi.GPA(a.Size) ||
 					a.UserAddr < b.UserAddr+UVA(b.Size) && b.UserAddr < a.UserAddr+UVA(a.Size) {
 					overlaps = true
 				}
@@ -209,7 +211,7 @@ func FuzzTable(f *testing.F) {
 			tb = nt
 		}
 		specs := tb.Regions()
-		byGPA := make(map[GPA]*Region) // of the regions in tb: their GPAs are unique
+		byGPA := make(map[abi.GPA]*Region) // of the regions in tb: their GPAs are unique
 		for _, rg := range tb.regions {
 			byGPA[rg.spec.GuestAddr] = rg
 		}
@@ -241,7 +243,7 @@ func FuzzTable(f *testing.F) {
 
 // checkLookup compares Slice/SliceUser, ForEach and UserToGuest with the
 // linear-scan model.
-func checkLookup(t *testing.T, tb *Table, specs []RegionSpec, byGPA map[GPA]*Region, user bool, addr, n uint64) {
+func checkLookup(t *testing.T, tb *Table, specs []RegionSpec, byGPA map[abi.GPA]*Region, user bool, addr, n uint64) {
 	t.Helper()
 	var (
 		b   []byte
@@ -250,7 +252,7 @@ func checkLookup(t *testing.T, tb *Table, specs []RegionSpec, byGPA map[GPA]*Reg
 	if user {
 		b, err = tb.SliceUser(UVA(addr), n)
 	} else {
-		b, err = tb.Slice(GPA(addr), n)
+		b, err = tb.Slice(abi.GPA(addr), n)
 	}
 	if err != nil && b != nil {
 		t.Fatalf("lookup %#x+%#x: error %v with %d bytes, want nil", addr, n, err, len(b))
@@ -307,7 +309,7 @@ func checkLookup(t *testing.T, tb *Table, specs []RegionSpec, byGPA map[GPA]*Reg
 	// ForEach: pieces must be consecutive, each inside the region the model
 	// finds, and add up to n; an error means no piece was delivered.
 	var pieces [][]byte
-	ferr := tb.ForEach(GPA(addr), n, func(p []byte) error {
+	ferr := tb.ForEach(abi.GPA(addr), n, func(p []byte) error {
 		pieces = append(pieces, p)
 		return nil
 	})

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // A front-end that shrinks the file behind a region makes the next access
@@ -27,7 +29,7 @@ func TestGuardSIGBUS(t *testing.T) {
 		fn   func(i int)
 	}{
 		{"write", 0x100, func(i int) { b[i] = 3 }},
-		{"read", 0x1800, func(i int) { _ = LoadUint64(b, i) }},
+		{"read", 0x1800, func(i int) { _ = abi.LoadUint64(b, i) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := Guard(func() { tc.fn(tc.off) })

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 func TestMemoryBasics(t *testing.T) {
@@ -110,12 +112,12 @@ func TestMemorySwapRace(t *testing.T) {
 				err := Guard(func() {
 					tb := m.Acquire()
 					defer tb.Release()
-					b, err := tb.Slice(base+GPA(w*8), 8)
+					b, err := tb.Slice(base+abi.GPA(w*8), 8)
 					if err != nil {
 						t.Errorf("stable region: %v", err)
 						return
 					}
-					StoreUint64(b, 0, uint64(i))
+					abi.StoreUint64(b, 0, uint64(i))
 					// The moving region, if present, holds its own round
 					// number in its first word; each worker writes its slot.
 					mv, err := tb.Slice(2*base, size)
@@ -127,9 +129,9 @@ func TestMemorySwapRace(t *testing.T) {
 						t.Errorf("moving region: %v", err)
 						return
 					}
-					round := LoadUint64(mv, 0)
-					StoreUint64(mv, 8+8*w, round)
-					if LoadUint64(mv, 0) != round {
+					round := abi.LoadUint64(mv, 0)
+					abi.StoreUint64(mv, 8+8*w, round)
+					if abi.LoadUint64(mv, 0) != round {
 						t.Errorf("moving region changed its tag under a held table")
 					}
 					hits.Add(1)
@@ -146,7 +148,7 @@ func TestMemorySwapRace(t *testing.T) {
 	for round := range rounds {
 		spec := RegionSpec{GuestAddr: 2 * base, Size: size, UserAddr: 2 * base}
 		r := mapNew(t, "moving", size, spec)
-		StoreUint64(r.Bytes(), 0, uint64(round))
+		abi.StoreUint64(r.Bytes(), 0, uint64(round))
 		cur := m.Acquire()
 		nt, err := cur.With(r)
 		cur.Release()

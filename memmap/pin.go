@@ -128,6 +128,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // PageSize is the size of the pages a Pinner pins, in bytes.
@@ -293,7 +295,7 @@ type Pinner struct {
 	spare    []*extent               // protected by mu; freed extents for reuse
 	scratch  struct {
 		runs, misses []pinRun
-		pages        []GPA
+		pages        []abi.GPA
 		held, fix    []*extent
 	} // protected by mu; reused buffers
 }
@@ -316,7 +318,7 @@ func NewPinner(cfg PinConfig) *Pinner {
 // ErrClosed, or a wrapped mlock error; on any error nothing was pinned.
 //
 // The caller holds a reference on t for the duration of the call.
-func (p *Pinner) Pin(t *Table, gpa GPA, n uint64) error {
+func (p *Pinner) Pin(t *Table, gpa abi.GPA, n uint64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -335,7 +337,7 @@ func (p *Pinner) Pin(t *Table, gpa GPA, n uint64) error {
 // (*RangeError with ErrUnaligned) and mapped wholly, possibly across two
 // GPA-adjacent regions. A page listed k times is pinned k times. It is all
 // or nothing, as Pin. The list is copied; the caller keeps it.
-func (p *Pinner) PinPages(t *Table, pages []GPA) error {
+func (p *Pinner) PinPages(t *Table, pages []abi.GPA) error {
 	if len(pages) == 0 {
 		return nil
 	}
@@ -358,7 +360,7 @@ func (p *Pinner) PinPages(t *Table, pages []GPA) error {
 // those pages (an older table whose regions were since replaced unpins
 // nothing, which is right; a newer table holding new regions at the same
 // addresses would unpin pins taken there).
-func (p *Pinner) Unpin(t *Table, gpa GPA, n uint64) {
+func (p *Pinner) Unpin(t *Table, gpa abi.GPA, n uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed || n == 0 {
@@ -386,7 +388,7 @@ func (p *Pinner) Unpin(t *Table, gpa GPA, n uint64) {
 // UnpinPages drops one pin per listed page occurrence, as PinPages took
 // them; entries that are unaligned, unmapped, untracked or not pinned are
 // skipped. The same caveat about t holds as for Unpin.
-func (p *Pinner) UnpinPages(t *Table, pages []GPA) {
+func (p *Pinner) UnpinPages(t *Table, pages []abi.GPA) {
 	if len(pages) == 0 {
 		return
 	}
@@ -533,7 +535,7 @@ func (p *Pinner) unaccount(n uint64) {
 
 // rangeRuns appends the runs covering guest-physical [gpa, gpa+n) of t,
 // which must be mapped wholly, tracking the regions.
-func (p *Pinner) rangeRuns(t *Table, gpa GPA, n uint64, runs []pinRun) ([]pinRun, error) {
+func (p *Pinner) rangeRuns(t *Table, gpa abi.GPA, n uint64, runs []pinRun) ([]pinRun, error) {
 	if n == 0 {
 		return runs, nil
 	}
@@ -570,7 +572,7 @@ func (p *Pinner) rangeRuns(t *Table, gpa GPA, n uint64, runs []pinRun) ([]pinRun
 // multiplicities, adjacent pages of one region with one multiplicity merged.
 // With strict, every page must be aligned and mapped wholly and regions are
 // tracked; without, bad or untracked pages are skipped.
-func (p *Pinner) pageRuns(t *Table, pages []GPA, strict bool, runs []pinRun) ([]pinRun, error) {
+func (p *Pinner) pageRuns(t *Table, pages []abi.GPA, strict bool, runs []pinRun) ([]pinRun, error) {
 	sorted := append(p.scratch.pages[:0], pages...)
 	defer func() { p.scratch.pages = sorted[:0] }()
 	slices.Sort(sorted)
@@ -633,7 +635,7 @@ func (p *Pinner) pageRuns(t *Table, pages []GPA, strict bool, runs []pinRun) ([]
 
 // lookupRuns appends the runs of tracked regions holding parts of the page
 // at g (aligned), without tracking anything.
-func (p *Pinner) lookupRuns(t *Table, g GPA, runs []pinRun) []pinRun {
+func (p *Pinner) lookupRuns(t *Table, g abi.GPA, runs []pinRun) []pinRun {
 	start := uint64(g)
 	end, ok := add(start, PageSize)
 	if !ok {

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // The project compares, in one run:
@@ -165,9 +167,9 @@ func BenchmarkPinPagesCached(b *testing.B) {
 	defer release()
 	p := NewPinner(PinConfig{CacheBytes: benchPinSize})
 	defer p.Close()
-	pages := make([]GPA, benchPinSize/PageSize)
+	pages := make([]abi.GPA, benchPinSize/PageSize)
 	for i := range pages {
-		pages[i] = GPA(i * PageSize)
+		pages[i] = abi.GPA(i * PageSize)
 	}
 	b.SetBytes(benchPinSize)
 	b.ReportAllocs()

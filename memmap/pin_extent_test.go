@@ -6,6 +6,8 @@ import (
 	"math/bits"
 	"slices"
 	"testing"
+
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // gpns returns the guest page numbers of a cached-page list.
@@ -51,7 +53,7 @@ func TestPinExtentsMerge(t *testing.T) {
 	// them all leaves one cached extent per release, merged where the
 	// release order agrees with the address order.
 	for _, rg := range [][2]uint64{{0, 8}, {4, 12}, {8, 16}} {
-		if err := p.Pin(tab, GPA(rg[0]*pg), (rg[1]-rg[0])*pg); err != nil {
+		if err := p.Pin(tab, abi.GPA(rg[0]*pg), (rg[1]-rg[0])*pg); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -100,12 +102,12 @@ func TestPinExtentsFixup(t *testing.T) {
 	// Release A = [0,4), then X = [32,36), then B = [4,8): A and B are
 	// adjacent but X lies between them in the LRU list.
 	for _, g := range []uint64{0, 32, 4} {
-		if err := p.Pin(tab, GPA(g*pg), 4*pg); err != nil {
+		if err := p.Pin(tab, abi.GPA(g*pg), 4*pg); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, g := range []uint64{0, 32, 4} {
-		p.Unpin(tab, GPA(g*pg), 4*pg)
+		p.Unpin(tab, abi.GPA(g*pg), 4*pg)
 	}
 	checkPinner(t, p)
 	if got := extents(p, regions[0]); got != 3 {
@@ -132,7 +134,7 @@ func TestPinHitsNeverEvicted(t *testing.T) {
 	defer p.Close()
 	// Cache H = [2,6) (oldest) then U = [8,12).
 	for _, g := range []uint64{2, 8} {
-		if err := p.Pin(tab, GPA(g*pg), 4*pg); err != nil {
+		if err := p.Pin(tab, abi.GPA(g*pg), 4*pg); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -150,7 +152,7 @@ func TestPinHitsNeverEvicted(t *testing.T) {
 		t.Errorf("got cached pages %v, want %v", got, want)
 	}
 	for g, want := range map[uint64]uint32{0: 1, 1: 1, 2: 1, 3: 1, 4: 0, 5: 0, 6: 0} {
-		if got := pageCount(t, p, tab, GPA(g*pg)); got != want {
+		if got := pageCount(t, p, tab, abi.GPA(g*pg)); got != want {
 			t.Errorf("page %d: got count %d, want %d", g, got, want)
 		}
 	}
@@ -163,7 +165,7 @@ func TestPinCacheSplitOrder(t *testing.T) {
 	defer p.Close()
 	// E = [0,8) released first, F = [16,24) after.
 	for _, g := range []uint64{0, 16} {
-		if err := p.Pin(tab, GPA(g*pg), 8*pg); err != nil {
+		if err := p.Pin(tab, abi.GPA(g*pg), 8*pg); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -171,7 +173,7 @@ func TestPinCacheSplitOrder(t *testing.T) {
 	p.Unpin(tab, 16*pg, 8*pg)
 	// Taking [3,5) from the middle of E leaves [0,3) and [5,8) in E's
 	// place, before F.
-	if err := p.PinPages(tab, []GPA{3 * pg, 4 * pg}); err != nil {
+	if err := p.PinPages(tab, []abi.GPA{3 * pg, 4 * pg}); err != nil {
 		t.Fatal(err)
 	}
 	checkPinner(t, p)
@@ -180,7 +182,7 @@ func TestPinCacheSplitOrder(t *testing.T) {
 		t.Errorf("got cached pages %v, want %v", got, want)
 	}
 	// Released again, the pages go to the new end.
-	p.UnpinPages(tab, []GPA{4 * pg, 3 * pg})
+	p.UnpinPages(tab, []abi.GPA{4 * pg, 3 * pg})
 	checkPinner(t, p)
 	want = append(want, 3, 4)
 	if got := gpns(lruPages(p)); !slices.Equal(got, want) {
@@ -196,10 +198,10 @@ func TestPinRollbackKeepsCacheOrder(t *testing.T) {
 	// D = [20,22), E = [0,10), F = [12,16) released in this order; page 18
 	// pinned with the largest count.
 	for _, rg := range [][2]uint64{{20, 2}, {0, 10}, {12, 4}} {
-		if err := p.Pin(tab, GPA(rg[0]*pg), rg[1]*pg); err != nil {
+		if err := p.Pin(tab, abi.GPA(rg[0]*pg), rg[1]*pg); err != nil {
 			t.Fatal(err)
 		}
-		p.Unpin(tab, GPA(rg[0]*pg), rg[1]*pg)
+		p.Unpin(tab, abi.GPA(rg[0]*pg), rg[1]*pg)
 	}
 	if err := p.Pin(tab, 18*pg, pg); err != nil {
 		t.Fatal(err)
@@ -212,7 +214,7 @@ func TestPinRollbackKeepsCacheOrder(t *testing.T) {
 
 	// Hits in E and F, a miss at 17, then the count overflow at 18: the
 	// plan split E and F and held the hits, and must put them back.
-	err := p.PinPages(tab, []GPA{3 * pg, 4 * pg, 13 * pg, 17 * pg, 18 * pg})
+	err := p.PinPages(tab, []abi.GPA{3 * pg, 4 * pg, 13 * pg, 17 * pg, 18 * pg})
 	if !errors.Is(err, ErrOverflow) {
 		t.Fatalf("got %v, want ErrOverflow", err)
 	}
@@ -300,7 +302,7 @@ func TestPinScattered(t *testing.T) {
 	p := NewPinner(PinConfig{CacheBytes: pages * pg})
 	defer p.Close()
 	for i := uint64(pages - 2); i < pages; i -= 2 {
-		if err := p.Pin(tab, GPA(i*pg), pg); err != nil {
+		if err := p.Pin(tab, abi.GPA(i*pg), pg); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -330,7 +332,7 @@ func TestPinScattered(t *testing.T) {
 	// adjacent in address order, so every cached page is an extent of its
 	// own (as many as the cache holds).
 	for i := uint64(pages - 2); i < pages; i -= 2 {
-		p.Unpin(tab, GPA(i*pg), pg)
+		p.Unpin(tab, abi.GPA(i*pg), pg)
 	}
 	checkPinner(t, p)
 	// Pinning all of it takes every cached page and fills every gap.

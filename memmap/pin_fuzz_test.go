@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // pinKey names a page in the fuzz model: the index of its region in the
@@ -193,7 +195,7 @@ func (env *pinFuzzEnv) rangeKeys(specs []RegionSpec, gpa, n uint64, mult uint32)
 // pageKeys returns the keys of a page list as PinPages orders them and
 // whether every page is aligned and mapped wholly; unaligned pages are
 // left out.
-func (env *pinFuzzEnv) pageKeys(specs []RegionSpec, pages []GPA) ([]pinKeyMult, bool) {
+func (env *pinFuzzEnv) pageKeys(specs []RegionSpec, pages []abi.GPA) ([]pinKeyMult, bool) {
 	sorted := slices.Clone(pages)
 	slices.Sort(sorted)
 	var keys []pinKeyMult
@@ -448,17 +450,17 @@ func FuzzPinner(f *testing.F) {
 				keys, mapped := env.rangeKeys(specs, gpa, n, 1)
 				if op == 1 {
 					what = fmt.Sprintf("Unpin(%#x, %#x)", gpa, n)
-					p.Unpin(cur, GPA(gpa), n)
+					p.Unpin(cur, abi.GPA(gpa), n)
 					m.unpin(keys)
 					break
 				}
 				what = fmt.Sprintf("Pin(%#x, %#x)", gpa, n)
-				err := p.Pin(cur, GPA(gpa), n)
+				err := p.Pin(cur, abi.GPA(gpa), n)
 				checkPinResult(t, what, err, mapped, mapped && m.pin(keys))
 			case 2, 3:
-				pages := make([]GPA, r.u8()%8)
+				pages := make([]abi.GPA, r.u8()%8)
 				for i := range pages {
-					pages[i] = GPA(uint64(r.u8()) << pageShift)
+					pages[i] = abi.GPA(uint64(r.u8()) << pageShift)
 					if pages[i]&0x80000 != 0 {
 						pages[i] |= 0x123 // unaligned
 					}
@@ -489,7 +491,7 @@ func FuzzPinner(f *testing.F) {
 				n = min(n, 4-first)
 				if b&1 != 0 {
 					what = fmt.Sprintf("other Unpin(%d, %d pages)", first, n)
-					other.Unpin(otherTab, GPA(first*pg), n*pg)
+					other.Unpin(otherTab, abi.GPA(first*pg), n*pg)
 					for i := first; i < first+n; i++ {
 						if c := otherCount[i]; c > 0 {
 							if otherCount[i] = c - 1; c == 1 {
@@ -510,7 +512,7 @@ func FuzzPinner(f *testing.F) {
 				if a := cfg.Accounting; misses > 0 && a.limit != 0 && (m.locked+otherPages+misses)*pg > a.limit {
 					ok = false
 				}
-				err := other.Pin(otherTab, GPA(first*pg), n*pg)
+				err := other.Pin(otherTab, abi.GPA(first*pg), n*pg)
 				checkPinResult(t, what, err, true, ok)
 				if ok {
 					for i := first; i < first+n; i++ {

@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // vmLck returns this process's locked memory in bytes, from
@@ -210,7 +212,7 @@ func checkPinnerShared(t testing.TB, p *Pinner, others uint64) {
 
 // pageCount returns the pin count of guest page gpa in the region holding
 // it in t (0 if untracked, unlocked or cached).
-func pageCount(t testing.TB, p *Pinner, tab *Table, gpa GPA) uint32 {
+func pageCount(t testing.TB, p *Pinner, tab *Table, gpa abi.GPA) uint32 {
 	t.Helper()
 	i := find(tab.byGPA, uint64(gpa))
 	if i < 0 {
@@ -307,7 +309,7 @@ func TestPinRefcountShared(t *testing.T) {
 	}
 	checkPinner(t, p)
 	for _, c := range []struct {
-		gpa  GPA
+		gpa  abi.GPA
 		want uint32
 	}{{0x100000, 1}, {0x101000, 1}, {0x102000, 2}, {0x103000, 1}, {0x104000, 0}} {
 		if got := pageCount(t, p, tab, c.gpa); got != c.want {
@@ -351,7 +353,7 @@ func TestPinErrors(t *testing.T) {
 		RegionSpec{GuestAddr: 0x20000, Size: pg})
 	tests := []struct {
 		name string
-		gpa  GPA
+		gpa  abi.GPA
 		n    uint64
 		want error
 	}{
@@ -487,7 +489,7 @@ func TestPinRollbackCountOverflow(t *testing.T) {
 		if i == 3 {
 			want = math.MaxUint32
 		}
-		if got := pageCount(t, p, tab, GPA(0x10000+i*pg)); got != want {
+		if got := pageCount(t, p, tab, abi.GPA(0x10000+i*pg)); got != want {
 			t.Errorf("page %d: got count %d, want %d", i, got, want)
 		}
 	}
@@ -593,13 +595,13 @@ func TestPinCacheLRU(t *testing.T) {
 	tab, _ := testTable(t, 32*pg, RegionSpec{GuestAddr: 0x40000, Size: 32 * pg})
 	p := NewPinner(PinConfig{CacheBytes: 4*pg + 100}) // 4 pages
 	defer p.Close()
-	a, b, c := GPA(0x40000), GPA(0x48000), GPA(0x50000)
-	for _, g := range []GPA{a, b, c} {
+	a, b, c := abi.GPA(0x40000), abi.GPA(0x48000), abi.GPA(0x50000)
+	for _, g := range []abi.GPA{a, b, c} {
 		if err := p.Pin(tab, g, 2*pg); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, g := range []GPA{a, b, c} {
+	for _, g := range []abi.GPA{a, b, c} {
 		p.Unpin(tab, g, 2*pg)
 	}
 	// Cache bound 4 pages: a, released first, was munlocked.
@@ -649,13 +651,13 @@ func TestPinPages(t *testing.T) {
 
 	t.Run("refused", func(t *testing.T) {
 		for _, c := range []struct {
-			pages []GPA
+			pages []abi.GPA
 			want  error
 		}{
-			{[]GPA{0x10000, 0x10800}, ErrUnaligned},
-			{[]GPA{0x10000, 0x14000}, ErrNotMapped},
-			{[]GPA{0x13000, 0x20000}, ErrNotMapped},
-			{[]GPA{0xfffffffffffff000}, ErrOverflow},
+			{[]abi.GPA{0x10000, 0x10800}, ErrUnaligned},
+			{[]abi.GPA{0x10000, 0x14000}, ErrNotMapped},
+			{[]abi.GPA{0x13000, 0x20000}, ErrNotMapped},
+			{[]abi.GPA{0xfffffffffffff000}, ErrOverflow},
 		} {
 			if err := p.PinPages(tab, c.pages); !errors.Is(err, c.want) {
 				t.Errorf("PinPages(%#x): got %v, want %v", c.pages, err, c.want)
@@ -667,7 +669,7 @@ func TestPinPages(t *testing.T) {
 	})
 	// Unsorted, with a duplicate, and page 0x11000 straddling A and B (one
 	// host page of each mapping).
-	pages := []GPA{0x13000, 0x11000, 0x10000, 0x13000}
+	pages := []abi.GPA{0x13000, 0x11000, 0x10000, 0x13000}
 	if err := p.PinPages(tab, pages); err != nil {
 		t.Fatal(err)
 	}
@@ -677,11 +679,11 @@ func TestPinPages(t *testing.T) {
 	if got := pageCount(t, p, tab, 0x13000); got != 2 {
 		t.Errorf("duplicated page: got count %d, want 2", got)
 	}
-	p.UnpinPages(tab, []GPA{0x13000, 0x10001, 0x40000})
+	p.UnpinPages(tab, []abi.GPA{0x13000, 0x10001, 0x40000})
 	if got := pageCount(t, p, tab, 0x13000); got != 1 {
 		t.Errorf("after one unpin: got count %d, want 1", got)
 	}
-	p.UnpinPages(tab, []GPA{0x10000, 0x11000, 0x13000})
+	p.UnpinPages(tab, []abi.GPA{0x10000, 0x11000, 0x13000})
 	checkPinner(t, p)
 	wantStats(t, p, PinStats{CacheMisses: 4})
 	w.expect("unpinned pages", 0)
@@ -796,7 +798,7 @@ func TestPinClose(t *testing.T) {
 	if err := p.Pin(tab, 0, 24*pg); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.PinPages(tab, []GPA{30 * pg, 31 * pg}); err != nil {
+	if err := p.PinPages(tab, []abi.GPA{30 * pg, 31 * pg}); err != nil {
 		t.Fatal(err)
 	}
 	p.Unpin(tab, 0, 4*pg)
@@ -846,7 +848,7 @@ func TestPinConcurrent(t *testing.T) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(g), 1))
 			for range 300 {
-				gpa := GPA(rng.Uint64N(256*pg - 1))
+				gpa := abi.GPA(rng.Uint64N(256*pg - 1))
 				n := 1 + rng.Uint64N(min(32*pg, 256*pg-uint64(gpa)))
 				if rng.IntN(2) == 0 {
 					if err := p.Pin(tab, gpa, n); err != nil {
@@ -858,7 +860,7 @@ func TestPinConcurrent(t *testing.T) {
 					p.Unpin(tab, gpa, n)
 					continue
 				}
-				pages := []GPA{GPA(rng.Uint64N(256)) * pg, GPA(rng.Uint64N(256)) * pg}
+				pages := []abi.GPA{abi.GPA(rng.Uint64N(256)) * pg, abi.GPA(rng.Uint64N(256)) * pg}
 				if err := p.PinPages(tab, pages); err != nil {
 					if !errors.Is(err, ErrQuota) {
 						t.Errorf("PinPages: %v", err)

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // MaxRegions is the number of memory slots the backend offers through
@@ -24,7 +26,7 @@ var liveMappings atomic.Int64
 // (struct vhost_user_memory_region): Size bytes at guest-physical GuestAddr,
 // mapped by the front-end at UserAddr, found at MmapOffset of the region's fd.
 type RegionSpec struct {
-	GuestAddr  GPA
+	GuestAddr  abi.GPA
 	Size       uint64
 	UserAddr   UVA
 	MmapOffset uint64

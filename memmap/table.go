@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
+
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // span is one region's extent in one address space, [start, end), end
@@ -197,7 +199,7 @@ func slice(ss []span, space string, addr, n uint64) ([]byte, error) {
 // ErrOverflow, ErrNotMapped (gpa is in no region) or ErrCrossesRegion. The
 // slice's capacity is n. n == 0 returns (nil, nil). The bytes are valid while
 // the caller holds a reference on t.
-func (t *Table) Slice(gpa GPA, n uint64) ([]byte, error) {
+func (t *Table) Slice(gpa abi.GPA, n uint64) ([]byte, error) {
 	return slice(t.byGPA, SpaceGuest, uint64(gpa), n)
 }
 
@@ -213,7 +215,7 @@ func (t *Table) SliceUser(uva UVA, n uint64) ([]byte, error) {
 // ErrNotMapped (Addr is the first unmapped address), an overflow one with
 // ErrOverflow. fn's first error stops the walk and is returned as is. The
 // loops are bounded by the number of regions. n == 0 calls nothing.
-func (t *Table) ForEach(gpa GPA, n uint64, fn func([]byte) error) error {
+func (t *Table) ForEach(gpa abi.GPA, n uint64, fn func([]byte) error) error {
 	if n == 0 {
 		return nil
 	}
@@ -249,13 +251,13 @@ func (t *Table) ForEach(gpa GPA, n uint64, fn func([]byte) error) error {
 }
 
 // UserToGuest translates a front-end virtual address to guest-physical.
-func (t *Table) UserToGuest(uva UVA) (GPA, bool) {
+func (t *Table) UserToGuest(uva UVA) (abi.GPA, bool) {
 	i := find(t.byUVA, uint64(uva))
 	if i < 0 {
 		return 0, false
 	}
 	s := &t.byUVA[i]
-	return GPA(s.peer + (uint64(uva) - s.start)), true
+	return abi.GPA(s.peer + (uint64(uva) - s.start)), true
 }
 
 // tryRef takes a reference unless the table was already released.

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math"
 	"testing"
+
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // Layout of the translation tests: a and b are adjacent in guest-physical
@@ -83,7 +85,7 @@ func TestSlice(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b, err := f.table.Slice(GPA(tt.gpa), tt.n)
+			b, err := f.table.Slice(abi.GPA(tt.gpa), tt.n)
 			if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
 				t.Fatalf("Slice(%#x, %#x) error = %v, want %v", tt.gpa, tt.n, err, tt.want)
 			}
@@ -180,7 +182,7 @@ func TestForEach(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var got [][]byte
-			err := f.table.ForEach(GPA(tt.gpa), tt.n, func(b []byte) error {
+			err := f.table.ForEach(abi.GPA(tt.gpa), tt.n, func(b []byte) error {
 				got = append(got, b)
 				return nil
 			})
@@ -326,7 +328,7 @@ func TestTableEdits(t *testing.T) {
 		}
 		cur := EmptyTable()
 		for i := range MaxRegions {
-			ri := mapNew(t, "many", 0x1000, RegionSpec{GuestAddr: GPA(0x1000 * (i + 1)), Size: 0x1000, UserAddr: UVA(0x1000 * (i + 1))})
+			ri := mapNew(t, "many", 0x1000, RegionSpec{GuestAddr: abi.GPA(0x1000 * (i + 1)), Size: 0x1000, UserAddr: UVA(0x1000 * (i + 1))})
 			nt, err := cur.With(ri)
 			ri.Release()
 			if err != nil {

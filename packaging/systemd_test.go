@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	vrdma "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -320,7 +320,7 @@ func TestUnitsStartVrdmad(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = pd.RegMR(mr, 0, 16<<20, vrdma.AccessLocalWrite)
+			_, err = pd.RegMR(mr, 0, 16<<20, abi.AccessLocalWrite)
 			switch {
 			case withCap && err != nil:
 				t.Errorf("REG_MR of 16 MiB with CAP_IPC_LOCK and a 64 KiB RLIMIT_MEMLOCK: %v\n%s", err, d.log())

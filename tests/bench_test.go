@@ -9,9 +9,10 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -45,7 +46,7 @@ func BenchmarkRegMR(b *testing.B) {
 		defer f.Close()
 		defer c.Close()
 		pd, _ := c.AllocPD()
-		bufs := make([]*abi.Buffer, b.N)
+		bufs := make([]*verbs.Buffer, b.N)
 		for i := range bufs {
 			if bufs[i], err = c.AllocBuffer(size); err != nil {
 				b.Fatal(err)

@@ -9,9 +9,10 @@ import (
 	"time"
 
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -28,7 +29,7 @@ func startDaemonWith(t *testing.T, dcfg daemon.Config, cfg rdma.Config) (*daemon
 	return d, sock
 }
 
-func openRDMA(t *testing.T, sock string, mem uint64) (*abi.Context, *frontend.Frontend) {
+func openRDMA(t *testing.T, sock string, mem uint64) (*verbs.Context, *frontend.Frontend) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -98,7 +99,7 @@ func TestPinOnDemand(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := pd.CreateQP(abi.QPInitAttr{SendCQ: cq, RecvCQ: cq, Cap: abi.QPCap{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 2, MaxRecvSGE: 2}}); err != nil {
+			if _, err := pd.CreateQP(verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 2, MaxRecvSGE: 2}}); err != nil {
 				t.Fatal(err)
 			}
 			got := info(t, d)
@@ -139,7 +140,7 @@ func TestPinQuota(t *testing.T) {
 	}
 	before := info(t, d)
 	_, err = pd.RegMR(big, 0, 4<<20, abi.AccessLocalWrite)
-	var ce *abi.CommandError
+	var ce *verbs.CommandError
 	if !errors.As(err, &ce) || ce.Status != abi.StatusQuota {
 		t.Fatalf("REG_MR over quota: got %v, want status QUOTA", err)
 	}
@@ -296,7 +297,7 @@ func TestLimits(t *testing.T) {
 		}
 	}
 	_, err := c.AllocPD()
-	var ce *abi.CommandError
+	var ce *verbs.CommandError
 	if !errors.As(err, &ce) || ce.Status != abi.StatusNoResources {
 		t.Fatalf("PD beyond max_pd: %v, want NO_RESOURCES", err)
 	}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/vrdma/vrdma/internal/controlapi"
 	"github.com/vrdma/vrdma/internal/guestresult"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
 )

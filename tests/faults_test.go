@@ -7,8 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/daemon"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -68,7 +69,7 @@ func TestDisconnectEveryStep(t *testing.T) {
 				if terr != nil {
 					t.Fatal(terr)
 				}
-				c, oerr := abi.Open(tr)
+				c, oerr := verbs.Open(tr)
 				if oerr != nil {
 					t.Fatal(oerr)
 				}
@@ -118,7 +119,7 @@ func TestDisconnectDuringTraffic(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		wc := make([]abi.WC, 16)
+		wc := make([]verbs.WC, 16)
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
@@ -126,9 +127,9 @@ func TestDisconnectDuringTraffic(t *testing.T) {
 				return
 			default:
 			}
-			err := a.qp.PostSend(abi.SendWR{WRID: uint64(i), Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+			err := a.qp.PostSend(verbs.SendWR{WRID: uint64(i), Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
 				SGL: []abi.SGE{a.mr.SGE(0, 4096)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey})
-			if err != nil && !errors.Is(err, abi.ErrQueueFull) {
+			if err != nil && !errors.Is(err, verbs.ErrQueueFull) {
 				errc <- err
 				return
 			}

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/vrdma/vrdma/virtio"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	vu "github.com/vrdma/vrdma/virtio/vhostuser"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )

@@ -11,9 +11,8 @@ import (
 
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/internal/eventfd"
-	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	vu "github.com/vrdma/vrdma/virtio/vhostuser"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
@@ -70,7 +69,7 @@ func putDesc(table []byte, i int, d desc) {
 // available index to newIdx.
 func publish(r virtio.Rings, size int, idx uint16, head uint16, newIdx uint16) {
 	binary.LittleEndian.PutUint16(r.Avail[4+2*(int(idx)%size):], head)
-	memmap.StoreUint16(r.Avail, 2, newIdx)
+	abi.StoreUint16(r.Avail, 2, newIdx)
 }
 
 // TestMalformedChains: each bug class of descriptor chains breaks that

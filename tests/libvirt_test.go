@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/vrdma/vrdma/internal/guestresult"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
 	"github.com/vrdma/vrdma/vmm/qemu/qemutest"

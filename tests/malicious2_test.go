@@ -14,10 +14,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/daemon"
-	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -46,7 +46,7 @@ func openPeerCfg(t *testing.T, sock string, cfg frontend.Config) *peer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := abi.Open(tr)
+	c, err := verbs.Open(tr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,8 +61,8 @@ func openPeerCfg(t *testing.T, sock string, cfg frontend.Config) *peer {
 	if p.cq, err = c.CreateCQ(64); err != nil {
 		t.Fatal(err)
 	}
-	if p.qp, err = p.pd.CreateQP(abi.QPInitAttr{SendCQ: p.cq, RecvCQ: p.cq,
-		Cap: abi.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 4, MaxRecvSGE: 4, MaxInlineData: 64}}); err != nil {
+	if p.qp, err = p.pd.CreateQP(verbs.QPInitAttr{SendCQ: p.cq, RecvCQ: p.cq,
+		Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 4, MaxRecvSGE: 4, MaxInlineData: 64}}); err != nil {
 		t.Fatal(err)
 	}
 	if p.buf, err = c.AllocBuffer(peerBuf); err != nil {
@@ -91,7 +91,7 @@ func verifiedWrite(t *testing.T, a, b *peer, seed byte) {
 	t.Helper()
 	src, dst := a.mr.Bytes()[:4096], b.mr.Bytes()[8192:8192+4096]
 	fill(src, seed)
-	if err := a.qp.PostSend(abi.SendWR{WRID: uint64(seed), Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+	if err := a.qp.PostSend(verbs.SendWR{WRID: uint64(seed), Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
 		SGL: []abi.SGE{a.mr.SGE(0, 4096)}, RemoteAddr: b.mr.Addr + 8192, RKey: b.mr.RKey}); err != nil {
 		t.Fatalf("bystander post: %v", err)
 	}
@@ -200,7 +200,7 @@ func createRawCQ(t *testing.T, p *peer, depth uint32, pages []uint64, record uin
 func (c *rawCQ) cqes(t *testing.T) []abi.CQE {
 	t.Helper()
 	rec := c.p.host(c.record, abi.CQRecordSize)
-	pi := memmap.LoadUint32(rec, abi.CQRecordPI)
+	pi := abi.LoadUint32(rec, abi.CQRecordPI)
 	var out []abi.CQE
 	for k := uint32(0); c.ci != pi && k < c.depth; k++ {
 		off := uint64(c.ci%c.depth) * abi.CQESize
@@ -212,7 +212,7 @@ func (c *rawCQ) cqes(t *testing.T) []abi.CQE {
 		out = append(out, e)
 		c.ci++
 	}
-	memmap.StoreUint32(rec, abi.CQRecordCI, c.ci)
+	abi.StoreUint32(rec, abi.CQRecordCI, c.ci)
 	return out
 }
 
@@ -237,9 +237,9 @@ func (c *rawCQ) waitPI(t *testing.T, n uint32) {
 	t.Helper()
 	rec := c.p.host(c.record, abi.CQRecordSize)
 	deadline := time.Now().Add(5 * time.Second)
-	for int32(memmap.LoadUint32(rec, abi.CQRecordPI)-n) < 0 {
+	for int32(abi.LoadUint32(rec, abi.CQRecordPI)-n) < 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("CQ %#x: pi %d, want at least %d", c.num, memmap.LoadUint32(rec, abi.CQRecordPI), n)
+			t.Fatalf("CQ %#x: pi %d, want at least %d", c.num, abi.LoadUint32(rec, abi.CQRecordPI), n)
 		}
 		time.Sleep(50 * time.Microsecond)
 	}
@@ -375,8 +375,8 @@ func (q *rawQP) post(t *testing.T, wqe []byte) {
 // the engine polls.
 func (q *rawQP) ring(t *testing.T) {
 	t.Helper()
-	memmap.StoreUint32(q.p.host(q.record, abi.QPRecordSize), abi.QPRecordSQPI, q.sqPI)
-	memmap.Fence()
+	abi.StoreUint32(q.p.host(q.record, abi.QPRecordSize), abi.QPRecordSQPI, q.sqPI)
+	abi.Fence()
 	tr := q.p.ctx.Transport()
 	if !tr.Polling(q.doorbell) {
 		if err := tr.Notify(q.doorbell); err != nil {
@@ -395,10 +395,10 @@ func wqe(w abi.SendWQE, sges ...abi.SGE) []byte {
 }
 
 // newPeerQP creates another QP on p (on p's CQ) for a raw QP to talk to.
-func newPeerQP(t *testing.T, p *peer) *abi.QP {
+func newPeerQP(t *testing.T, p *peer) *verbs.QP {
 	t.Helper()
-	q, err := p.pd.CreateQP(abi.QPInitAttr{SendCQ: p.cq, RecvCQ: p.cq,
-		Cap: abi.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 4, MaxRecvSGE: 4}})
+	q, err := p.pd.CreateQP(verbs.QPInitAttr{SendCQ: p.cq, RecvCQ: p.cq,
+		Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 4, MaxRecvSGE: 4}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -436,7 +436,7 @@ func (r *rig) bystanders(t *testing.T, seed byte) {
 
 // link connects the hostile device's verbs QP v.qp to a fresh QP of w, so
 // that v's other traffic can be verified (verifiedWrite(v, w)).
-func (r *rig) link(t *testing.T) *abi.QP {
+func (r *rig) link(t *testing.T) *verbs.QP {
 	t.Helper()
 	wq := newPeerQP(t, r.w)
 	if err := r.v.qp.ConnectRC(r.w.gid, wq.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
@@ -505,7 +505,7 @@ func TestPeerMemoryFault(t *testing.T) {
 			if err := unix.Ftruncate(b.f.MemFd(), cut); err != nil {
 				t.Fatal(err)
 			}
-			if err := aq.PostSend(abi.SendWR{WRID: 1, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+			if err := aq.PostSend(verbs.SendWR{WRID: 1, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
 				SGL: []abi.SGE{a.mr.SGE(0, 8192)}, RemoteAddr: tmr.Addr + 100, RKey: tmr.RKey}); err != nil {
 				t.Fatal(err)
 			}
@@ -586,7 +586,7 @@ func newBlindControl(t *testing.T, p *peer) *blindControl {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &blindControl{q: q, eventIdx: p.f.Features&virtio.FeatureEventIdx != 0, idx: memmap.LoadUint16(q.Rings().Avail, 2),
+	return &blindControl{q: q, eventIdx: p.f.Features&virtio.FeatureEventIdx != 0, idx: abi.LoadUint16(q.Rings().Avail, 2),
 		req: buf[:abi.PageSize], resp: buf[abi.PageSize:], reqGPA: uint64(gpa), respGPA: uint64(gpa) + abi.PageSize}
 }
 
@@ -601,9 +601,9 @@ func (b *blindControl) exec(t *testing.T, req []byte, respLen int) []byte {
 	putDesc(r.Desc, 1, desc{b.respGPA, uint32(respLen), virtio.DescFWrite, 0})
 	// Interrupt wanted for this chain: no NO_INTERRUPT flag, and with
 	// EVENT_IDX used_event = the used index before it.
-	memmap.StoreUint16(r.Avail, 0, 0)
+	abi.StoreUint16(r.Avail, 0, 0)
 	if b.eventIdx {
-		memmap.StoreUint16(r.Avail, 4+2*size, b.idx)
+		abi.StoreUint16(r.Avail, 4+2*size, b.idx)
 	}
 	if _, err := b.q.Call.TryWait(); err != nil {
 		t.Fatal(err)
@@ -654,9 +654,9 @@ func TestUsedRingScribbled(t *testing.T) {
 			u := used[rng.IntN(len(used))]
 			switch rng.IntN(4) {
 			case 0: // flags
-				memmap.StoreUint16(u, 0, uint16(rng.Uint32()))
+				abi.StoreUint16(u, 0, uint16(rng.Uint32()))
 			case 1: // idx
-				memmap.StoreUint16(u, 2, uint16(rng.Uint32()))
+				abi.StoreUint16(u, 2, uint16(rng.Uint32()))
 			case 2: // an element, or avail_event at the end
 				off := 4 + 8*rng.IntN((len(u)-4)/8)
 				binary.LittleEndian.PutUint64(u[off:], rng.Uint64())
@@ -697,7 +697,7 @@ func TestUsedRingScribbled(t *testing.T) {
 		seed := byte(i)
 		fill(v.mr.Bytes()[:512], seed)
 		off := uint64(512 * (i % 64))
-		if err := v.qp.PostSend(abi.SendWR{WRID: uint64(i), Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+		if err := v.qp.PostSend(verbs.SendWR{WRID: uint64(i), Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
 			SGL: []abi.SGE{v.mr.SGE(0, 512)}, RemoteAddr: w.mr.Addr + off, RKey: w.mr.RKey}); err != nil {
 			t.Fatal(err)
 		}
@@ -1016,7 +1016,7 @@ func TestDoorbellDestroyedQP(t *testing.T) {
 	}
 	for _, c := range []struct {
 		q  *rawQP
-		wq *abi.QP
+		wq *verbs.QP
 	}{{q1, wq1}, {q2, wq2}} {
 		c.q.connect(t, w.gid, c.wq.Num(), 7)
 		if err := c.wq.ConnectRC(v.gid, c.q.num, abi.AccessAll&^abi.AccessLocalWrite); err != nil {
@@ -1056,7 +1056,7 @@ func TestDoorbellDestroyedQP(t *testing.T) {
 	q2.sqPI += 1000
 	q2.ring(t)
 	// A receive for q2's old SEND now: nobody may deliver it.
-	if err := wq2.PostRecv(abi.RecvWR{WRID: 9, SGL: []abi.SGE{w.mr.SGE(4096, 64)}}); err != nil {
+	if err := wq2.PostRecv(verbs.RecvWR{WRID: 9, SGL: []abi.SGE{w.mr.SGE(4096, 64)}}); err != nil {
 		t.Fatal(err)
 	}
 	// The live QP on the same doorbell queue runs after the kicks: by the
@@ -1091,7 +1091,7 @@ func TestDoorbellDestroyedQP(t *testing.T) {
 		}
 	}
 	// The peer's requests to a destroyed QP: RETRY_EXC_ERR.
-	if err := wq1.PostSend(abi.SendWR{WRID: 5, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+	if err := wq1.PostSend(verbs.SendWR{WRID: 5, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
 		SGL: []abi.SGE{w.mr.SGE(0, 64)}, RemoteAddr: v.mr.Addr, RKey: v.mr.RKey}); err != nil {
 		t.Fatal(err)
 	}
@@ -1109,7 +1109,7 @@ func TestDoorbellDestroyedQP(t *testing.T) {
 	noRingErrors(t, r.d, "dev0")
 	// Well after q2's RNR timer would have fired: its SEND never reached
 	// the receive posted for it, and nothing completed on the old CQ.
-	var wc [16]abi.WC
+	var wc [16]verbs.WC
 	n, err := w.cq.Poll(wc[:])
 	if err != nil {
 		t.Fatal(err)

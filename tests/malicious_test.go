@@ -3,8 +3,9 @@ package tests
 import (
 	"testing"
 
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/eventfd"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	vu "github.com/vrdma/vrdma/virtio/vhostuser"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
@@ -73,7 +74,7 @@ func TestKeyOfAnotherDevice(t *testing.T) {
 	for i := range c.buf.Bytes[:4096] {
 		c.buf.Bytes[i] = 0x5a
 	}
-	if err := a.qp.PostSend(abi.SendWR{WRID: 1, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+	if err := a.qp.PostSend(verbs.SendWR{WRID: 1, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
 		SGL: []abi.SGE{a.mr.SGE(0, 4096)}, RemoteAddr: c.mr.Addr, RKey: c.mr.RKey}); err != nil {
 		t.Fatal(err)
 	}

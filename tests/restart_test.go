@@ -7,8 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/daemon"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -59,7 +60,7 @@ func TestDaemonRestart(t *testing.T) {
 		t.Fatalf("event %+v, want DEVICE_FATAL (%d)", ev, abi.EventDeviceFatal)
 	}
 	err = pd.Dealloc()
-	var ce *abi.CommandError
+	var ce *verbs.CommandError
 	if !errors.As(err, &ce) || ce.Status != abi.StatusNotFound {
 		t.Fatalf("old PD after the restart: %v, want NOT_FOUND", err)
 	}

@@ -12,21 +12,22 @@ import (
 	"testing"
 	"time"
 
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/guest/verbs"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
 // soakPeer is one front-end of the soak: a device opened over
 // virtio-user with a PD, CQ, QP and a registered buffer.
 type soakPeer struct {
-	ctx *abi.Context
+	ctx *verbs.Context
 	f   *frontend.Frontend
 	gid [16]byte
-	pd  *abi.PD
-	cq  *abi.CQ
-	qp  *abi.QP
-	buf *abi.Buffer
-	mr  *abi.MR
+	pd  *verbs.PD
+	cq  *verbs.CQ
+	qp  *verbs.QP
+	buf *verbs.Buffer
+	mr  *verbs.MR
 }
 
 const soakBuf = 256 << 10
@@ -49,8 +50,8 @@ func openSoakPeer(sock string) (*soakPeer, error) {
 	if p.cq, err = c.CreateCQ(64); err != nil {
 		return fail(err)
 	}
-	if p.qp, err = p.pd.CreateQP(abi.QPInitAttr{SendCQ: p.cq, RecvCQ: p.cq,
-		Cap: abi.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 2, MaxRecvSGE: 2}}); err != nil {
+	if p.qp, err = p.pd.CreateQP(verbs.QPInitAttr{SendCQ: p.cq, RecvCQ: p.cq,
+		Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 2, MaxRecvSGE: 2}}); err != nil {
 		return fail(err)
 	}
 	if p.buf, err = c.AllocBuffer(soakBuf); err != nil {
@@ -70,19 +71,19 @@ func (p *soakPeer) close() {
 }
 
 // wait polls one completion of p, bounded.
-func (p *soakPeer) wait() (abi.WC, error) {
-	wc := make([]abi.WC, 1)
+func (p *soakPeer) wait() (verbs.WC, error) {
+	wc := make([]verbs.WC, 1)
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		n, err := p.cq.Poll(wc)
 		if err != nil {
-			return abi.WC{}, err
+			return verbs.WC{}, err
 		}
 		if n == 1 {
 			return wc[0], nil
 		}
 	}
-	return abi.WC{}, errors.New("no completion in 10 s")
+	return verbs.WC{}, errors.New("no completion in 10 s")
 }
 
 // soakDuration is how long TestSoak runs: $VRDMA_SOAK (make soak: 10m;
@@ -157,7 +158,7 @@ func TestSoak(t *testing.T) {
 		switch x := rng.Intn(100); {
 		case x < 5: // fault: drop b's front-end while a's write is in flight
 			faults++
-			err := a.qp.PostSend(abi.SendWR{WRID: 1, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+			err := a.qp.PostSend(verbs.SendWR{WRID: 1, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
 				SGL: []abi.SGE{a.mr.SGE(0, soakBuf)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey})
 			b.close()
 			if err == nil {
@@ -210,7 +211,7 @@ func soakOp(rng *rand.Rand, a, b *soakPeer, op int) error {
 	n := 1 + rng.Intn(soakBuf/2)
 	src, dst := a.buf.Bytes, b.buf.Bytes
 	seed := byte(rng.Intn(256))
-	wr := abi.SendWR{WRID: 7, Opcode: op, Flags: abi.WRFlagSignaled}
+	wr := verbs.SendWR{WRID: 7, Opcode: op, Flags: abi.WRFlagSignaled}
 	switch op {
 	case abi.WROpRDMAWrite:
 		fillSeed(src[:n], seed)
@@ -220,7 +221,7 @@ func soakOp(rng *rand.Rand, a, b *soakPeer, op int) error {
 		wr.SGL, wr.RemoteAddr, wr.RKey = []abi.SGE{a.mr.SGE(0, n)}, b.mr.Addr, b.mr.RKey
 	case abi.WROpSend:
 		fillSeed(src[:n], seed)
-		if err := b.qp.PostRecv(abi.RecvWR{WRID: 9, SGL: []abi.SGE{b.mr.SGE(0, soakBuf)}}); err != nil {
+		if err := b.qp.PostRecv(verbs.RecvWR{WRID: 9, SGL: []abi.SGE{b.mr.SGE(0, soakBuf)}}); err != nil {
 			return err
 		}
 		wr.SGL = []abi.SGE{a.mr.SGE(0, n)}

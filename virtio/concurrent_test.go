@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // payload fills b with the pattern for request seq (tag distinguishes the
@@ -126,7 +126,7 @@ func TestConcurrent(t *testing.T) {
 					t.Fatalf("driver: got request %d written %d, want %d written %d", r.seq, written, done, bufLen)
 				}
 				payload(want, r.seq, 0xa5)
-				if got := e.at(e.data+memmap.GPA(r.slot*2*bufLen+bufLen), bufLen); !bytes.Equal(got, want) {
+				if got := e.at(e.data+abi.GPA(r.slot*2*bufLen+bufLen), bufLen); !bytes.Equal(got, want) {
 					t.Fatalf("driver: request %d: response %x, want %x", r.seq, got, want)
 				}
 				free = append(free, r.slot)
@@ -139,7 +139,7 @@ func TestConcurrent(t *testing.T) {
 				}
 				for sent < total && len(free) > 0 {
 					slot := free[len(free)-1]
-					addr := e.data + memmap.GPA(slot*2*bufLen)
+					addr := e.data + abi.GPA(slot*2*bufLen)
 					payload(e.at(addr, bufLen), sent, 0)
 					clear(e.at(addr+bufLen, bufLen))
 					bufs[0] = Buf{Addr: addr, Len: bufLen}

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // DeviceQueueConfig configures the device side of a split virtqueue.
@@ -70,7 +70,7 @@ func NewDeviceQueue(cfg DeviceQueueConfig, r Rings) (*DeviceQueue, error) {
 		rings:     r,
 		lastAvail: cfg.LastAvail,
 	}
-	q.usedIdx = memmap.LoadUint16(r.Used, ringIdxOff)
+	q.usedIdx = abi.LoadUint16(r.Used, ringIdxOff)
 	q.oldUsed = q.usedIdx
 	return q, nil
 }
@@ -111,7 +111,7 @@ func (q *DeviceQueue) breakDesc(c *Chain, index uint16, reason string, err error
 // available" without the device having consumed them, so a larger distance
 // breaks the queue.
 func (q *DeviceQueue) pending() (uint16, error) {
-	idx := memmap.LoadUint16(q.rings.Avail, ringIdxOff)
+	idx := abi.LoadUint16(q.rings.Avail, ringIdxOff)
 	n := idx - q.lastAvail
 	if n > q.size {
 		return 0, q.breakRing(ReasonAvailIdx, fmt.Sprintf("avail idx %d, last avail %d, size %d", idx, q.lastAvail, q.size))
@@ -126,7 +126,7 @@ func (q *DeviceQueue) AvailIdx() uint16 {
 	if q.err != nil {
 		return 0
 	}
-	return memmap.LoadUint16(q.rings.Avail, ringIdxOff)
+	return abi.LoadUint16(q.rings.Avail, ringIdxOff)
 }
 
 // HasAvail reports whether a chain is available.
@@ -178,7 +178,7 @@ func (q *DeviceQueue) Pop(mem Memory, c *Chain) (bool, error) {
 	// The load of avail.idx above is atomic and precedes this load of the
 	// ring entry (amd64 does not reorder loads; the assembly accessor is a
 	// compiler barrier), so the entry is the one the driver published.
-	head := memmap.LoadUint16(q.rings.Avail, ringOff+2*int(q.lastAvail&q.mask))
+	head := abi.LoadUint16(q.rings.Avail, ringOff+2*int(q.lastAvail&q.mask))
 	c.Head = head
 	if err := q.walk(mem, c); err != nil {
 		c.reset(0)
@@ -240,7 +240,7 @@ func (q *DeviceQueue) walkIndirect(mem Memory, c *Chain, idx uint16, d desc) err
 	if d.addr > math.MaxUint64-uint64(d.len) {
 		return q.breakDesc(c, idx, ReasonAddrOverflow, nil)
 	}
-	table, err := mem.Slice(memmap.GPA(d.addr), uint64(d.len))
+	table, err := mem.Slice(abi.GPA(d.addr), uint64(d.len))
 	if err != nil {
 		return q.breakDesc(c, idx, ReasonIndirectMemory, err)
 	}
@@ -294,7 +294,7 @@ func (q *DeviceQueue) add(mem Memory, c *Chain, idx uint16, d desc) error {
 	if d.len == 0 {
 		return nil // nothing to translate or copy
 	}
-	b, err := mem.Slice(memmap.GPA(d.addr), uint64(d.len))
+	b, err := mem.Slice(abi.GPA(d.addr), uint64(d.len))
 	if err != nil {
 		return q.breakDesc(c, idx, ReasonBufferMemory, err)
 	}
@@ -327,7 +327,7 @@ func (q *DeviceQueue) Push(head uint16, written uint32) error {
 	binary.LittleEndian.PutUint32(q.rings.Used[off:off+4], uint32(head))
 	binary.LittleEndian.PutUint32(q.rings.Used[off+4:off+8], written)
 	q.usedIdx++
-	memmap.StoreUint16(q.rings.Used, ringIdxOff, q.usedIdx)
+	abi.StoreUint16(q.rings.Used, ringIdxOff, q.usedIdx)
 	return nil
 }
 
@@ -343,9 +343,9 @@ func (q *DeviceQueue) NeedsNotify() bool {
 	}
 	// The seq-cst store of used.idx in Push orders it before these loads.
 	if q.eventIdx {
-		return needEvent(memmap.LoadUint16(q.rings.Avail, usedEventOff(q.size)), new, old)
+		return needEvent(abi.LoadUint16(q.rings.Avail, usedEventOff(q.size)), new, old)
 	}
-	return memmap.LoadUint16(q.rings.Avail, ringFlagsOff)&AvailFNoInterrupt == 0
+	return abi.LoadUint16(q.rings.Avail, ringFlagsOff)&AvailFNoInterrupt == 0
 }
 
 // EnableNotify asks the driver to kick when it makes new chains available.
@@ -353,11 +353,11 @@ func (q *DeviceQueue) NeedsNotify() bool {
 // consistent store is the full barrier that makes this race-free.
 func (q *DeviceQueue) EnableNotify() {
 	if q.eventIdx {
-		memmap.StoreUint16(q.rings.Used, availEventOff(q.size), q.lastAvail)
+		abi.StoreUint16(q.rings.Used, availEventOff(q.size), q.lastAvail)
 		return
 	}
 	q.usedFlags &^= UsedFNoNotify
-	memmap.StoreUint16(q.rings.Used, ringFlagsOff, q.usedFlags)
+	abi.StoreUint16(q.rings.Used, ringFlagsOff, q.usedFlags)
 }
 
 // DisableNotify tells the driver that kicks are not needed (the device is
@@ -366,11 +366,11 @@ func (q *DeviceQueue) DisableNotify() {
 	if q.eventIdx {
 		// An avail_event just behind what the device has consumed is not
 		// crossed again until the index wraps.
-		memmap.StoreUint16(q.rings.Used, availEventOff(q.size), q.lastAvail-1)
+		abi.StoreUint16(q.rings.Used, availEventOff(q.size), q.lastAvail-1)
 		return
 	}
 	q.usedFlags |= UsedFNoNotify
-	memmap.StoreUint16(q.rings.Used, ringFlagsOff, q.usedFlags)
+	abi.StoreUint16(q.rings.Used, ringFlagsOff, q.usedFlags)
 }
 
 // SetUsedFlagNoNotify sets or clears VIRTQ_USED_F_NO_NOTIFY in the used
@@ -390,7 +390,7 @@ func (q *DeviceQueue) SetUsedFlagNoNotify(on bool) {
 		return
 	}
 	q.usedFlags, q.flagsStored = f, true
-	memmap.StoreUint16(q.rings.Used, ringFlagsOff, f)
+	abi.StoreUint16(q.rings.Used, ringFlagsOff, f)
 }
 
 // Chain is one descriptor chain popped by DeviceQueue.Pop. It is reused across

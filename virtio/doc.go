@@ -18,7 +18,7 @@
 // big-endian rings, and the transport (kicks and interrupts are the caller's:
 // the queues only say whether the other side wants one). The package never
 // maps memory and uses no unsafe: ring fields shared with the other side are
-// read and written through package memmap's atomic accessors.
+// read and written through the atomic accessors of package virtio/rdma/abi.
 //
 // # Invariants
 //

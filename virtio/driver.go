@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // DriverQueueConfig configures the driver side of a split virtqueue.
@@ -17,7 +17,7 @@ type DriverQueueConfig struct {
 
 // Buf is one buffer of a chain, by guest-physical address.
 type Buf struct {
-	Addr     memmap.GPA
+	Addr     abi.GPA
 	Len      uint32
 	Writable bool // device-writable (otherwise device-readable)
 }
@@ -76,7 +76,7 @@ func NewDriverQueue(cfg DriverQueueConfig, r Rings) (*DriverQueue, error) {
 	for i := range q.next {
 		q.next[i] = uint16(i + 1) // the last one is never followed
 	}
-	memmap.Fence()
+	abi.Fence()
 	return q, nil
 }
 
@@ -158,7 +158,7 @@ func (q *DriverQueue) Add(bufs []Buf) (head uint16, err error) {
 // indirect table's memory at guest-physical address tableAddr; it must hold at
 // least 16*len(bufs) bytes and stay untouched until the chain is used.
 // VIRTIO_F_INDIRECT_DESC must have been negotiated.
-func (q *DriverQueue) AddIndirect(tableAddr memmap.GPA, table []byte, bufs []Buf) (head uint16, err error) {
+func (q *DriverQueue) AddIndirect(tableAddr abi.GPA, table []byte, bufs []Buf) (head uint16, err error) {
 	if q.err != nil {
 		return 0, q.err
 	}
@@ -203,7 +203,7 @@ func (q *DriverQueue) publish(head, n uint16, wlen uint64) {
 	q.inFlight++
 	binary.LittleEndian.PutUint16(q.rings.Avail[ringOff+2*int(q.availIdx&q.mask):], head)
 	q.availIdx++
-	memmap.StoreUint16(q.rings.Avail, ringIdxOff, q.availIdx)
+	abi.StoreUint16(q.rings.Avail, ringIdxOff, q.availIdx)
 }
 
 // NeedsKick reports whether the device wants a notification for the chains
@@ -218,9 +218,9 @@ func (q *DriverQueue) NeedsKick() bool {
 	}
 	// The seq-cst store of avail.idx in Add orders it before these loads.
 	if q.eventIdx {
-		return needEvent(memmap.LoadUint16(q.rings.Used, availEventOff(q.size)), new, old)
+		return needEvent(abi.LoadUint16(q.rings.Used, availEventOff(q.size)), new, old)
 	}
-	return memmap.LoadUint16(q.rings.Used, ringFlagsOff)&UsedFNoNotify == 0
+	return abi.LoadUint16(q.rings.Used, ringFlagsOff)&UsedFNoNotify == 0
 }
 
 func (q *DriverQueue) breakRing(reason, detail string) error {
@@ -231,7 +231,7 @@ func (q *DriverQueue) breakRing(reason, detail string) error {
 // HasUsed reports whether the device has returned a chain not yet taken
 // with Used.
 func (q *DriverQueue) HasUsed() bool {
-	return q.err == nil && memmap.LoadUint16(q.rings.Used, ringIdxOff) != q.lastUsed
+	return q.err == nil && abi.LoadUint16(q.rings.Used, ringIdxOff) != q.lastUsed
 }
 
 // Used returns the next used element, if any, and frees its descriptors.
@@ -243,7 +243,7 @@ func (q *DriverQueue) Used() (head uint16, written uint32, ok bool, err error) {
 	if q.err != nil {
 		return 0, 0, false, q.err
 	}
-	idx := memmap.LoadUint16(q.rings.Used, ringIdxOff)
+	idx := abi.LoadUint16(q.rings.Used, ringIdxOff)
 	n := idx - q.lastUsed
 	if n == 0 {
 		return 0, 0, false, nil
@@ -293,7 +293,7 @@ func (q *DriverQueue) storeUsedEvent() {
 	if q.noIntr {
 		ev--
 	}
-	memmap.StoreUint16(q.rings.Avail, usedEventOff(q.size), ev)
+	abi.StoreUint16(q.rings.Avail, usedEventOff(q.size), ev)
 }
 
 // EnableInterrupts asks the device to interrupt when it uses chains (EVENT_IDX:
@@ -306,7 +306,7 @@ func (q *DriverQueue) EnableInterrupts() {
 		return
 	}
 	q.availFlags &^= AvailFNoInterrupt
-	memmap.StoreUint16(q.rings.Avail, ringFlagsOff, q.availFlags)
+	abi.StoreUint16(q.rings.Avail, ringFlagsOff, q.availFlags)
 }
 
 // DisableInterrupts tells the device that interrupts are not needed. It is a
@@ -318,5 +318,5 @@ func (q *DriverQueue) DisableInterrupts() {
 		return
 	}
 	q.availFlags |= AvailFNoInterrupt
-	memmap.StoreUint16(q.rings.Avail, ringFlagsOff, q.availFlags)
+	abi.StoreUint16(q.rings.Avail, ringFlagsOff, q.availFlags)
 }

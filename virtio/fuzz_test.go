@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // Fuzz input layout:
@@ -19,7 +19,7 @@ import (
 //	       followed by an adjacent 64-byte region.
 const (
 	fuzzHdr     = 5
-	fuzzMemBase = memmap.GPA(0x1000)
+	fuzzMemBase = abi.GPA(0x1000)
 	fuzzMemMax  = 4096
 )
 
@@ -72,7 +72,7 @@ func fuzzSetup(t *testing.T, data []byte) (q *DeviceQueue, mem *testMemory, boun
 	memB := make([]byte, 64)
 	mem = &testMemory{regions: []testRegion{
 		{fuzzMemBase, memA},
-		{fuzzMemBase + memmap.GPA(len(memA)), memB},
+		{fuzzMemBase + abi.GPA(len(memA)), memB},
 	}}
 	q, err := NewDeviceQueue(DeviceQueueConfig{Size: size, EventIdx: eventIdx, Indirect: indirect, LastAvail: lastAvail, MaxChainBytes: maxBytes}, rings)
 	if err != nil {

@@ -7,14 +7,14 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 var errOutside = errors.New("test memory: range outside guest memory")
 
 // testRegion is one slice-backed region of fake guest memory.
 type testRegion struct {
-	base memmap.GPA
+	base abi.GPA
 	b    []byte
 }
 
@@ -24,7 +24,7 @@ type testMemory struct {
 	regions []testRegion
 }
 
-func (m *testMemory) Slice(gpa memmap.GPA, n uint64) ([]byte, error) {
+func (m *testMemory) Slice(gpa abi.GPA, n uint64) ([]byte, error) {
 	for _, r := range m.regions {
 		if gpa < r.base || uint64(gpa-r.base) >= uint64(len(r.b)) {
 			continue
@@ -70,15 +70,15 @@ type env struct {
 	t     testing.TB
 	mem   *testMemory
 	ram   []byte
-	base  memmap.GPA
+	base  abi.GPA
 	rings Rings
-	data  memmap.GPA // start of the data area
+	data  abi.GPA // start of the data area
 	drv   *DriverQueue
 	dev   *DeviceQueue
 }
 
 const (
-	envBase    = memmap.GPA(0x100000)
+	envBase    = abi.GPA(0x100000)
 	envRAM     = 1 << 20
 	envDataOff = 0x40000
 )
@@ -115,7 +115,7 @@ func newEnv(t testing.TB, size uint16, eventIdx, indirect bool) *env {
 }
 
 // at returns the host view of n bytes at gpa in the first region.
-func (e *env) at(gpa memmap.GPA, n int) []byte {
+func (e *env) at(gpa abi.GPA, n int) []byte {
 	off := int(gpa - e.base)
 	return e.ram[off : off+n]
 }
@@ -134,5 +134,5 @@ func (e *env) makeAvail(heads ...uint16) {
 		binary.LittleEndian.PutUint16(e.rings.Avail[4+2*int(idx&(size-1)):], h)
 		idx++
 	}
-	memmap.StoreUint16(e.rings.Avail, 2, idx)
+	abi.StoreUint16(e.rings.Avail, 2, idx)
 }

@@ -6,7 +6,7 @@ import (
 	"math"
 	"testing"
 
-	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 func TestPopMalformed(t *testing.T) {
@@ -26,9 +26,9 @@ func TestPopMalformed(t *testing.T) {
 		memErr   bool // the error wraps the Memory's error
 	}{
 		{name: "avail idx far ahead", ring: true, reason: ReasonAvailIdx,
-			setup: func(e *env) { memmap.StoreUint16(e.rings.Avail, 2, e.dev.LastAvail()+size+1) }},
+			setup: func(e *env) { abi.StoreUint16(e.rings.Avail, 2, e.dev.LastAvail()+size+1) }},
 		{name: "avail idx behind", ring: true, reason: ReasonAvailIdx,
-			setup: func(e *env) { memmap.StoreUint16(e.rings.Avail, 2, e.dev.LastAvail()-1) }},
+			setup: func(e *env) { abi.StoreUint16(e.rings.Avail, 2, e.dev.LastAvail()-1) }},
 		{name: "head out of range", reason: ReasonHeadRange, index: size,
 			setup: func(e *env) { e.makeAvail(size) }},
 		{name: "head far out of range", reason: ReasonHeadRange, index: 0xffff,
@@ -245,7 +245,7 @@ func TestPopMalformed(t *testing.T) {
 			for i := uint16(0); i < size; i++ {
 				binary.LittleEndian.PutUint16(e.rings.Avail[4+2*int(i):], 0)
 			}
-			memmap.StoreUint16(e.rings.Avail, 2, e.dev.LastAvail()+1)
+			abi.StoreUint16(e.rings.Avail, 2, e.dev.LastAvail()+1)
 			for i := 0; i < 3; i++ {
 				if ok, err2 := e.dev.Pop(e.mem, &c); ok || err2 != err {
 					t.Errorf("Pop after break: got (%v, %v), want (false, %v)", ok, err2, err)
@@ -303,7 +303,7 @@ func TestDriverRejectsBadDevice(t *testing.T) {
 		off := 4 + 8*int(slot)
 		binary.LittleEndian.PutUint32(e.rings.Used[off:], id)
 		binary.LittleEndian.PutUint32(e.rings.Used[off+4:], n)
-		memmap.StoreUint16(e.rings.Used, 2, idx)
+		abi.StoreUint16(e.rings.Used, 2, idx)
 	}
 	tests := []struct {
 		name   string

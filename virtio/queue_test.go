@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 func TestLayout(t *testing.T) {
@@ -137,7 +137,7 @@ func TestRoundTrip(t *testing.T) {
 						fill(e.at(gpa, int(n)), round+int(n))
 						want = append(want, e.at(gpa, int(n))...)
 						bufs = append(bufs, Buf{Addr: gpa, Len: n})
-						gpa += memmap.GPA(n) + 13
+						gpa += abi.GPA(n) + 13
 					}
 					var wbufs [][]byte
 					var wtotal uint32
@@ -145,7 +145,7 @@ func TestRoundTrip(t *testing.T) {
 						clear(e.at(gpa, int(n)))
 						wbufs = append(wbufs, e.at(gpa, int(n)))
 						bufs = append(bufs, Buf{Addr: gpa, Len: n, Writable: true})
-						gpa += memmap.GPA(n) + 5
+						gpa += abi.GPA(n) + 5
 						wtotal += n
 					}
 					var head uint16
@@ -242,7 +242,7 @@ func TestDriverAddErrors(t *testing.T) {
 	if _, err := e.drv.Add([]Buf{{Addr: e.data, Len: 1, Writable: true}, {Addr: e.data, Len: 1}}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Add(readable after writable): got %v, want ErrInvalid", err)
 	}
-	if _, err := e.drv.Add([]Buf{{Addr: ^memmap.GPA(0), Len: 2}}); !errors.Is(err, ErrInvalid) {
+	if _, err := e.drv.Add([]Buf{{Addr: ^abi.GPA(0), Len: 2}}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Add(overflow): got %v, want ErrInvalid", err)
 	}
 	five := make([]Buf, 5)
@@ -443,17 +443,17 @@ func TestWrapAround(t *testing.T) {
 					for next < ops {
 						n := next%3 + 1
 						bufs = bufs[:0]
-						slot := memmap.GPA(next%8) * 64
+						slot := abi.GPA(next%8) * 64
 						in := e.at(e.data+slot, 8)
 						fill(in, next)
 						bufs = append(bufs, Buf{Addr: e.data + slot, Len: 8})
 						for k := 1; k < n; k++ {
-							bufs = append(bufs, Buf{Addr: e.data + slot + memmap.GPA(8*k), Len: 8, Writable: true})
+							bufs = append(bufs, Buf{Addr: e.data + slot + abi.GPA(8*k), Len: 8, Writable: true})
 						}
 						var head uint16
 						var err error
 						if indirect {
-							tbl := e.data + 0x10000 + memmap.GPA(next%8)*64
+							tbl := e.data + 0x10000 + abi.GPA(next%8)*64
 							head, err = e.drv.AddIndirect(tbl, e.at(tbl, 64), bufs)
 						} else {
 							head, err = e.drv.Add(bufs)

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"reflect"
 
-	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // Feature bits (virtio 1.2 §6, "Reserved Feature Bits") as uint64 masks.
@@ -95,7 +95,7 @@ func needEvent(event, new, old uint16) bool {
 // error if any byte of the range is not guest memory; the whole range must lie
 // inside one region. *memmap.Table implements it.
 type Memory interface {
-	Slice(gpa memmap.GPA, n uint64) ([]byte, error)
+	Slice(gpa abi.GPA, n uint64) ([]byte, error)
 }
 
 // Rings are host views of the three parts of a split virtqueue, already

@@ -8,10 +8,10 @@ import (
 
 	"github.com/vrdma/vrdma/backend/rdma/engine"
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
-// The device's objects live in one registry, the engine's (engine.Device,
+// The device's objects live in one registry, the engine's (engine.RNIC,
 // registry.go); the control path validates commands, pins the guest
 // memory they name, and adds and removes objects there. What it keeps of
 // its own is the pin accounting below. Protected by Device.mu.
@@ -65,7 +65,7 @@ func decode(req []byte, v any, trailing bool) ([]byte, error) {
 // pageList copies a page list out of the request (inline) or out of guest
 // memory (indirect), once, and validates it: npages entries, each
 // page-aligned. Guest memory it names is checked when pinned.
-func pageList(t *memmap.Table, inline []byte, listGPA uint64, npages uint32, shift uint) ([]memmap.GPA, error) {
+func pageList(t *memmap.Table, inline []byte, listGPA uint64, npages uint32, shift uint) ([]abi.GPA, error) {
 	var src []byte
 	n := uint64(npages) * 8
 	if listGPA == 0 {
@@ -77,13 +77,13 @@ func pageList(t *memmap.Table, inline []byte, listGPA uint64, npages uint32, shi
 		if len(inline) != 0 || listGPA%8 != 0 {
 			return nil, errStatus(abi.StatusInvalid)
 		}
-		b, err := t.Slice(memmap.GPA(listGPA), n)
+		b, err := t.Slice(abi.GPA(listGPA), n)
 		if err != nil {
 			return nil, errStatus(abi.StatusFault)
 		}
 		src = b
 	}
-	pages := make([]memmap.GPA, npages)
+	pages := make([]abi.GPA, npages)
 	for i := range pages {
 		// A guest may change an indirect list while we read it: each
 		// entry is read once, then only the copy is used.
@@ -91,7 +91,7 @@ func pageList(t *memmap.Table, inline []byte, listGPA uint64, npages uint32, shi
 		if p&(1<<shift-1) != 0 {
 			return nil, errStatus(abi.StatusInvalid)
 		}
-		pages[i] = memmap.GPA(p)
+		pages[i] = abi.GPA(p)
 	}
 	return pages, nil
 }
@@ -310,7 +310,7 @@ func (d *Device) createCQ(req []byte, t *memmap.Table) (any, error) {
 		Num:       h,
 		Dev:       d.eng,
 		Ring:      engine.Ring{Pages: pages, Depth: c.CQE, Stride: abi.CQESize},
-		Record:    memmap.GPA(c.Record),
+		Record:    abi.GPA(c.Record),
 		ArmRecord: armRecord,
 	}
 	cq.InitArm(t)
@@ -385,7 +385,7 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		RecvCQ:        rcq,
 		SQ:            engine.Ring{Pages: pages[:c.SQNPages], Depth: c.MaxSendWR, Stride: uint32(sqStride)},
 		RQ:            engine.Ring{Pages: pages[c.SQNPages:], Depth: c.MaxRecvWR, Stride: uint32(rqStride)},
-		Record:        memmap.GPA(c.Record),
+		Record:        abi.GPA(c.Record),
 		MaxSendSGE:    c.MaxSendSGE,
 		MaxRecvSGE:    c.MaxRecvSGE,
 		MaxInline:     c.MaxInlineData,

@@ -10,7 +10,7 @@ import (
 	"github.com/vrdma/vrdma/backend"
 	"github.com/vrdma/vrdma/backend/rdma/engine"
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // fakeHost is a backend.Host with real memfd guest memory and no queues.

@@ -16,7 +16,7 @@ import (
 	"github.com/vrdma/vrdma/backend/rdma/engine"
 	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // Limits are a device's resource limits, reported in config space and
@@ -130,7 +130,7 @@ type Device struct {
 	req   []byte
 	resp  []byte
 
-	eng *engine.Device // immutable
+	eng *engine.RNIC // immutable
 
 	mu     sync.Mutex
 	host   backend.Host   // protected by mu
@@ -228,7 +228,7 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 	if d.cfg.ControlSpin == 0 {
 		d.cfg.ControlSpin = 20 * time.Microsecond
 	}
-	d.eng = engine.NewDevice(cfg.Fabric, d.conf.PortGID, d.log)
+	d.eng = engine.NewRNIC(cfg.Fabric, d.conf.PortGID, d.log)
 	if err := cfg.Fabric.Register(d.eng); err != nil {
 		return nil, fmt.Errorf("rdma: %w", err)
 	}

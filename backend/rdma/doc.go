@@ -1,13 +1,13 @@
 // Package rdma is the device side of the vrdma device: its config space
 // and its control queue, behind the backend.Device interface. The ABI lives
-// in package virtio/rdma and docs/spec.md.
+// in package virtio/rdma/abi and docs/spec.md.
 //
 // Every command is copied out of guest memory once (Chain.Gather into a
 // per-device buffer) and only the copy is parsed; a malformed command gets
 // an error status and changes nothing.
 //
 // Objects: the device's PDs, MRs, CQs, QPs and AHs live in one registry,
-// the engine's (engine.Device, registry.go), which also keeps their
+// the engine's (engine.RNIC, registry.go), which also keeps their
 // lifetimes (an MR, QP or AH holds its PD; a QP holds its CQs). The
 // control path validates a command, pins the guest memory it names, and
 // adds or removes the object there; the engine finds it there on the data

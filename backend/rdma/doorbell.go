@@ -5,8 +5,7 @@ import (
 	"time"
 
 	"github.com/vrdma/vrdma/backend"
-	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // The doorbell queues: each wakes the engine for the QPs bound to it
@@ -48,7 +47,7 @@ func (d *Device) handleDoorbell(q *backend.Queue) error {
 			window = sw.miss()
 		}
 		q.SetPolling(false)
-		memmap.Fence()
+		abi.Fence()
 		if worked, _ = d.eng.Poll(dbq, t); !worked {
 			return nil
 		}

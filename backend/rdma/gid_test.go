@@ -10,7 +10,7 @@ import (
 
 	"github.com/vrdma/vrdma/memmap"
 
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // TestGIDTable follows docs/spec.md's "The GID table": entries written with
@@ -164,7 +164,7 @@ func TestStatusOfErrors(t *testing.T) {
 // however many handles the device handed out before (perftest and
 // ibv_rc_pingpong exchange them as 24-bit numbers).
 func TestQPNumbers24Bits(t *testing.T) {
-	e := engine.NewDevice(engine.NewFabric(), [16]byte{0xfe, 0x80, 15: 1}, nil)
+	e := engine.NewRNIC(engine.NewFabric(), [16]byte{0xfe, 0x80, 15: 1}, nil)
 	for i := range 200_000 {
 		if i%3 == 0 {
 			if h := e.NewHandle(engine.KindQP, qpnBits); h == 0 || h >= 1<<24 {

@@ -3,7 +3,7 @@ package rdma
 import (
 	"github.com/vrdma/vrdma/backend/rdma/engine"
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // PVDMA: the control path pins exactly the guest pages an object names
@@ -15,7 +15,7 @@ import (
 // nothing.
 func (d *Device) pinMR(t *memmap.Table, mr *engine.MR) error {
 	var done []pinSpan
-	err := mr.Extents(func(gpa memmap.GPA, n uint64) error {
+	err := mr.Extents(func(gpa abi.GPA, n uint64) error {
 		s := pageSpan(gpa, n)
 		if err := d.pinner.Pin(t, s.gpa, s.n); err != nil {
 			return err
@@ -35,7 +35,7 @@ func (d *Device) pinMR(t *memmap.Table, mr *engine.MR) error {
 func (d *Device) unpinMR(mr *engine.MR) {
 	t := d.mem().Acquire()
 	defer t.Release()
-	mr.Extents(func(gpa memmap.GPA, n uint64) error {
+	mr.Extents(func(gpa abi.GPA, n uint64) error {
 		s := pageSpan(gpa, n)
 		d.pinner.Unpin(t, s.gpa, s.n)
 		return nil
@@ -44,7 +44,7 @@ func (d *Device) unpinMR(mr *engine.MR) {
 
 // pinSpan is a page-aligned guest-physical range.
 type pinSpan struct {
-	gpa memmap.GPA
+	gpa abi.GPA
 	n   uint64
 }
 
@@ -52,27 +52,27 @@ type pinSpan struct {
 // checked not to wrap (the MR's pages lie below 2^64 and its length is
 // bounded), so rounding the end up stays below 2^64 or is refused by the
 // pinner as out of memory.
-func pageSpan(gpa memmap.GPA, n uint64) pinSpan {
+func pageSpan(gpa abi.GPA, n uint64) pinSpan {
 	lo := uint64(gpa) &^ (abi.PageSize - 1)
 	hi := uint64(gpa) + n
 	if r := hi & (abi.PageSize - 1); r != 0 {
 		hi += abi.PageSize - r
 	}
-	return pinSpan{gpa: memmap.GPA(lo), n: hi - lo}
+	return pinSpan{gpa: abi.GPA(lo), n: hi - lo}
 }
 
 // pinRing validates and pins a ring's page list and its doorbell record.
-func (d *Device) pinRing(t *memmap.Table, pages []memmap.GPA, record uint64, recordSize uint64) error {
+func (d *Device) pinRing(t *memmap.Table, pages []abi.GPA, record uint64, recordSize uint64) error {
 	if record == 0 || record%8 != 0 {
 		return errStatus(abi.StatusInvalid)
 	}
-	if _, err := t.Slice(memmap.GPA(record), recordSize); err != nil {
+	if _, err := t.Slice(abi.GPA(record), recordSize); err != nil {
 		return errStatus(abi.StatusFault)
 	}
 	if err := d.pinner.PinPages(t, pages); err != nil {
 		return err
 	}
-	if err := d.pinner.Pin(t, memmap.GPA(record), recordSize); err != nil {
+	if err := d.pinner.Pin(t, abi.GPA(record), recordSize); err != nil {
 		d.pinner.UnpinPages(t, pages)
 		return err
 	}
@@ -81,7 +81,7 @@ func (d *Device) pinRing(t *memmap.Table, pages []memmap.GPA, record uint64, rec
 
 // unpinRing releases what pinRing pinned: the record and the pages of
 // one ring or several.
-func (d *Device) unpinRing(record memmap.GPA, recordSize uint64, pages ...[]memmap.GPA) {
+func (d *Device) unpinRing(record abi.GPA, recordSize uint64, pages ...[]abi.GPA) {
 	t := d.mem().Acquire()
 	for _, p := range pages {
 		d.pinner.UnpinPages(t, p)

@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"testing"
 
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // regMRReq builds a REG_MR request with an inline page list.

@@ -32,9 +32,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -582,7 +583,7 @@ func (fe *feProc) kill() {
 
 // feDevice is one device a front-end process holds.
 type feDevice struct {
-	c *abi.Context
+	c *verbs.Context
 	f *frontend.Frontend
 }
 

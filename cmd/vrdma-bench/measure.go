@@ -12,8 +12,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -254,7 +255,7 @@ const regRepeats = 7
 
 // mlockTime maps the size bytes of f's guest memory at gpa in a new mapping
 // of its memfd and times mlock of all of it.
-func mlockTime(f *frontend.Frontend, gpa memmap.GPA, size uint64) (float64, error) {
+func mlockTime(f *frontend.Frontend, gpa abi.GPA, size uint64) (float64, error) {
 	mr := f.MemoryRegion()
 	if uint64(gpa) < mr.GuestAddr || size > mr.Size || uint64(gpa)-mr.GuestAddr > mr.Size-size {
 		return 0, fmt.Errorf("gpa %#x+%#x outside guest memory", gpa, size)
@@ -279,7 +280,7 @@ func mlockTime(f *frontend.Frontend, gpa memmap.GPA, size uint64) (float64, erro
 	return dt, nil
 }
 
-func dial(sock string, mem uint64) (*abi.Context, *frontend.Frontend, error) {
+func dial(sock string, mem uint64) (*verbs.Context, *frontend.Frontend, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*stall)
 	defer cancel()
 	return frontend.OpenRDMA(ctx, sock, mem)
@@ -299,7 +300,7 @@ func startup(r *rig, mem uint64) (float64, error) {
 	}
 	pd, err := c.AllocPD()
 	if err == nil {
-		var buf *abi.Buffer
+		var buf *verbs.Buffer
 		if buf, err = c.AllocBuffer(64 << 10); err == nil {
 			_, err = pd.RegMR(buf, 0, 64<<10, abi.AccessAll)
 		}
@@ -353,8 +354,8 @@ func control(s settings, p *pair) (r controlResult, err error) {
 	if err != nil {
 		return r, fmt.Errorf("query port: %w", err)
 	}
-	qattr := func(cq *abi.CQ) abi.QPInitAttr {
-		return abi.QPInitAttr{SendCQ: cq, RecvCQ: cq, Cap: abi.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}}
+	qattr := func(cq *verbs.CQ) verbs.QPInitAttr {
+		return verbs.QPInitAttr{SendCQ: cq, RecvCQ: cq, Cap: verbs.QPCap{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}}
 	}
 	r.qp, err = s.repeat(func() (float64, error) {
 		n, start := 0, time.Now()
@@ -396,7 +397,7 @@ func control(s settings, p *pair) (r controlResult, err error) {
 		return r, fmt.Errorf("qp pairs: %w", err)
 	}
 	const pool = 64
-	bufs := make([]*abi.Buffer, pool)
+	bufs := make([]*verbs.Buffer, pool)
 	for i := range bufs {
 		if bufs[i], err = a.c.AllocBuffer(4096); err != nil {
 			return r, err

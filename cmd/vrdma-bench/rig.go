@@ -11,9 +11,10 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -75,14 +76,14 @@ func (r *rig) waitUnpinned() error {
 
 // side is one front-end with a PD, CQ, QP and a registered buffer.
 type side struct {
-	c   *abi.Context
+	c   *verbs.Context
 	f   *frontend.Frontend
 	gid [16]byte
-	pd  *abi.PD
-	cq  *abi.CQ
-	qp  *abi.QP
-	buf *abi.Buffer
-	mr  *abi.MR
+	pd  *verbs.PD
+	cq  *verbs.CQ
+	qp  *verbs.QP
+	buf *verbs.Buffer
+	mr  *verbs.MR
 }
 
 func openSide(sock string, bufBytes int) (*side, error) {
@@ -106,8 +107,8 @@ func openSide(sock string, bufBytes int) (*side, error) {
 	if s.cq, err = s.c.CreateCQ(4 * depth); err != nil {
 		return fail("create cq", err)
 	}
-	if s.qp, err = s.pd.CreateQP(abi.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq,
-		Cap: abi.QPCap{MaxSendWR: depth, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+	if s.qp, err = s.pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq,
+		Cap: verbs.QPCap{MaxSendWR: depth, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
 		return fail("create qp", err)
 	}
 	if s.buf, err = s.c.AllocBuffer(bufBytes); err != nil {
@@ -134,11 +135,11 @@ type pair struct {
 	a, b  *side
 	slots int // buffers per side
 	size  uint64
-	wrs   []abi.SendWR
+	wrs   []verbs.SendWR
 	sges  []abi.SGE
-	rwr   []abi.RecvWR
+	rwr   []verbs.RecvWR
 	rsge  []abi.SGE
-	wc    []abi.WC
+	wc    []verbs.WC
 	// receives posted on b and completed, across measurements
 	recvs, recvd uint64
 }
@@ -154,8 +155,8 @@ func openPair(r *rig, bufBytes int) (*pair, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &pair{wrs: make([]abi.SendWR, depth), sges: make([]abi.SGE, depth),
-		rwr: make([]abi.RecvWR, rxDepth), rsge: make([]abi.SGE, rxDepth), wc: make([]abi.WC, 2*depth)}
+	p := &pair{wrs: make([]verbs.SendWR, depth), sges: make([]abi.SGE, depth),
+		rwr: make([]verbs.RecvWR, rxDepth), rsge: make([]abi.SGE, rxDepth), wc: make([]verbs.WC, 2*depth)}
 	for i := range p.wrs {
 		p.wrs[i].SGL = p.sges[i : i+1 : i+1]
 	}
@@ -290,7 +291,7 @@ func (p *pair) stream(op int, d time.Duration) (uint64, time.Duration, error) {
 				p.fill(j, op, posted+uint64(j))
 			}
 			err := p.a.qp.PostSend(p.wrs[:free]...)
-			if err != nil && !errors.Is(err, abi.ErrQueueFull) {
+			if err != nil && !errors.Is(err, verbs.ErrQueueFull) {
 				return 0, 0, fmt.Errorf("post: %w", err)
 			}
 			if err == nil {
@@ -351,7 +352,7 @@ func (p *pair) latency(op int, d time.Duration, maxSamples int) ([]time.Duration
 	return lat, nil
 }
 
-func wcCheck(wc *abi.WC) error {
+func wcCheck(wc *verbs.WC) error {
 	if wc.Status != abi.WCSuccess {
 		return fmt.Errorf("work request %d completed with status %d (vendor error %d)", wc.WRID, wc.Status, wc.VendorErr)
 	}

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vrdma/vrdma/guest/virtiopci"
 	"github.com/vrdma/vrdma/internal/guestresult"
-	"github.com/vrdma/vrdma/virtio/pci"
 )
 
 // Hot-plug as the guest sees it. Linux enumerates a device hot-added to a
@@ -142,7 +142,7 @@ func waitDevice(timeout time.Duration) (string, error) {
 
 func findIn(devices string) ([]string, error) {
 	if devices == "/sys/bus/pci/devices" {
-		return pci.Find(pci.VendorVirtio, pci.DeviceRDMA)
+		return virtiopci.Find(virtiopci.VendorVirtio, virtiopci.DeviceRDMA)
 	}
 	ents, err := os.ReadDir(devices)
 	if err != nil {

@@ -47,11 +47,11 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vrdma/vrdma/guest/verbs"
+	"github.com/vrdma/vrdma/guest/virtiopci"
 	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/internal/perftest"
 	"github.com/vrdma/vrdma/internal/units"
-	"github.com/vrdma/vrdma/virtio/pci"
-	"github.com/vrdma/vrdma/virtio/rdma"
 )
 
 // Line prefixes: a harness greps them. (Result lines are
@@ -78,13 +78,13 @@ type env struct {
 	stdout io.Writer
 	log    *logrus.Entry
 	// open opens the device at addr ("" = the first one found).
-	open func(addr string, log *logrus.Entry) (*rdma.Context, func(), error)
+	open func(addr string, log *logrus.Entry) (*verbs.Context, func(), error)
 }
 
 // openPCI finds and initialises the device and opens the verbs context.
-func openPCI(addr string, log *logrus.Entry) (*rdma.Context, func(), error) {
+func openPCI(addr string, log *logrus.Entry) (*verbs.Context, func(), error) {
 	if addr == "" {
-		found, err := pci.Find(pci.VendorVirtio, pci.DeviceRDMA)
+		found, err := virtiopci.Find(virtiopci.VendorVirtio, virtiopci.DeviceRDMA)
 		if err != nil {
 			return nil, nil, fmt.Errorf("no device found: %w", err)
 		}
@@ -93,11 +93,11 @@ func openPCI(addr string, log *logrus.Entry) (*rdma.Context, func(), error) {
 		}
 		addr = found[0]
 	}
-	d, err := pci.Open(addr, pci.WithLogger(log))
+	d, err := virtiopci.Open(addr, virtiopci.WithLogger(log))
 	if err != nil {
 		return nil, nil, err
 	}
-	c, err := rdma.Open(d)
+	c, err := verbs.Open(d)
 	if err != nil {
 		d.Close()
 		return nil, nil, fmt.Errorf("open verbs context: %w", err)
@@ -197,7 +197,7 @@ func (e *env) run(args []string) error {
 	}
 }
 
-func (e *env) probe(c *rdma.Context) error {
+func (e *env) probe(c *verbs.Context) error {
 	dev, err := c.QueryDevice()
 	if err != nil {
 		return fmt.Errorf("query device: %w", err)
@@ -215,7 +215,7 @@ func (e *env) probe(c *rdma.Context) error {
 }
 
 // perf runs one side of a two-VM measurement.
-func (e *env) perf(c *rdma.Context, role string, cfg perftest.Config) error {
+func (e *env) perf(c *verbs.Context, role string, cfg perftest.Config) error {
 	s, err := perftest.NewSide(c, cfg, role == "server")
 	if err != nil {
 		return err

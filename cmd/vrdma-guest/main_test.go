@@ -11,20 +11,20 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/internal/perftest"
-	"github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
 // testEnv opens devices of an in-process daemon over virtio-user instead of
-// virtio-pci (same verbs library; the transport is tested in virtio/pci).
+// virtio-pci (same verbs library; the transport is tested in guest/virtiopci).
 func testEnv(t *testing.T, sock string, stdin io.Reader, out io.Writer) *env {
 	l := logrus.New()
 	l.SetOutput(io.Discard)
 	return &env{stdin: stdin, stdout: out, log: logrus.NewEntry(l),
-		open: func(string, *logrus.Entry) (*rdma.Context, func(), error) {
+		open: func(string, *logrus.Entry) (*verbs.Context, func(), error) {
 			c, f, err := frontend.OpenRDMA(context.Background(), sock, 128<<20)
 			if err != nil {
 				return nil, nil, err

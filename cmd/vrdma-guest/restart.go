@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/guestresult"
-	"github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // The guest's side of a back-end restart (docs/spec.md, "Reset and
@@ -34,7 +35,7 @@ func restartStep(r int, event string) guestresult.Step {
 }
 
 // statusReader is what a transport offers when it can show the virtio
-// device status (virtio/pci does).
+// device status (guest/virtiopci does).
 type statusReader interface{ DeviceStatus() (uint8, error) }
 
 // restart opens the device, sets up a loopback pair and verifies traffic,
@@ -88,8 +89,8 @@ func (e *env) restart(addr string, rounds int, timeout time.Duration, ack bool) 
 		}
 		// "Every command naming an old handle answers NOT_FOUND."
 		_, qerr := l.qa.Query()
-		var ce *rdma.CommandError
-		if !errors.As(qerr, &ce) || ce.Status != rdma.StatusNotFound {
+		var ce *verbs.CommandError
+		if !errors.As(qerr, &ce) || ce.Status != abi.StatusNotFound {
 			return fmt.Errorf("round %d: QUERY_QP of old QP %d after DEVICE_FATAL: got %v, want NOT_FOUND", r, l.qa.Num(), qerr)
 		}
 		if err := e.result(guestresult.Restart{Step: restartStep(r, "not_found"),
@@ -120,7 +121,7 @@ func (e *env) restart(addr string, rounds int, timeout time.Duration, ack bool) 
 		// No second DEVICE_FATAL for the same loss.
 		if ev, err := c.GetAsyncEvent(restartQuiet); err == nil {
 			return fmt.Errorf("round %d: event %d (handle %d) after the recovery, want none", r, ev.Type, ev.Handle)
-		} else if !errors.Is(err, rdma.ErrTimeout) {
+		} else if !errors.Is(err, verbs.ErrTimeout) {
 			return fmt.Errorf("round %d: event queue after the recovery: %w", r, err)
 		}
 		if err := e.result(guestresult.Restart{Step: restartStep(r, "recovered"), Device: addr,
@@ -138,21 +139,21 @@ func (e *env) restart(addr string, rounds int, timeout time.Duration, ack bool) 
 
 // waitDeviceFatal polls the event queue until DEVICE_FATAL or deadline.
 // Any other asynchronous event is an error: the loopback pair raises none.
-func waitDeviceFatal(c *rdma.Context, deadline time.Time) error {
+func waitDeviceFatal(c *verbs.Context, deadline time.Time) error {
 	for {
 		left := time.Until(deadline)
 		if left <= 0 {
 			return fmt.Errorf("no DEVICE_FATAL event before the deadline (was vrdmad restarted? does QEMU reconnect?)")
 		}
 		ev, err := c.GetAsyncEvent(min(left, restartPoll))
-		if errors.Is(err, rdma.ErrTimeout) {
+		if errors.Is(err, verbs.ErrTimeout) {
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("waiting for DEVICE_FATAL: %w", err)
 		}
-		if ev.Type != rdma.EventDeviceFatal {
-			return fmt.Errorf("event %d (handle %d) while waiting for DEVICE_FATAL (%d)", ev.Type, ev.Handle, rdma.EventDeviceFatal)
+		if ev.Type != abi.EventDeviceFatal {
+			return fmt.Errorf("event %d (handle %d) while waiting for DEVICE_FATAL (%d)", ev.Type, ev.Handle, abi.EventDeviceFatal)
 		}
 		return nil
 	}
@@ -160,13 +161,13 @@ func waitDeviceFatal(c *rdma.Context, deadline time.Time) error {
 
 // restartTraffic creates a loopback RC pair with two MRs on c and verifies
 // an RDMA WRITE and a SEND through it. On error it releases what it made.
-func (e *env) restartTraffic(c *rdma.Context) (*loop, error) {
-	l := &loop{c: c, wc: make([]rdma.WC, 4)}
+func (e *env) restartTraffic(c *verbs.Context) (*loop, error) {
+	l := &loop{c: c, wc: make([]verbs.WC, 4)}
 	err := l.setup()
 	if err == nil {
 		fill(l.mra.Bytes()[:8192], 11)
-		err = l.post(rdma.SendWR{WRID: 1, Opcode: rdma.WROpRDMAWrite, Flags: rdma.WRFlagSignaled,
-			SGL: []rdma.SGE{l.mra.SGE(0, 8192)}, RemoteAddr: l.mrb.Addr + 64, RKey: l.mrb.RKey})
+		err = l.post(verbs.SendWR{WRID: 1, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+			SGL: []abi.SGE{l.mra.SGE(0, 8192)}, RemoteAddr: l.mrb.Addr + 64, RKey: l.mrb.RKey})
 		if err == nil {
 			err = same(l.mrb.Bytes()[64:64+8192], l.mra.Bytes()[:8192])
 		}
@@ -175,7 +176,7 @@ func (e *env) restartTraffic(c *rdma.Context) (*loop, error) {
 		}
 	}
 	if err == nil {
-		if err = l.sendRecv(rdma.WROpSend, 0, nil, 3000); err != nil {
+		if err = l.sendRecv(abi.WROpSend, 0, nil, 3000); err != nil {
 			err = fmt.Errorf("send: %w", err)
 		}
 	}
@@ -197,30 +198,30 @@ func (l *loop) setup() error {
 	if l.pd, err = c.AllocPD(); err != nil {
 		return fmt.Errorf("alloc pd: %w", err)
 	}
-	for _, cq := range []**rdma.CQ{&l.cqa, &l.cqb} {
+	for _, cq := range []**verbs.CQ{&l.cqa, &l.cqb} {
 		if *cq, err = c.CreateCQ(16); err != nil {
 			return fmt.Errorf("create cq: %w", err)
 		}
 	}
-	cp := rdma.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInlineData: 64}
-	if l.qa, err = l.pd.CreateQP(rdma.QPInitAttr{SendCQ: l.cqa, RecvCQ: l.cqa, Cap: cp}); err != nil {
+	cp := verbs.QPCap{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInlineData: 64}
+	if l.qa, err = l.pd.CreateQP(verbs.QPInitAttr{SendCQ: l.cqa, RecvCQ: l.cqa, Cap: cp}); err != nil {
 		return fmt.Errorf("create qp: %w", err)
 	}
-	if l.qb, err = l.pd.CreateQP(rdma.QPInitAttr{SendCQ: l.cqb, RecvCQ: l.cqb, Cap: cp}); err != nil {
+	if l.qb, err = l.pd.CreateQP(verbs.QPInitAttr{SendCQ: l.cqb, RecvCQ: l.cqb, Cap: cp}); err != nil {
 		return fmt.Errorf("create qp: %w", err)
 	}
 	for _, p := range []struct {
-		b  **rdma.Buffer
-		mr **rdma.MR
+		b  **verbs.Buffer
+		mr **verbs.MR
 	}{{&l.bufa, &l.mra}, {&l.bufb, &l.mrb}} {
 		if *p.b, err = c.AllocBuffer(stBuf); err != nil {
 			return fmt.Errorf("alloc buffer: %w", err)
 		}
-		if *p.mr, err = l.pd.RegMR(*p.b, 0, stBuf, rdma.AccessAll); err != nil {
+		if *p.mr, err = l.pd.RegMR(*p.b, 0, stBuf, abi.AccessAll); err != nil {
 			return fmt.Errorf("reg mr: %w", err)
 		}
 	}
-	acc := rdma.AccessRemoteWrite | rdma.AccessRemoteRead | rdma.AccessRemoteAtomic
+	acc := abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic
 	if err := l.qa.ConnectRC(gid, l.qb.Num(), acc); err != nil {
 		return fmt.Errorf("connect qp: %w", err)
 	}

@@ -11,9 +11,10 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/internal/guestresult"
-	"github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -31,7 +32,7 @@ func restartEnv(sock string, in io.Reader, out io.Writer, opens chan<- opened) *
 	l := logrus.New()
 	l.SetOutput(io.Discard)
 	return &env{stdin: in, stdout: out, log: logrus.NewEntry(l),
-		open: func(string, *logrus.Entry) (*rdma.Context, func(), error) {
+		open: func(string, *logrus.Entry) (*verbs.Context, func(), error) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			c, f, err := frontend.OpenRDMA(ctx, sock, 64<<20)
@@ -126,7 +127,7 @@ func TestRestart(t *testing.T) {
 		}
 		next("device_fatal", r)
 		nf := next("not_found", r)
-		if nf.Command != rdma.CmdQueryQP.String() || nf.Answer != "NOT_FOUND" {
+		if nf.Command != abi.CmdQueryQP.String() || nf.Answer != "NOT_FOUND" {
 			t.Errorf("round %d: got %s answering %s, want QUERY_QP answering NOT_FOUND", r, nf.Command, nf.Answer)
 		}
 		next("reset", r)
@@ -186,7 +187,7 @@ func TestRestartFlags(t *testing.T) {
 		{"restart", "--op", "write"},
 	} {
 		e := &env{stdout: io.Discard, log: logrus.NewEntry(logrus.New()),
-			open: func(string, *logrus.Entry) (*rdma.Context, func(), error) {
+			open: func(string, *logrus.Entry) (*verbs.Context, func(), error) {
 				t.Fatalf("%q opened the device", args)
 				return nil, nil, nil
 			}}

@@ -6,39 +6,40 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/guest/verbs"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // loop is a loopback RC QP pair inside one device: a sends, b receives.
 type loop struct {
-	c          *rdma.Context
-	pd         *rdma.PD
-	cqa, cqb   *rdma.CQ
-	qa, qb     *rdma.QP
-	bufa, bufb *rdma.Buffer
-	mra, mrb   *rdma.MR
-	wc         []rdma.WC
+	c          *verbs.Context
+	pd         *verbs.PD
+	cqa, cqb   *verbs.CQ
+	qa, qb     *verbs.QP
+	bufa, bufb *verbs.Buffer
+	mra, mrb   *verbs.MR
+	wc         []verbs.WC
 }
 
 const stBuf = 64 << 10
 
 func (l *loop) close() {
-	for _, mr := range []*rdma.MR{l.mra, l.mrb} {
+	for _, mr := range []*verbs.MR{l.mra, l.mrb} {
 		if mr != nil {
 			mr.Dereg()
 		}
 	}
-	for _, q := range []*rdma.QP{l.qa, l.qb} {
+	for _, q := range []*verbs.QP{l.qa, l.qb} {
 		if q != nil {
 			q.Destroy()
 		}
 	}
-	for _, cq := range []*rdma.CQ{l.cqa, l.cqb} {
+	for _, cq := range []*verbs.CQ{l.cqa, l.cqb} {
 		if cq != nil {
 			cq.Destroy()
 		}
 	}
-	for _, b := range []*rdma.Buffer{l.bufa, l.bufb} {
+	for _, b := range []*verbs.Buffer{l.bufa, l.bufb} {
 		if b != nil {
 			b.Free()
 		}
@@ -49,22 +50,22 @@ func (l *loop) close() {
 }
 
 // wait polls cq for one completion.
-func (l *loop) wait(cq *rdma.CQ) (rdma.WC, error) {
+func (l *loop) wait(cq *verbs.CQ) (verbs.WC, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		n, err := cq.Poll(l.wc[:1])
 		if err != nil {
-			return rdma.WC{}, err
+			return verbs.WC{}, err
 		}
 		if n == 1 {
-			if l.wc[0].Status != rdma.WCSuccess {
+			if l.wc[0].Status != abi.WCSuccess {
 				return l.wc[0], fmt.Errorf("work request %d: status %d (vendor error %d)", l.wc[0].WRID, l.wc[0].Status, l.wc[0].VendorErr)
 			}
 			return l.wc[0], nil
 		}
 		time.Sleep(10 * time.Microsecond)
 	}
-	return rdma.WC{}, fmt.Errorf("no completion in 10s")
+	return verbs.WC{}, fmt.Errorf("no completion in 10s")
 }
 
 func fill(b []byte, seed byte) {
@@ -75,8 +76,8 @@ func fill(b []byte, seed byte) {
 
 // selftest exercises every verb on a loopback pair, printing one result
 // per step.
-func (e *env) selftest(c *rdma.Context) error {
-	l := &loop{c: c, wc: make([]rdma.WC, 4)}
+func (e *env) selftest(c *verbs.Context) error {
+	l := &loop{c: c, wc: make([]verbs.WC, 4)}
 	defer l.close()
 	if _, err := c.QueryGID(); err != nil {
 		return fmt.Errorf("query gid: %w", err)
@@ -97,35 +98,35 @@ func (e *env) selftest(c *rdma.Context) error {
 			if err != nil {
 				return err
 			}
-			if a.QPState != rdma.QPSRTS || a.DestQPNum != l.qb.Num() {
+			if a.QPState != abi.QPSRTS || a.DestQPNum != l.qb.Num() {
 				return fmt.Errorf("qp state %d dest %d, want RTS and %d", a.QPState, a.DestQPNum, l.qb.Num())
 			}
 			return nil
 		}},
 		{"write", func() error {
 			fill(l.mra.Bytes()[:8192], 1)
-			if err := l.post(rdma.SendWR{WRID: 1, Opcode: rdma.WROpRDMAWrite, Flags: rdma.WRFlagSignaled,
-				SGL: []rdma.SGE{l.mra.SGE(0, 8192)}, RemoteAddr: l.mrb.Addr + 100, RKey: l.mrb.RKey}); err != nil {
+			if err := l.post(verbs.SendWR{WRID: 1, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+				SGL: []abi.SGE{l.mra.SGE(0, 8192)}, RemoteAddr: l.mrb.Addr + 100, RKey: l.mrb.RKey}); err != nil {
 				return err
 			}
 			return same(l.mrb.Bytes()[100:8292], l.mra.Bytes()[:8192])
 		}},
 		{"read", func() error {
 			fill(l.mrb.Bytes()[20000:24000], 9)
-			if err := l.post(rdma.SendWR{WRID: 2, Opcode: rdma.WROpRDMARead, Flags: rdma.WRFlagSignaled,
-				SGL: []rdma.SGE{l.mra.SGE(30000, 4000)}, RemoteAddr: l.mrb.Addr + 20000, RKey: l.mrb.RKey}); err != nil {
+			if err := l.post(verbs.SendWR{WRID: 2, Opcode: abi.WROpRDMARead, Flags: abi.WRFlagSignaled,
+				SGL: []abi.SGE{l.mra.SGE(30000, 4000)}, RemoteAddr: l.mrb.Addr + 20000, RKey: l.mrb.RKey}); err != nil {
 				return err
 			}
 			return same(l.mra.Bytes()[30000:34000], l.mrb.Bytes()[20000:24000])
 		}},
-		{"send", func() error { return l.sendRecv(rdma.WROpSend, 0, nil, 3000) }},
-		{"send_with_imm", func() error { return l.sendRecv(rdma.WROpSendWithImm, 0xfeedbeef, nil, 500) }},
-		{"write_with_imm", func() error { return l.sendRecv(rdma.WROpRDMAWriteWithImm, 0x1234, nil, 2048) }},
-		{"inline", func() error { return l.sendRecv(rdma.WROpSend, 0, []byte("inline data from vrdma-guest"), 0) }},
+		{"send", func() error { return l.sendRecv(abi.WROpSend, 0, nil, 3000) }},
+		{"send_with_imm", func() error { return l.sendRecv(abi.WROpSendWithImm, 0xfeedbeef, nil, 500) }},
+		{"write_with_imm", func() error { return l.sendRecv(abi.WROpRDMAWriteWithImm, 0x1234, nil, 2048) }},
+		{"inline", func() error { return l.sendRecv(abi.WROpSend, 0, []byte("inline data from vrdma-guest"), 0) }},
 		{"cmp_swap", func() error {
 			binary.LittleEndian.PutUint64(l.mrb.Bytes()[4096:], 41)
-			if err := l.post(rdma.SendWR{WRID: 5, Opcode: rdma.WROpAtomicCmpSwp, Flags: rdma.WRFlagSignaled,
-				SGL: []rdma.SGE{l.mra.SGE(40960, 8)}, RemoteAddr: l.mrb.Addr + 4096, RKey: l.mrb.RKey, CompareAdd: 41, Swap: 77}); err != nil {
+			if err := l.post(verbs.SendWR{WRID: 5, Opcode: abi.WROpAtomicCmpSwp, Flags: abi.WRFlagSignaled,
+				SGL: []abi.SGE{l.mra.SGE(40960, 8)}, RemoteAddr: l.mrb.Addr + 4096, RKey: l.mrb.RKey, CompareAdd: 41, Swap: 77}); err != nil {
 				return err
 			}
 			old, now := binary.LittleEndian.Uint64(l.mra.Bytes()[40960:]), binary.LittleEndian.Uint64(l.mrb.Bytes()[4096:])
@@ -135,8 +136,8 @@ func (e *env) selftest(c *rdma.Context) error {
 			return nil
 		}},
 		{"fetch_add", func() error {
-			if err := l.post(rdma.SendWR{WRID: 6, Opcode: rdma.WROpAtomicFetchAdd, Flags: rdma.WRFlagSignaled,
-				SGL: []rdma.SGE{l.mra.SGE(40968, 8)}, RemoteAddr: l.mrb.Addr + 4096, RKey: l.mrb.RKey, CompareAdd: 5}); err != nil {
+			if err := l.post(verbs.SendWR{WRID: 6, Opcode: abi.WROpAtomicFetchAdd, Flags: abi.WRFlagSignaled,
+				SGL: []abi.SGE{l.mra.SGE(40968, 8)}, RemoteAddr: l.mrb.Addr + 4096, RKey: l.mrb.RKey, CompareAdd: 5}); err != nil {
 				return err
 			}
 			old, now := binary.LittleEndian.Uint64(l.mra.Bytes()[40968:]), binary.LittleEndian.Uint64(l.mrb.Bytes()[4096:])
@@ -149,10 +150,10 @@ func (e *env) selftest(c *rdma.Context) error {
 			if err := l.cqb.ReqNotify(false); err != nil {
 				return err
 			}
-			if err := l.qb.PostRecv(rdma.RecvWR{WRID: 9, SGL: []rdma.SGE{l.mrb.SGE(0, 64)}}); err != nil {
+			if err := l.qb.PostRecv(verbs.RecvWR{WRID: 9, SGL: []abi.SGE{l.mrb.SGE(0, 64)}}); err != nil {
 				return err
 			}
-			if err := l.qa.PostSend(rdma.SendWR{WRID: 9, Opcode: rdma.WROpSend, Flags: rdma.WRFlagSignaled, Inline: []byte("event")}); err != nil {
+			if err := l.qa.PostSend(verbs.SendWR{WRID: 9, Opcode: abi.WROpSend, Flags: abi.WRFlagSignaled, Inline: []byte("event")}); err != nil {
 				return err
 			}
 			cq, err := c.GetCQEvent(10 * time.Second)
@@ -169,19 +170,19 @@ func (e *env) selftest(c *rdma.Context) error {
 			return err
 		}},
 		{"teardown", func() error {
-			for _, mr := range []**rdma.MR{&l.mra, &l.mrb} {
+			for _, mr := range []**verbs.MR{&l.mra, &l.mrb} {
 				if err := (*mr).Dereg(); err != nil {
 					return fmt.Errorf("dereg mr: %w", err)
 				}
 				*mr = nil
 			}
-			for _, q := range []**rdma.QP{&l.qa, &l.qb} {
+			for _, q := range []**verbs.QP{&l.qa, &l.qb} {
 				if err := (*q).Destroy(); err != nil {
 					return fmt.Errorf("destroy qp: %w", err)
 				}
 				*q = nil
 			}
-			for _, cq := range []**rdma.CQ{&l.cqa, &l.cqb} {
+			for _, cq := range []**verbs.CQ{&l.cqa, &l.cqb} {
 				if err := (*cq).Destroy(); err != nil {
 					return fmt.Errorf("destroy cq: %w", err)
 				}
@@ -206,7 +207,7 @@ func (e *env) selftest(c *rdma.Context) error {
 }
 
 // post posts wr on qa and waits for its completion.
-func (l *loop) post(wr rdma.SendWR) error {
+func (l *loop) post(wr verbs.SendWR) error {
 	if err := l.qa.PostSend(wr); err != nil {
 		return err
 	}
@@ -218,18 +219,18 @@ func (l *loop) post(wr rdma.SendWR) error {
 // what b received (and the immediate).
 func (l *loop) sendRecv(op int, imm uint32, inline []byte, n int) error {
 	clear(l.mrb.Bytes()[8192:16384])
-	if err := l.qb.PostRecv(rdma.RecvWR{WRID: 7, SGL: []rdma.SGE{l.mrb.SGE(8192, 8192)}}); err != nil {
+	if err := l.qb.PostRecv(verbs.RecvWR{WRID: 7, SGL: []abi.SGE{l.mrb.SGE(8192, 8192)}}); err != nil {
 		return err
 	}
-	wr := rdma.SendWR{WRID: 8, Opcode: op, Flags: rdma.WRFlagSignaled, Imm: imm, Inline: inline}
+	wr := verbs.SendWR{WRID: 8, Opcode: op, Flags: abi.WRFlagSignaled, Imm: imm, Inline: inline}
 	want := inline
 	dst := l.mrb.Bytes()[8192:]
 	if inline == nil {
 		fill(l.mra.Bytes()[50000:50000+n], byte(op)+3)
-		wr.SGL = []rdma.SGE{l.mra.SGE(50000, n)}
+		wr.SGL = []abi.SGE{l.mra.SGE(50000, n)}
 		want = l.mra.Bytes()[50000 : 50000+n]
 	}
-	if op == rdma.WROpRDMAWriteWithImm {
+	if op == abi.WROpRDMAWriteWithImm {
 		wr.RemoteAddr, wr.RKey = l.mrb.Addr+30000, l.mrb.RKey
 		dst = l.mrb.Bytes()[30000:]
 	}
@@ -243,7 +244,7 @@ func (l *loop) sendRecv(op int, imm uint32, inline []byte, n int) error {
 	if wc.WRID != 7 || int(wc.ByteLen) != len(want) {
 		return fmt.Errorf("receive %d of %d bytes, want 7 and %d", wc.WRID, wc.ByteLen, len(want))
 	}
-	if (op == rdma.WROpSendWithImm || op == rdma.WROpRDMAWriteWithImm) && (wc.Imm != imm || wc.Flags&rdma.WCFlagWithImm == 0) {
+	if (op == abi.WROpSendWithImm || op == abi.WROpRDMAWriteWithImm) && (wc.Imm != imm || wc.Flags&abi.WCFlagWithImm == 0) {
 		return fmt.Errorf("immediate %#x (flags %#x), want %#x", wc.Imm, wc.Flags, imm)
 	}
 	return same(dst[:len(want)], want)

@@ -9,8 +9,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/perftest"
-	"github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // latTail is perftest's LAT_MEASURE_TAIL: the largest samples left out.
@@ -205,13 +206,13 @@ func (lt *latTest) fill(out []byte, i uint64, fromB bool) {
 func (lt *latTest) wr(op int, from, to *side, srcOff, dstOff uint64) {
 	bn := lt.bn
 	wr := &bn.wr[0]
-	*wr = rdma.SendWR{WRID: lt.seq, Opcode: op, Flags: rdma.WRFlagSignaled, SGL: wr.SGL[:0]}
+	*wr = verbs.SendWR{WRID: lt.seq, Opcode: op, Flags: abi.WRFlagSignaled, SGL: wr.SGL[:0]}
 	lt.seq++
 	if cap(wr.SGL) == 0 {
-		wr.SGL = make([]rdma.SGE, 0, 1)
+		wr.SGL = make([]abi.SGE, 0, 1)
 	}
-	wr.SGL = append(wr.SGL, rdma.SGE{Addr: from.mr.Addr + srcOff, Length: uint32(lt.size), LKey: from.mr.LKey})
-	if op != rdma.WROpSend {
+	wr.SGL = append(wr.SGL, abi.SGE{Addr: from.mr.Addr + srcOff, Length: uint32(lt.size), LKey: from.mr.LKey})
+	if op != abi.WROpSend {
 		wr.RemoteAddr, wr.RKey = to.mr.Addr+dstOff, to.mr.RKey
 	}
 }
@@ -226,7 +227,7 @@ func (lt *latTest) reap(s *side, name string, pend, recvd *int) error {
 	}
 	for i := range bn.wc[:n] {
 		wc := &bn.wc[i]
-		if wc.Status != rdma.WCSuccess {
+		if wc.Status != abi.WCSuccess {
 			return fmt.Errorf("%s: work request %#x completed with status %d (vendor error %d)", name, wc.WRID, wc.Status, wc.VendorErr)
 		}
 		if wc.WRID&recvWRID == 0 {
@@ -276,7 +277,7 @@ func (lt *latTest) postB() error {
 func (lt *latTest) writePingPong(ctx context.Context, i uint64) error {
 	bn := lt.bn
 	lt.fill(lt.outA, i, false)
-	lt.wr(rdma.WROpRDMAWrite, bn.a, bn.b, lt.outOff, lt.inOff)
+	lt.wr(abi.WROpRDMAWrite, bn.a, bn.b, lt.outOff, lt.inOff)
 	if err := lt.postA(); err != nil {
 		return fmt.Errorf("post write %d: %w", i, err)
 	}
@@ -284,7 +285,7 @@ func (lt *latTest) writePingPong(ctx context.Context, i uint64) error {
 		return err
 	}
 	lt.fill(lt.outB, i, true)
-	lt.wr(rdma.WROpRDMAWrite, bn.b, bn.a, lt.outOff, lt.inOff)
+	lt.wr(abi.WROpRDMAWrite, bn.b, bn.a, lt.outOff, lt.inOff)
 	if err := lt.postB(); err != nil {
 		return fmt.Errorf("post write %d back: %w", i, err)
 	}
@@ -327,11 +328,11 @@ func (lt *latTest) postRecvs() error {
 	for _, s := range []*side{bn.a, bn.b} {
 		r := &bn.rwr[0]
 		if cap(r.SGL) == 0 {
-			r.SGL = make([]rdma.SGE, 1)
+			r.SGL = make([]abi.SGE, 1)
 		}
 		r.WRID = recvWRID | lt.seq
 		lt.seq++
-		r.SGL[0] = rdma.SGE{Addr: s.mr.Addr + lt.inOff, Length: uint32(bn.maxMsg), LKey: s.mr.LKey}
+		r.SGL[0] = abi.SGE{Addr: s.mr.Addr + lt.inOff, Length: uint32(bn.maxMsg), LKey: s.mr.LKey}
 		if err := s.qps[0].PostRecv(bn.rwr[:]...); err != nil {
 			return fmt.Errorf("post recv: %w", err)
 		}
@@ -355,7 +356,7 @@ func (lt *latTest) sendPingPong(ctx context.Context, i uint64) error {
 		{bn.b, bn.a, lt.outB, lt.inA, true, lt.postB, "responder", "requester", &lt.pendA, &lt.recvA},
 	} {
 		lt.fill(d.out, i, d.fromB)
-		lt.wr(rdma.WROpSend, d.from, d.to, lt.outOff, 0)
+		lt.wr(abi.WROpSend, d.from, d.to, lt.outOff, 0)
 		if err := d.post(); err != nil {
 			return fmt.Errorf("%s: post send %d: %w", d.name, i, err)
 		}
@@ -371,11 +372,11 @@ func (lt *latTest) sendPingPong(ctx context.Context, i uint64) error {
 		// Replace the receive just used (on the receiving side only).
 		r := &bn.rwr[0]
 		if cap(r.SGL) == 0 {
-			r.SGL = make([]rdma.SGE, 1)
+			r.SGL = make([]abi.SGE, 1)
 		}
 		r.WRID = recvWRID | lt.seq
 		lt.seq++
-		r.SGL[0] = rdma.SGE{Addr: d.to.mr.Addr + lt.inOff, Length: uint32(bn.maxMsg), LKey: d.to.mr.LKey}
+		r.SGL[0] = abi.SGE{Addr: d.to.mr.Addr + lt.inOff, Length: uint32(bn.maxMsg), LKey: d.to.mr.LKey}
 		if err := d.to.qps[0].PostRecv(bn.rwr[:]...); err != nil {
 			return fmt.Errorf("%s: post recv: %w", d.peer, err)
 		}
@@ -391,14 +392,14 @@ func (lt *latTest) sendPingPong(ctx context.Context, i uint64) error {
 // for the completion.
 func (lt *latTest) oneSided(ctx context.Context, i uint64) error {
 	bn := lt.bn
-	op := rdma.WROpRDMARead
+	op := abi.WROpRDMARead
 	if bn.o.op == "atomic" {
-		op = rdma.WROpAtomicFetchAdd
+		op = abi.WROpAtomicFetchAdd
 	} else if bn.o.verify {
 		perftest.Pattern(lt.inB, 2*i)
 	}
 	lt.wr(op, bn.a, bn.b, lt.outOff, lt.inOff)
-	if op == rdma.WROpAtomicFetchAdd {
+	if op == abi.WROpAtomicFetchAdd {
 		bn.wr[0].CompareAdd = 1
 	}
 	if err := lt.postA(); err != nil {

@@ -10,8 +10,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/perftest"
-	"github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -39,15 +40,15 @@ const (
 // side is one device with its verbs objects: one CQ shared by its QPs (as
 // perftest's), and one registered buffer holding a region per QP.
 type side struct {
-	ctx  *rdma.Context
+	ctx  *verbs.Context
 	f    *frontend.Frontend
 	gid  [16]byte
-	port rdma.PortAttr
-	pd   *rdma.PD
-	cq   *rdma.CQ
-	qps  []*rdma.QP
-	buf  *rdma.Buffer
-	mr   *rdma.MR
+	port abi.PortAttr
+	pd   *verbs.PD
+	cq   *verbs.CQ
+	qps  []*verbs.QP
+	buf  *verbs.Buffer
+	mr   *verbs.MR
 }
 
 func (s *side) close() {
@@ -82,8 +83,8 @@ func openSide(ctx context.Context, sock string, mem uint64, bufBytes, qps, sq, r
 		return fail("create cq", err)
 	}
 	for i := range qps {
-		qp, err := s.pd.CreateQP(rdma.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq,
-			Cap: rdma.QPCap{MaxSendWR: sq, MaxRecvWR: rq, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		qp, err := s.pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq,
+			Cap: verbs.QPCap{MaxSendWR: sq, MaxRecvWR: rq, MaxSendSGE: 1, MaxRecvSGE: 1}})
 		if err != nil {
 			return fail(fmt.Sprintf("create qp %d", i), err)
 		}
@@ -92,7 +93,7 @@ func openSide(ctx context.Context, sock string, mem uint64, bufBytes, qps, sq, r
 	if s.buf, err = s.ctx.AllocBuffer(bufBytes); err != nil {
 		return fail("alloc buffer", err)
 	}
-	if s.mr, err = s.pd.RegMR(s.buf, 0, bufBytes, rdma.AccessAll); err != nil {
+	if s.mr, err = s.pd.RegMR(s.buf, 0, bufBytes, abi.AccessAll); err != nil {
 		return fail("reg mr", err)
 	}
 	return s, nil
@@ -113,9 +114,9 @@ type bench struct {
 	region uint64 // buffer bytes per QP on each side
 	maxMsg uint64 // the largest message size
 	qs     []qpState
-	wr     [1]rdma.SendWR
-	rwr    [1]rdma.RecvWR
-	wc     []rdma.WC
+	wr     [1]verbs.SendWR
+	rwr    [1]verbs.RecvWR
+	wc     []verbs.WC
 	out    io.Writer
 
 	// The size being measured and its layout.
@@ -166,7 +167,7 @@ func measure(ctx context.Context, o options, out io.Writer) error {
 		return fmt.Errorf("buffers of %d bytes are too large", total)
 	}
 	bn := &bench{o: o, region: region, maxMsg: slices.Max(o.sizes), qs: make([]qpState, o.qps),
-		wc: make([]rdma.WC, 64), out: out}
+		wc: make([]verbs.WC, 64), out: out}
 	sq, rq := o.txDepth+2, o.txDepth+2
 	if o.lat {
 		sq, rq = 16, latRecvs+2
@@ -180,7 +181,7 @@ func measure(ctx context.Context, o options, out io.Writer) error {
 	}
 	defer bn.b.close()
 	// Exchange (GID, QPN) in-process and connect, as perftest does over TCP.
-	remote := rdma.AccessRemoteWrite | rdma.AccessRemoteRead | rdma.AccessRemoteAtomic
+	remote := abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic
 	for i := range o.qps {
 		if err := bn.a.qps[i].ConnectRC(bn.b.gid, bn.b.qps[i].Num(), remote); err != nil {
 			return fmt.Errorf("connect requester qp %d: %w", i, err)
@@ -241,7 +242,7 @@ func (bn *bench) info() testInfo {
 	ti := testInfo{
 		device:    bn.o.sockets[0],
 		linkLayer: bn.a.port.LinkLayer,
-		mtu:       4096, // rdma.ConnectRC's path MTU
+		mtu:       4096, // verbs.ConnectRC's path MTU
 		outReads:  int(bn.a.ctx.Config().MaxQPRdAtom),
 	}
 	addr := func(s *side, i int) qpAddr {

@@ -9,8 +9,9 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/perftest"
-	"github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // The work loop of a measurement: posting sends and receives, polling the
@@ -23,30 +24,30 @@ func (bn *bench) post(q int) error {
 	a, b := bn.a, bn.b
 	off := bn.slotOff(q, seq)
 	wr := &bn.wr[0]
-	*wr = rdma.SendWR{WRID: uint64(q)<<wridShift | seq&wridSeq, Flags: rdma.WRFlagSignaled, SGL: wr.SGL[:0]}
+	*wr = verbs.SendWR{WRID: uint64(q)<<wridShift | seq&wridSeq, Flags: abi.WRFlagSignaled, SGL: wr.SGL[:0]}
 	if cap(wr.SGL) == 0 {
-		wr.SGL = make([]rdma.SGE, 0, 1)
+		wr.SGL = make([]abi.SGE, 0, 1)
 	}
-	wr.SGL = append(wr.SGL, rdma.SGE{Addr: a.mr.Addr + off, Length: uint32(bn.size), LKey: a.mr.LKey})
+	wr.SGL = append(wr.SGL, abi.SGE{Addr: a.mr.Addr + off, Length: uint32(bn.size), LKey: a.mr.LKey})
 	pi := bn.patternIndex(q, seq)
 	switch bn.o.op {
 	case "write":
 		if bn.o.verify {
 			perftest.Pattern(bn.slot(a, q, seq), pi)
 		}
-		wr.Opcode, wr.RemoteAddr, wr.RKey = rdma.WROpRDMAWrite, b.mr.Addr+off, b.mr.RKey
+		wr.Opcode, wr.RemoteAddr, wr.RKey = abi.WROpRDMAWrite, b.mr.Addr+off, b.mr.RKey
 	case "read":
 		if bn.o.verify {
 			perftest.Pattern(bn.slot(b, q, seq), pi)
 		}
-		wr.Opcode, wr.RemoteAddr, wr.RKey = rdma.WROpRDMARead, b.mr.Addr+off, b.mr.RKey
+		wr.Opcode, wr.RemoteAddr, wr.RKey = abi.WROpRDMARead, b.mr.Addr+off, b.mr.RKey
 	case "send":
 		if bn.o.verify {
 			perftest.Pattern(bn.slot(a, q, seq), pi)
 		}
-		wr.Opcode = rdma.WROpSend
+		wr.Opcode = abi.WROpSend
 	case "atomic":
-		wr.Opcode, wr.RemoteAddr, wr.RKey, wr.CompareAdd = rdma.WROpAtomicFetchAdd, b.mr.Addr+bn.regionOff(q), b.mr.RKey, 1
+		wr.Opcode, wr.RemoteAddr, wr.RKey, wr.CompareAdd = abi.WROpAtomicFetchAdd, b.mr.Addr+bn.regionOff(q), b.mr.RKey, 1
 	}
 	if err := bn.postSend(a.qps[q], nil); err != nil {
 		return fmt.Errorf("post %s %d on qp %d: %w", bn.o.op, seq, q, err)
@@ -58,11 +59,11 @@ func (bn *bench) post(q int) error {
 // postSend posts bn.wr on qp. The device may complete a WQE before it
 // advances sq_ci past it: a full send queue is then a matter of
 // microseconds. drain, if not nil, is called while it waits.
-func (bn *bench) postSend(qp *rdma.QP, drain func() error) error {
+func (bn *bench) postSend(qp *verbs.QP, drain func() error) error {
 	var deadline time.Time
 	for {
 		err := qp.PostSend(bn.wr[:]...)
-		if !errors.Is(err, rdma.ErrQueueFull) {
+		if !errors.Is(err, verbs.ErrQueueFull) {
 			return err
 		}
 		if deadline.IsZero() {
@@ -97,10 +98,10 @@ func (bn *bench) postRecv(q int) error {
 	j := st.recvs
 	r := &bn.rwr[0]
 	if cap(r.SGL) == 0 {
-		r.SGL = make([]rdma.SGE, 1)
+		r.SGL = make([]abi.SGE, 1)
 	}
 	r.WRID = uint64(q)<<wridShift | j&wridSeq
-	r.SGL[0] = rdma.SGE{Addr: bn.b.mr.Addr + bn.recvOff(q, j), Length: uint32(bn.maxMsg), LKey: bn.b.mr.LKey}
+	r.SGL[0] = abi.SGE{Addr: bn.b.mr.Addr + bn.recvOff(q, j), Length: uint32(bn.maxMsg), LKey: bn.b.mr.LKey}
 	if err := bn.b.qps[q].PostRecv(bn.rwr[:]...); err != nil {
 		return fmt.Errorf("post recv %d on qp %d: %w", j, q, err)
 	}
@@ -108,13 +109,13 @@ func (bn *bench) postRecv(q int) error {
 	return nil
 }
 
-func wcErr(side string, wc *rdma.WC) error {
+func wcErr(side string, wc *verbs.WC) error {
 	return fmt.Errorf("%s: qp %d: work request %d completed with status %d (vendor error %d)",
 		side, wc.WRID>>wridShift, wc.WRID&wridSeq, wc.Status, wc.VendorErr)
 }
 
 // wcQP returns the QP index of a completion, checked.
-func (bn *bench) wcQP(side string, wc *rdma.WC) (int, error) {
+func (bn *bench) wcQP(side string, wc *verbs.WC) (int, error) {
 	q := wc.WRID >> wridShift
 	if q >= uint64(len(bn.qs)) {
 		return 0, fmt.Errorf("%s: completion for an unknown work request %#x", side, wc.WRID)
@@ -132,7 +133,7 @@ func (bn *bench) poll(completed func(uint64)) (int, error) {
 	}
 	for i := range bn.wc[:n] {
 		wc := &bn.wc[i]
-		if wc.Status != rdma.WCSuccess {
+		if wc.Status != abi.WCSuccess {
 			return 0, wcErr("requester", wc)
 		}
 		q, err := bn.wcQP("requester", wc)
@@ -163,7 +164,7 @@ func (bn *bench) poll(completed func(uint64)) (int, error) {
 	}
 	for i := range bn.wc[:m] {
 		wc := &bn.wc[i]
-		if wc.Status != rdma.WCSuccess {
+		if wc.Status != abi.WCSuccess {
 			return 0, wcErr("responder", wc)
 		}
 		q, err := bn.wcQP("responder", wc)
@@ -188,7 +189,7 @@ func (bn *bench) poll(completed func(uint64)) (int, error) {
 
 // check verifies one completion of QP q: in order, and with --verify the
 // bytes that arrived.
-func (bn *bench) check(q int, wc *rdma.WC) error {
+func (bn *bench) check(q int, wc *verbs.WC) error {
 	st := &bn.qs[q]
 	want := st.done
 	if bn.o.op == "send" {

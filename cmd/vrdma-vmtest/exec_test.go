@@ -3,7 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"io"
 	"net"
 	"path/filepath"

@@ -41,7 +41,7 @@ import (
 
 	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
 )

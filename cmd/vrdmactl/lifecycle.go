@@ -14,7 +14,7 @@ import (
 
 	"github.com/vrdma/vrdma/internal/controlapi"
 	"github.com/vrdma/vrdma/internal/units"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/qemu"
 )
 

@@ -20,7 +20,7 @@ import (
 
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
-	vrdma "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -626,7 +626,7 @@ func TestRestartKeepsIdentity(t *testing.T) {
 	if err := f.Reconnect(ctx); err != nil {
 		t.Fatalf("reconnect: %v\n%s", err, c2.log())
 	}
-	if ev, err := vc.GetAsyncEvent(10 * time.Second); err != nil || ev.Type != vrdma.EventDeviceFatal {
+	if ev, err := vc.GetAsyncEvent(10 * time.Second); err != nil || ev.Type != abi.EventDeviceFatal {
 		t.Fatalf("after the restart: event %+v, %v; want DEVICE_FATAL", ev, err)
 	}
 	vc.Close()
@@ -639,7 +639,7 @@ func TestRestartKeepsIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := vrdma.FormatGUID(attr.NodeGUID); got != before["vm1"].GUID {
+	if got := abi.FormatGUID(attr.NodeGUID); got != before["vm1"].GUID {
 		t.Errorf("node GUID the driver sees after the restart: got %s, want %s", got, before["vm1"].GUID)
 	}
 	if _, err := vc2.AllocPD(); err != nil {

@@ -6,7 +6,7 @@
  *
  *  1. The device ABI, as docs/spec.md defines it normatively: config space,
  *     control commands, data-path structures (WQEs, CQEs, doorbell records)
- *     and events. All fields are little-endian. tests in virtio/rdma
+ *     and events. All fields are little-endian. tests in virtio/rdma/abi
  *     (TestCHeaderMatchesSpec) compile this header and check every struct's
  *     size and every field's offset and size against the spec's tables.
  *

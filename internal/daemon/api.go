@@ -6,7 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"io"
 	"net"
 	"net/http"
@@ -33,7 +33,7 @@ type (
 )
 
 // Info describes a device now.
-func (dv *Device) Info() DeviceInfo {
+func (dv *ServedDevice) Info() DeviceInfo {
 	st := dv.Server.Stats()
 	ds := dv.Dev.Stats()
 	cs := dv.Dev.ConfigSpace()

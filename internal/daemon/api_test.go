@@ -19,7 +19,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/backend/rdma"
-	vrdma "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -211,7 +211,7 @@ func TestDeleteConnected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pd.RegMR(buf, 0, 64<<10, vrdma.AccessLocalWrite); err != nil {
+	if _, err := pd.RegMR(buf, 0, 64<<10, abi.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
 	if d.PinnedBytes() == 0 {
@@ -246,12 +246,12 @@ func TestParseGUID(t *testing.T) {
 		{"0100:0000:0000:0000", 0, false},
 		{"", 0, false},
 	} {
-		got, err := vrdma.ParseGUID(tt.in)
+		got, err := abi.ParseGUID(tt.in)
 		if got != tt.want || (err == nil) != tt.ok {
 			t.Errorf("vrdma.ParseGUID(%q): got %#x, %v, want %#x, ok=%v", tt.in, got, err, tt.want, tt.ok)
 		}
-		if err == nil && vrdma.FormatGUID(got) != tt.in && len(tt.in) == 19 {
-			t.Errorf("vrdma.FormatGUID(%#x): got %s, want %s", got, vrdma.FormatGUID(got), tt.in)
+		if err == nil && abi.FormatGUID(got) != tt.in && len(tt.in) == 19 {
+			t.Errorf("vrdma.FormatGUID(%#x): got %s, want %s", got, abi.FormatGUID(got), tt.in)
 		}
 	}
 }
@@ -280,7 +280,7 @@ func FuzzDecodeAddRequest(f *testing.F) {
 		if p := spec.MaxPinned; p != 0 && (p < minPinnedBytes || p > maxPinnedBytes) {
 			t.Fatalf("accepted max pinned %d", p)
 		}
-		if g := vrdma.GUIDOfUUID(spec.Device.UUID); vrdma.CheckGUID(g) != nil {
+		if g := abi.GUIDOfUUID(spec.Device.UUID); abi.CheckGUID(g) != nil {
 			t.Fatalf("accepted uuid %s", spec.Device.UUID)
 		}
 	})

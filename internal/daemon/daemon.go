@@ -89,8 +89,9 @@ type DeviceSpec struct {
 	Persist bool
 }
 
-// Device is one served device.
-type Device struct {
+// ServedDevice is one device the daemon serves: its ID, the RDMA device and
+// the vhost-user server on its socket.
+type ServedDevice struct {
 	ID        string
 	Dev       *rdma.Device
 	Server    *backend.Server
@@ -102,7 +103,7 @@ type Device struct {
 }
 
 // Persisted reports whether the device is kept in the state file.
-func (dv *Device) Persisted() bool { return dv.persist }
+func (dv *ServedDevice) Persisted() bool { return dv.persist }
 
 // Config is what every device of a daemon shares.
 type Config struct {
@@ -138,11 +139,11 @@ type Daemon struct {
 	acct   *memmap.Accounting // immutable
 
 	mu      sync.Mutex
-	devices map[string]*Device // protected by mu
-	closed  bool               // protected by mu
-	http    *http.Server       // protected by mu
-	httpLn  net.Listener       // protected by mu
-	state   *stateStore        // protected by mu; nil: nothing persisted
+	devices map[string]*ServedDevice // protected by mu
+	closed  bool                     // protected by mu
+	http    *http.Server             // protected by mu
+	httpLn  net.Listener             // protected by mu
+	state   *stateStore              // protected by mu; nil: nothing persisted
 	wg      sync.WaitGroup
 }
 
@@ -150,7 +151,7 @@ type Daemon struct {
 func New(log *logrus.Entry, cfg Config) *Daemon {
 	acct := memmap.NewAccounting(cfg.GlobalMaxPinned)
 	cfg.Pin.Accounting = acct
-	return &Daemon{log: log, cfg: cfg, fabric: engine.NewFabric(), acct: acct, devices: map[string]*Device{}}
+	return &Daemon{log: log, cfg: cfg, fabric: engine.NewFabric(), acct: acct, devices: map[string]*ServedDevice{}}
 }
 
 // PinnedBytes is the memory pinned by all devices.
@@ -160,13 +161,13 @@ func (d *Daemon) PinnedBytes() uint64 { return d.acct.Pinned() }
 // spec.Persist and a state directory (OpenState), the device is saved in
 // the state file before AddDevice returns; if that fails the device is
 // not added.
-func (d *Daemon) AddDevice(spec DeviceSpec) (*Device, error) {
+func (d *Daemon) AddDevice(spec DeviceSpec) (*ServedDevice, error) {
 	return d.addDevice(spec, true)
 }
 
 // addDevice is AddDevice; save=false leaves the state file alone
 // (Restore).
-func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *Device, err error) {
+func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *ServedDevice, err error) {
 	if spec.Listener != nil {
 		defer func() {
 			if err != nil && spec.Listener != nil { // not yet the server's
@@ -240,7 +241,7 @@ func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *Device, err error) {
 		dev.Close()
 		return nil, err
 	}
-	dv = &Device{ID: spec.ID, Dev: dev, Server: srv, MaxPinned: spec.Device.Pin.MaxPinned,
+	dv = &ServedDevice{ID: spec.ID, Dev: dev, Server: srv, MaxPinned: spec.Device.Pin.MaxPinned,
 		persist: spec.Persist && d.state != nil, record: rec, done: make(chan struct{})}
 	d.devices[spec.ID] = dv
 	if dv.persist && save {
@@ -332,7 +333,7 @@ func (d *Daemon) removeDevice(id string, save bool) error {
 }
 
 // Device returns a device by ID.
-func (d *Daemon) Device(id string) (*Device, bool) {
+func (d *Daemon) Device(id string) (*ServedDevice, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	dv, ok := d.devices[id]
@@ -340,9 +341,9 @@ func (d *Daemon) Device(id string) (*Device, bool) {
 }
 
 // Devices returns the devices sorted by ID.
-func (d *Daemon) Devices() []*Device {
+func (d *Daemon) Devices() []*ServedDevice {
 	d.mu.Lock()
-	out := make([]*Device, 0, len(d.devices))
+	out := make([]*ServedDevice, 0, len(d.devices))
 	for _, dv := range d.devices {
 		out = append(out, dv)
 	}

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"testing"
 
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // TestMAC covers POST /v1/devices' "mac": the node GUID is the MAC's

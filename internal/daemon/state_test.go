@@ -17,7 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/sirupsen/logrus"
 
-	vrdma "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
@@ -441,7 +441,7 @@ func TestRestartFrontendReconnect(t *testing.T) {
 		t.Fatalf("reconnect to the restored socket: %v", err)
 	}
 	ev, err := c.GetAsyncEvent(10 * time.Second)
-	if err != nil || ev.Type != vrdma.EventDeviceFatal {
+	if err != nil || ev.Type != abi.EventDeviceFatal {
 		t.Fatalf("after the restart: event %+v, %v; want DEVICE_FATAL", ev, err)
 	}
 	c.Close()
@@ -509,7 +509,7 @@ func FuzzDecodeState(f *testing.F) {
 				t.Fatalf("accepted %+v", s)
 			}
 			ids[s.ID] = true
-			if vrdma.CheckGUID(vrdma.GUIDOfUUID(s.Device.UUID)) != nil {
+			if abi.CheckGUID(abi.GUIDOfUUID(s.Device.UUID)) != nil {
 				t.Fatalf("accepted uuid %s", s.Device.UUID)
 			}
 		}

@@ -9,7 +9,7 @@ import (
 	"github.com/vrdma/vrdma/backend"
 	"github.com/vrdma/vrdma/backend/rdma"
 	"github.com/vrdma/vrdma/internal/daemon"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // DeviceStats is one device's counters as a Source reports them.

@@ -28,7 +28,7 @@ import (
 	"github.com/vrdma/vrdma/internal/controlapi"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // fakeSource is a Source with fixed values.

@@ -6,7 +6,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/guest/verbs"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // helloRetry is the pause between hellos while the server's QP is not
@@ -73,7 +74,7 @@ func (s *Side) Run(peer Endpoint) (Result, error) {
 		}
 		for i := range wcs {
 			wc := &wcs[i]
-			if wc.Status != rdma.WCSuccess {
+			if wc.Status != abi.WCSuccess {
 				return Result{}, fmt.Errorf("end of test: %w", wcErr(wc))
 			}
 			switch wc.WRID {
@@ -100,7 +101,7 @@ func (s *Side) Run(peer Endpoint) (Result, error) {
 func (s *Side) hello(gid [16]byte, peer Endpoint) error {
 	deadline := time.Now().Add(s.cfg.Timeout)
 	for {
-		if err := s.qp.ConnectRC(gid, peer.QPN, rdma.AccessRemoteWrite|rdma.AccessRemoteRead|rdma.AccessRemoteAtomic); err != nil {
+		if err := s.qp.ConnectRC(gid, peer.QPN, abi.AccessRemoteWrite|abi.AccessRemoteRead|abi.AccessRemoteAtomic); err != nil {
 			return fmt.Errorf("connect: %w", err)
 		}
 		m := message{kind: kindHello, op: opIndex(s.cfg.Op), size: s.cfg.Size, iters: uint64(s.cfg.Iters), latIter: uint64(s.cfg.LatIters)}
@@ -115,15 +116,15 @@ func (s *Side) hello(gid [16]byte, peer Endpoint) error {
 		if wc.WRID != ctrlWRID {
 			return fmt.Errorf("hello: unexpected completion %#x", wc.WRID)
 		}
-		if wc.Status == rdma.WCSuccess {
+		if wc.Status == abi.WCSuccess {
 			return nil
 		}
-		if wc.Status != rdma.WCRetryExcErr || time.Now().After(deadline) {
+		if wc.Status != abi.WCRetryExcErr || time.Now().After(deadline) {
 			return fmt.Errorf("hello: %w", wcErr(&wc))
 		}
 		for n, _ := s.cq.Poll(s.wc); n > 0; n, _ = s.cq.Poll(s.wc) { // flushed leftovers
 		}
-		if err := s.qp.Modify(rdma.QPAttr{QPState: rdma.QPSReset}, rdma.QPAttrState); err != nil {
+		if err := s.qp.Modify(abi.QPAttr{QPState: abi.QPSReset}, abi.QPAttrState); err != nil {
 			return fmt.Errorf("hello: reset qp: %w", err)
 		}
 		time.Sleep(helloRetry)
@@ -139,23 +140,23 @@ type client struct {
 
 func (c *client) post() error {
 	i := c.posted
-	wr := rdma.SendWR{WRID: i, Flags: rdma.WRFlagSignaled,
-		SGL: []rdma.SGE{{Addr: c.slotAddr(i), Length: uint32(c.cfg.Size), LKey: c.mr.LKey}}}
+	wr := verbs.SendWR{WRID: i, Flags: abi.WRFlagSignaled,
+		SGL: []abi.SGE{{Addr: c.slotAddr(i), Length: uint32(c.cfg.Size), LKey: c.mr.LKey}}}
 	remote := c.peer.Addr + (i%uint64(c.slots))*c.cfg.Size
 	switch c.cfg.Op {
 	case "write":
 		Pattern(c.slot(i), i)
-		wr.Opcode, wr.RemoteAddr, wr.RKey = rdma.WROpRDMAWrite, remote, c.peer.RKey
+		wr.Opcode, wr.RemoteAddr, wr.RKey = abi.WROpRDMAWrite, remote, c.peer.RKey
 	case "read":
 		if c.cfg.Verify {
 			clear(c.slot(i))
 		}
-		wr.Opcode, wr.RemoteAddr, wr.RKey = rdma.WROpRDMARead, remote, c.peer.RKey
+		wr.Opcode, wr.RemoteAddr, wr.RKey = abi.WROpRDMARead, remote, c.peer.RKey
 	case "send":
 		Pattern(c.slot(i), i)
-		wr.Opcode = rdma.WROpSend
+		wr.Opcode = abi.WROpSend
 	case "atomic":
-		wr.Opcode, wr.RemoteAddr, wr.RKey, wr.CompareAdd = rdma.WROpAtomicFetchAdd, c.peer.Addr, c.peer.RKey, 1
+		wr.Opcode, wr.RemoteAddr, wr.RKey, wr.CompareAdd = abi.WROpAtomicFetchAdd, c.peer.Addr, c.peer.RKey, 1
 	}
 	if err := c.postSend(wr); err != nil {
 		return fmt.Errorf("post %s %d: %w", c.cfg.Op, i, err)
@@ -173,7 +174,7 @@ func (c *client) complete(until uint64) error {
 		}
 		for i := range wcs {
 			wc := &wcs[i]
-			if wc.Status != rdma.WCSuccess {
+			if wc.Status != abi.WCSuccess {
 				return wcErr(wc)
 			}
 			if wc.WRID != c.done {

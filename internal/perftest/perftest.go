@@ -10,7 +10,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/guest/verbs"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // Ops are the operations a test measures.
@@ -117,28 +118,28 @@ type Side struct {
 	cfg   Config
 	slots int
 	depth int
-	ctx   *rdma.Context
+	ctx   *verbs.Context
 	gid   [16]byte
-	pd    *rdma.PD
-	cq    *rdma.CQ
-	qp    *rdma.QP
-	buf   *rdma.Buffer
-	mr    *rdma.MR
+	pd    *verbs.PD
+	cq    *verbs.CQ
+	qp    *verbs.QP
+	buf   *verbs.Buffer
+	mr    *verbs.MR
 	ctrl  uint64 // offset of the control area in mr: tx at ctrl, rx at ctrl+ctrlSize…
-	wc    []rdma.WC
+	wc    []verbs.WC
 }
 
 // NewSide creates a PD, CQ, QP and a registered buffer on c for cfg. A
 // server side of a read test fills its buffers with the pattern the client
 // checks.
-func NewSide(c *rdma.Context, cfg Config, server bool) (*Side, error) {
+func NewSide(c *verbs.Context, cfg Config, server bool) (*Side, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	s := &Side{cfg: cfg, ctx: c, slots: cfg.slots(), wc: make([]rdma.WC, 64)}
+	s := &Side{cfg: cfg, ctx: c, slots: cfg.slots(), wc: make([]verbs.WC, 64)}
 	s.depth = min(cfg.TxDepth, s.slots)
 	data := uint64(s.slots) * cfg.Size
-	s.ctrl = (data + rdma.PageSize - 1) &^ (rdma.PageSize - 1)
+	s.ctrl = (data + abi.PageSize - 1) &^ (abi.PageSize - 1)
 	total := s.ctrl + 4*ctrlSize
 	if total > 1<<40 {
 		return nil, fmt.Errorf("buffers of %d bytes are too large", total)
@@ -157,14 +158,14 @@ func NewSide(c *rdma.Context, cfg Config, server bool) (*Side, error) {
 	if s.cq, err = c.CreateCQ(2*s.depth + 8); err != nil {
 		return fail("create cq", err)
 	}
-	if s.qp, err = s.pd.CreateQP(rdma.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq,
-		Cap: rdma.QPCap{MaxSendWR: s.depth + 2, MaxRecvWR: s.depth + 2, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+	if s.qp, err = s.pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq,
+		Cap: verbs.QPCap{MaxSendWR: s.depth + 2, MaxRecvWR: s.depth + 2, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
 		return fail("create qp", err)
 	}
 	if s.buf, err = c.AllocBuffer(int(total)); err != nil {
 		return fail("alloc buffer", err)
 	}
-	if s.mr, err = s.pd.RegMR(s.buf, 0, int(total), rdma.AccessAll); err != nil {
+	if s.mr, err = s.pd.RegMR(s.buf, 0, int(total), abi.AccessAll); err != nil {
 		return fail("reg mr", err)
 	}
 	if server && cfg.Op == "read" {
@@ -296,23 +297,23 @@ func decode(b []byte) (message, error) {
 
 // postCtrlRecv posts control receive buffer j.
 func (s *Side) postCtrlRecv(j int) error {
-	return s.qp.PostRecv(rdma.RecvWR{WRID: ctrlWRID | uint64(j),
-		SGL: []rdma.SGE{s.mr.SGE(int(s.ctrl)+j*ctrlSize, ctrlSize)}})
+	return s.qp.PostRecv(verbs.RecvWR{WRID: ctrlWRID | uint64(j),
+		SGL: []abi.SGE{s.mr.SGE(int(s.ctrl)+j*ctrlSize, ctrlSize)}})
 }
 
 // sendCtrl sends m from the control tx buffer (signaled).
 func (s *Side) sendCtrl(m *message) error {
 	m.encode(s.ctrlBuf(0))
-	return s.postSend(rdma.SendWR{WRID: ctrlWRID, Opcode: rdma.WROpSend, Flags: rdma.WRFlagSignaled,
-		SGL: []rdma.SGE{s.mr.SGE(int(s.ctrl), ctrlSize)}})
+	return s.postSend(verbs.SendWR{WRID: ctrlWRID, Opcode: abi.WROpSend, Flags: abi.WRFlagSignaled,
+		SGL: []abi.SGE{s.mr.SGE(int(s.ctrl), ctrlSize)}})
 }
 
 // postSend posts wr, waiting (bounded) while the send queue is full.
-func (s *Side) postSend(wr rdma.SendWR) error {
+func (s *Side) postSend(wr verbs.SendWR) error {
 	var deadline time.Time
 	for {
 		err := s.qp.PostSend(wr)
-		if !errors.Is(err, rdma.ErrQueueFull) {
+		if !errors.Is(err, verbs.ErrQueueFull) {
 			return err
 		}
 		if deadline.IsZero() {
@@ -325,7 +326,7 @@ func (s *Side) postSend(wr rdma.SendWR) error {
 }
 
 // poll waits for at least one completion (bounded by the timeout).
-func (s *Side) poll() ([]rdma.WC, error) {
+func (s *Side) poll() ([]verbs.WC, error) {
 	deadline := time.Now().Add(s.cfg.Timeout)
 	for spins := 0; ; spins++ {
 		n, err := s.cq.Poll(s.wc)
@@ -347,7 +348,7 @@ func (s *Side) poll() ([]rdma.WC, error) {
 	}
 }
 
-func wcErr(wc *rdma.WC) error {
+func wcErr(wc *verbs.WC) error {
 	return fmt.Errorf("work request %#x completed with status %d (vendor error %d)", wc.WRID, wc.Status, wc.VendorErr)
 }
 

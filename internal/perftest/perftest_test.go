@@ -10,20 +10,20 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/daemon"
-	"github.com/vrdma/vrdma/virtio/rdma"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
 // open starts an in-process daemon with two devices and opens both.
-func open(t *testing.T) (a, b *rdma.Context) {
+func open(t *testing.T) (a, b *verbs.Context) {
 	t.Helper()
 	l := logrus.New()
 	l.SetOutput(io.Discard)
 	d := daemon.New(logrus.NewEntry(l), daemon.Config{})
 	t.Cleanup(func() { d.Close() })
 	dir := t.TempDir()
-	var ctxs []*rdma.Context
+	var ctxs []*verbs.Context
 	for _, id := range []string{"a", "b"} {
 		s := filepath.Join(dir, id+".sock")
 		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: s}); err != nil {

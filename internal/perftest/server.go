@@ -4,7 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/guest/verbs"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // Serve is the server: it connects to the client's endpoint, posts the
@@ -16,7 +17,7 @@ func (s *Side) Serve(peer Endpoint) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	if err := s.qp.ConnectRC(gid, peer.QPN, rdma.AccessRemoteWrite|rdma.AccessRemoteRead|rdma.AccessRemoteAtomic); err != nil {
+	if err := s.qp.ConnectRC(gid, peer.QPN, abi.AccessRemoteWrite|abi.AccessRemoteRead|abi.AccessRemoteAtomic); err != nil {
 		return Result{}, fmt.Errorf("connect: %w", err)
 	}
 	// Receive order: hello, then (send) one per message, then done.
@@ -28,8 +29,8 @@ func (s *Side) Serve(peer Endpoint) (Result, error) {
 	doneRecv := false
 	postMore := func() error {
 		for s.cfg.Op == "send" && dataPosted < total && dataPosted-dataRecvd < uint64(s.depth) {
-			if err := s.qp.PostRecv(rdma.RecvWR{WRID: dataPosted,
-				SGL: []rdma.SGE{{Addr: s.slotAddr(dataPosted), Length: uint32(s.cfg.Size), LKey: s.mr.LKey}}}); err != nil {
+			if err := s.qp.PostRecv(verbs.RecvWR{WRID: dataPosted,
+				SGL: []abi.SGE{{Addr: s.slotAddr(dataPosted), Length: uint32(s.cfg.Size), LKey: s.mr.LKey}}}); err != nil {
 				return fmt.Errorf("post receive %d: %w", dataPosted, err)
 			}
 			dataPosted++
@@ -54,7 +55,7 @@ func (s *Side) Serve(peer Endpoint) (Result, error) {
 		}
 		for i := range wcs {
 			wc := &wcs[i]
-			if wc.Status != rdma.WCSuccess {
+			if wc.Status != abi.WCSuccess {
 				return Result{}, wcErr(wc)
 			}
 			switch {
@@ -105,7 +106,7 @@ func (s *Side) Serve(peer Endpoint) (Result, error) {
 			return Result{}, fmt.Errorf("send verdict: %w", err)
 		}
 		for i := range wcs {
-			if wcs[i].Status != rdma.WCSuccess {
+			if wcs[i].Status != abi.WCSuccess {
 				return Result{}, fmt.Errorf("send verdict: %w", wcErr(&wcs[i]))
 			}
 			sent = sent || wcs[i].WRID == ctrlWRID

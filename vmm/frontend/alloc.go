@@ -6,7 +6,7 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // allocPage is the allocator's granule: every allocation is whole pages,
@@ -121,7 +121,7 @@ func (a *allocator) stats() (used uint64, extents int) {
 // and returns their guest-physical address and host view, zeroed. Memory is
 // handed out in whole pages, page-aligned at least; Free gives it back. It
 // is safe for concurrent use.
-func (f *Frontend) Alloc(n, align uint64) (memmap.GPA, []byte, error) {
+func (f *Frontend) Alloc(n, align uint64) (abi.GPA, []byte, error) {
 	if f.mem == nil {
 		return 0, nil, errors.New("frontend: closed")
 	}
@@ -131,11 +131,11 @@ func (f *Frontend) Alloc(n, align uint64) (memmap.GPA, []byte, error) {
 	}
 	b := f.mem.Bytes()[start : start+n : start+n]
 	clear(b)
-	return memmap.GPA(start), b, nil
+	return abi.GPA(start), b, nil
 }
 
 // Free gives back the allocation that starts at gpa.
-func (f *Frontend) Free(gpa memmap.GPA) error {
+func (f *Frontend) Free(gpa abi.GPA) error {
 	_, err := f.alloc.release(uint64(gpa))
 	return err
 }

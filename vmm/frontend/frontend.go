@@ -15,6 +15,7 @@ import (
 	"github.com/vrdma/vrdma/internal/eventfd"
 	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	vu "github.com/vrdma/vrdma/virtio/vhostuser"
 )
 
@@ -64,7 +65,7 @@ type Frontend struct {
 
 	sent       int    // messages sent, for AbortAfter
 	scratch    []byte // Exec's request and response buffers
-	scratchGPA memmap.GPA
+	scratchGPA abi.GPA
 
 	backendConn   *vu.Conn
 	backendEvents chan vu.BackendRequest
@@ -76,7 +77,7 @@ type Queue struct {
 	Index int
 	*virtio.DriverQueue
 	Kick, Call, Err   *eventfd.EventFD
-	desc, avail, used memmap.GPA
+	desc, avail, used abi.GPA
 	rings             virtio.Rings // host views of the rings, for tests that forge them
 	base              uint16       // ring base for the next start (from GET_VRING_BASE)
 	started           bool

@@ -6,8 +6,8 @@ import (
 	"net"
 
 	"github.com/vrdma/vrdma/internal/eventfd"
-	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	vu "github.com/vrdma/vrdma/virtio/vhostuser"
 )
 
@@ -109,7 +109,7 @@ func (f *Frontend) Reconnect(ctx context.Context) error {
 	var qs []int
 	for _, q := range f.queues {
 		if q.DriverQueue != nil {
-			q.base = memmap.LoadUint16(q.rings.Used, 2)
+			q.base = abi.LoadUint16(q.rings.Used, 2)
 			q.started = false
 			qs = append(qs, q.Index)
 		}

@@ -7,9 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/virtio"
-	"github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // DefaultCommandTimeout bounds one control command of a Transport.
@@ -20,7 +20,7 @@ const DefaultCommandTimeout = 10 * time.Second
 // buffers), doorbell notifications on queues 2…, DMA memory from the
 // front-end's guest memory. It is safe for concurrent use. It does not own
 // the Frontend: close the Frontend after the Transport (or the
-// rdma.Context on top of it).
+// verbs.Context on top of it).
 type Transport struct {
 	f       *Frontend     // immutable
 	timeout time.Duration // immutable
@@ -33,24 +33,24 @@ type Transport struct {
 	evMu   sync.Mutex // protects the event queue and the fields below
 	evq    *Queue
 	evBuf  []byte // slots of EventSize bytes, posted on evq
-	evGPA  memmap.GPA
+	evGPA  abi.GPA
 	slotOf []int // by chain head: the slot it carries, -1 when none
 }
 
 // NewTransport makes a transport over f, whose control, event and doorbell
 // queues (all of them) must have been started, and stocks the event queue.
 func NewTransport(f *Frontend) (*Transport, error) {
-	if f.NumQueues < rdma.FirstDoorbellQueue+1 {
-		return nil, fmt.Errorf("frontend: %d queues, an RDMA device has at least %d", f.NumQueues, rdma.FirstDoorbellQueue+1)
+	if f.NumQueues < abi.FirstDoorbellQueue+1 {
+		return nil, fmt.Errorf("frontend: %d queues, an RDMA device has at least %d", f.NumQueues, abi.FirstDoorbellQueue+1)
 	}
 	for i, q := range f.queues {
 		if !q.started || q.DriverQueue == nil {
 			return nil, fmt.Errorf("frontend: queue %d not started", i)
 		}
 	}
-	t := &Transport{f: f, timeout: DefaultCommandTimeout, dbs: f.queues[rdma.FirstDoorbellQueue:], evq: f.queues[rdma.EventQueue]}
+	t := &Transport{f: f, timeout: DefaultCommandTimeout, dbs: f.queues[abi.FirstDoorbellQueue:], evq: f.queues[abi.EventQueue]}
 	n := int(t.evq.Size())
-	gpa, buf, err := f.Alloc(uint64(n*rdma.EventSize), allocPage)
+	gpa, buf, err := f.Alloc(uint64(n*abi.EventSize), allocPage)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: event buffers: %w", err)
 	}
@@ -71,7 +71,7 @@ func NewTransport(f *Frontend) (*Transport, error) {
 }
 
 // RDMATransport returns a Transport over f (see NewTransport).
-func (f *Frontend) RDMATransport() (rdma.Transport, error) {
+func (f *Frontend) RDMATransport() (verbs.Transport, error) {
 	t, err := NewTransport(f)
 	if err != nil {
 		return nil, err
@@ -82,7 +82,7 @@ func (f *Frontend) RDMATransport() (rdma.Transport, error) {
 // OpenRDMA dials the vrdma device at socket with memSize bytes of guest
 // memory (zero: the default), starts every queue and opens the verbs
 // context. Close the context, then the Frontend.
-func OpenRDMA(ctx context.Context, socket string, memSize uint64) (*rdma.Context, *Frontend, error) {
+func OpenRDMA(ctx context.Context, socket string, memSize uint64) (*verbs.Context, *Frontend, error) {
 	f, err := Dial(ctx, Config{Socket: socket, MemorySize: memSize})
 	if err != nil {
 		return nil, nil, err
@@ -96,7 +96,7 @@ func OpenRDMA(ctx context.Context, socket string, memSize uint64) (*rdma.Context
 }
 
 // openRDMA starts every queue of f and opens a verbs context over them.
-func (f *Frontend) openRDMA() (*rdma.Context, error) {
+func (f *Frontend) openRDMA() (*verbs.Context, error) {
 	qs := make([]int, f.NumQueues)
 	for i := range qs {
 		qs[i] = i
@@ -108,14 +108,14 @@ func (f *Frontend) openRDMA() (*rdma.Context, error) {
 	if err != nil {
 		return nil, err
 	}
-	return rdma.Open(t)
+	return verbs.Open(t)
 }
 
 // Reopen does what a driver must after the device lost its objects
 // (DEVICE_FATAL once vrdmad restarted, docs/spec.md "Reset and
 // disconnect"): it resets the device, starts every queue again and opens a
 // new verbs context. The old context must be closed first.
-func (f *Frontend) Reopen() (*rdma.Context, error) {
+func (f *Frontend) Reopen() (*verbs.Context, error) {
 	if err := f.ResetDevice(); err != nil {
 		return nil, err
 	}
@@ -123,14 +123,14 @@ func (f *Frontend) Reopen() (*rdma.Context, error) {
 }
 
 // eventGPA is the guest-physical address of event slot s.
-func (t *Transport) eventGPA(s int) memmap.GPA {
-	return t.evGPA + memmap.GPA(s*rdma.EventSize)
+func (t *Transport) eventGPA(s int) abi.GPA {
+	return t.evGPA + abi.GPA(s*abi.EventSize)
 }
 
 // postEvent posts event slot s. Precondition: evMu held or t not shared.
 func (t *Transport) postEvent(s int) error {
-	clear(t.evBuf[s*rdma.EventSize : (s+1)*rdma.EventSize])
-	h, err := t.evq.Add([]virtio.Buf{{Addr: t.eventGPA(s), Len: rdma.EventSize, Writable: true}})
+	clear(t.evBuf[s*abi.EventSize : (s+1)*abi.EventSize])
+	h, err := t.evq.Add([]virtio.Buf{{Addr: t.eventGPA(s), Len: abi.EventSize, Writable: true}})
 	if err != nil {
 		return fmt.Errorf("frontend: post event buffer: %w", err)
 	}
@@ -146,7 +146,7 @@ func (t *Transport) ReadConfig(off, n int) ([]byte, error) {
 	t.cmdMu.Lock()
 	defer t.cmdMu.Unlock()
 	if t.closed {
-		return nil, rdma.ErrClosed
+		return nil, verbs.ErrClosed
 	}
 	return t.f.ReadConfig(uint32(off), uint32(n))
 }
@@ -158,12 +158,12 @@ func (t *Transport) Command(req []byte, respLen int) ([]byte, error) {
 	t.cmdMu.Lock()
 	defer t.cmdMu.Unlock()
 	if t.closed {
-		return nil, rdma.ErrClosed
+		return nil, verbs.ErrClosed
 	}
 	if t.broken != nil {
 		return nil, fmt.Errorf("frontend: control queue unusable: %w", t.broken)
 	}
-	resp, err := t.f.Exec(rdma.ControlQueue, req, respLen, t.timeout)
+	resp, err := t.f.Exec(abi.ControlQueue, req, respLen, t.timeout)
 	if err != nil && (errors.Is(err, ErrTimeout) || errors.Is(err, virtio.ErrBroken)) {
 		t.broken = err
 	}
@@ -171,16 +171,16 @@ func (t *Transport) Command(req []byte, respLen int) ([]byte, error) {
 }
 
 // AllocDMA allocates zeroed guest memory.
-func (t *Transport) AllocDMA(size, align uint64) (rdma.DMABuf, error) {
+func (t *Transport) AllocDMA(size, align uint64) (verbs.DMABuf, error) {
 	gpa, b, err := t.f.Alloc(size, align)
 	if err != nil {
-		return rdma.DMABuf{}, err
+		return verbs.DMABuf{}, err
 	}
-	return rdma.DMABuf{Addr: gpa, Buf: b}, nil
+	return verbs.DMABuf{Addr: gpa, Buf: b}, nil
 }
 
 // FreeDMA gives guest memory back.
-func (t *Transport) FreeDMA(b rdma.DMABuf) {
+func (t *Transport) FreeDMA(b verbs.DMABuf) {
 	if b.Buf != nil {
 		t.f.Free(b.Addr)
 	}
@@ -199,13 +199,13 @@ func (t *Transport) Polling(i int) bool {
 	if i < 0 || i >= len(t.dbs) {
 		return false
 	}
-	return memmap.LoadUint16(t.dbs[i].rings.Used, 0)&virtio.UsedFNoNotify != 0
+	return abi.LoadUint16(t.dbs[i].rings.Used, 0)&virtio.UsedFNoNotify != 0
 }
 
 // WaitEvent returns the next event, waiting up to timeout; the buffer is
 // posted again at once. A used element of the wrong length is an error
 // (the buffer is reposted).
-func (t *Transport) WaitEvent(timeout time.Duration) (rdma.Event, error) {
+func (t *Transport) WaitEvent(timeout time.Duration) (abi.Event, error) {
 	t.evMu.Lock()
 	defer t.evMu.Unlock()
 	deadline := time.Now().Add(timeout)
@@ -213,13 +213,13 @@ func (t *Transport) WaitEvent(timeout time.Duration) (rdma.Event, error) {
 	for {
 		h, n, ok, err := t.evq.Used()
 		if err != nil {
-			return rdma.Event{}, err
+			return abi.Event{}, err
 		}
 		if ok {
 			return t.takeEvent(h, n)
 		}
 		if !time.Now().Before(deadline) {
-			return rdma.Event{}, fmt.Errorf("frontend: event queue: %w", rdma.ErrTimeout)
+			return abi.Event{}, fmt.Errorf("frontend: event queue: %w", verbs.ErrTimeout)
 		}
 		t.evq.Call.TryWait()
 		time.Sleep(min(sleep, time.Until(deadline)))
@@ -229,27 +229,27 @@ func (t *Transport) WaitEvent(timeout time.Duration) (rdma.Event, error) {
 
 // takeEvent copies the event out of chain h and reposts its buffer.
 // Precondition: evMu held.
-func (t *Transport) takeEvent(h uint16, n uint32) (rdma.Event, error) {
+func (t *Transport) takeEvent(h uint16, n uint32) (abi.Event, error) {
 	s := t.slotOf[h]
 	t.slotOf[h] = -1
 	if s < 0 {
-		return rdma.Event{}, fmt.Errorf("frontend: event chain %d carries no buffer", h)
+		return abi.Event{}, fmt.Errorf("frontend: event chain %d carries no buffer", h)
 	}
-	var raw [rdma.EventSize]byte
-	copy(raw[:], t.evBuf[s*rdma.EventSize:])
-	var ev rdma.Event
-	uerr := rdma.Unmarshal(raw[:], &ev)
+	var raw [abi.EventSize]byte
+	copy(raw[:], t.evBuf[s*abi.EventSize:])
+	var ev abi.Event
+	uerr := abi.Unmarshal(raw[:], &ev)
 	if err := t.postEvent(s); err != nil {
-		return rdma.Event{}, err
+		return abi.Event{}, err
 	}
 	if err := t.evq.Notify(); err != nil {
-		return rdma.Event{}, err
+		return abi.Event{}, err
 	}
-	if n != rdma.EventSize {
-		return rdma.Event{}, fmt.Errorf("%w: event of %d bytes", rdma.ErrProtocol, n)
+	if n != abi.EventSize {
+		return abi.Event{}, fmt.Errorf("%w: event of %d bytes", verbs.ErrProtocol, n)
 	}
 	if uerr != nil {
-		return rdma.Event{}, uerr
+		return abi.Event{}, uerr
 	}
 	return ev, nil
 }
@@ -263,4 +263,4 @@ func (t *Transport) Close() error {
 	return nil
 }
 
-var _ rdma.Transport = (*Transport)(nil)
+var _ verbs.Transport = (*Transport)(nil)

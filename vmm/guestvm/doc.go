@@ -43,7 +43,7 @@
 //
 // Guest.RunCommand follows that to the end (CommandResult). A stack guest
 // has a virtio-net NIC (StackConfig.NIC, qemu.NIC) whose MAC the vrdma
-// device's node GUID mirrors (abi.GUIDOfMAC in virtio/rdma), so the driver binds its RoCE
+// device's node GUID mirrors (abi.GUIDOfMAC in virtio/rdma/abi), so the driver binds its RoCE
 // port to eth0. StackPair boots a server and a client joined by a private
 // NIC link, lets the client's command start once the server's listens, and
 // stops one side PeerGrace after the other failed; StackPairResult.ExitCode

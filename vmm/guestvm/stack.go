@@ -70,7 +70,7 @@ type StackConfig struct {
 	Command string
 	// NIC is the guest's network card (eth0); nil means none. The vrdma
 	// kernel driver binds its RDMA port to the netdev whose MAC address
-	// matches the device's node GUID (abi.GUIDOfMAC in virtio/rdma).
+	// matches the device's node GUID (abi.GUIDOfMAC in virtio/rdma/abi).
 	NIC *qemu.NIC
 	// IP is eth0's IPv4 address and prefix ("10.11.0.1/24"); invalid (the
 	// zero Prefix) means none. It needs NIC.

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // libvirtDomainXML is the documented domain: docs/libvirt-domain.xml, which

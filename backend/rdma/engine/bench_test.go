@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 var benchSizes = []int{64, 4 << 10, 64 << 10, 1 << 20}

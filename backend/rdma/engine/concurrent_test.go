@@ -6,16 +6,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // drainCount consumes c's CQEs without allocating, returning how many and
 // the first non-success status (0 if none).
 func drainCount(n *node, c *CQ, check func(e []byte)) (cnt int, bad uint8) {
 	rec, _ := n.g.tbl.Slice(c.Record, abi.CQRecordSize)
-	pi := memmap.LoadUint32(rec, abi.CQRecordPI)
-	ci := memmap.LoadUint32(rec, abi.CQRecordCI)
+	pi := abi.LoadUint32(rec, abi.CQRecordPI)
+	ci := abi.LoadUint32(rec, abi.CQRecordCI)
 	for ; ci != pi; ci++ {
 		slot, _ := c.Ring.Slot(n.g.tbl, ci)
 		if s := slot[8]; s != 0 && bad == 0 {
@@ -26,7 +25,7 @@ func drainCount(n *node, c *CQ, check func(e []byte)) (cnt int, bad uint8) {
 		}
 		cnt++
 	}
-	memmap.StoreUint32(rec, abi.CQRecordCI, ci)
+	abi.StoreUint32(rec, abi.CQRecordCI, ci)
 	return cnt, bad
 }
 
@@ -52,7 +51,7 @@ func TestNoAllocsPerWQE(t *testing.T) {
 		{"fetch add", func() {
 			a.postSend(t, abi.SendWQE{Opcode: abi.WROpAtomicFetchAdd, Flags: abi.WRFlagSignaled, RemoteAddr: mrIOVA + 16, RKey: mrKey, CompareAdd: 1}, sg[:1:1], nil)
 			// fix the SGE length to 8 in place
-			slot, _ := a.qp.SQ.Slot(a.g.tbl, memmap.LoadUint32(a.record(t), abi.QPRecordSQPI)-1)
+			slot, _ := a.qp.SQ.Slot(a.g.tbl, abi.LoadUint32(a.record(t), abi.QPRecordSQPI)-1)
 			binary.LittleEndian.PutUint32(slot[64+8:], 8)
 		}},
 	}
@@ -168,7 +167,7 @@ func TestRemoveQPWhilePeerSends(t *testing.T) {
 		defer close(done)
 		for i := 0; i < 2000; i++ {
 			rec := p.a.record(t)
-			if memmap.LoadUint32(rec, abi.QPRecordSQPI)-memmap.LoadUint32(rec, abi.QPRecordSQCI) < qpDepth {
+			if abi.LoadUint32(rec, abi.QPRecordSQPI)-abi.LoadUint32(rec, abi.QPRecordSQCI) < qpDepth {
 				p.a.postSend(t, abi.SendWQE{Opcode: abi.WROpRDMAWrite, RemoteAddr: mrIOVA, RKey: mrKey}, []abi.SGE{p.a.sge(0, 256)}, nil)
 			}
 			p.a.d.Poll(0, p.a.g.tbl)

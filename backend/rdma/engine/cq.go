@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // putCQE encodes e into a CQ slot (at least CQESize bytes).
@@ -46,7 +46,7 @@ func (c *CQ) InitArm(t *memmap.Table) {
 		return
 	}
 	if rec, err := t.Slice(c.Record, abi.CQArmRecordSize); err == nil {
-		c.armSeen = memmap.LoadUint32(rec, abi.CQRecordArm)
+		c.armSeen = abi.LoadUint32(rec, abi.CQRecordArm)
 	}
 }
 
@@ -73,7 +73,7 @@ func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited, lazy bool) (fire bool,
 	if err != nil {
 		return false, pushDropped
 	}
-	ci := memmap.LoadUint32(rec, abi.CQRecordCI)
+	ci := abi.LoadUint32(rec, abi.CQRecordCI)
 	if c.pi-ci >= c.Ring.Depth {
 		// Full (or a ci the driver moved past pi, which is as broken).
 		c.overrun = true
@@ -103,17 +103,17 @@ func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited, lazy bool) (fire bool,
 // storePILocked stores pi into the record rec and then, for a CQ armed
 // through its record, reads the arm word: spec, "it advances pi (release),
 // issues a full barrier and then reads arm". It reports whether the record
-// arm fired. memmap.StoreUint32 is sequentially consistent, which is the
+// arm fired. abi.StoreUint32 is sequentially consistent, which is the
 // barrier. Precondition: c.mu held.
 func (c *CQ) storePILocked(rec []byte) (fire bool) {
-	memmap.StoreUint32(rec, abi.CQRecordPI, c.pi)
+	abi.StoreUint32(rec, abi.CQRecordPI, c.pi)
 	c.unpublished = false
 	pending, sol := c.pendAny, c.pendSolicited
 	c.pendAny, c.pendSolicited = false, false
 	if !c.ArmRecord || !pending {
 		return false
 	}
-	arm := memmap.LoadUint32(rec, abi.CQRecordArm)
+	arm := abi.LoadUint32(rec, abi.CQRecordArm)
 	if arm>>abi.CQArmSeqShift == c.armSeen>>abi.CQArmSeqShift {
 		return false
 	}
@@ -175,7 +175,7 @@ func (c *CQ) Arm(solicitedOnly bool) {
 		if err != nil {
 			return
 		}
-		if memmap.LoadUint32(rec, abi.CQRecordCI) != c.pi {
+		if abi.LoadUint32(rec, abi.CQRecordCI) != c.pi {
 			c.armed = false
 			fire = true
 		}
@@ -189,12 +189,12 @@ func (c *CQ) Arm(solicitedOnly bool) {
 // what follows: the CQ_COMPLETION event of an armed CQ, or on overrun the
 // CQ_ERROR event and every QP using c moving to ERR. It counts error
 // completions. Called with no CQ lock held.
-func (cd *Device) complete(c *CQ, t *memmap.Table, e *abi.CQE, solicited bool) {
+func (cd *RNIC) complete(c *CQ, t *memmap.Table, e *abi.CQE, solicited bool) {
 	cd.completeLazy(c, t, e, solicited, false)
 }
 
 // completeLazy is complete with push's lazy publication of pi (see push).
-func (cd *Device) completeLazy(c *CQ, t *memmap.Table, e *abi.CQE, solicited, lazy bool) {
+func (cd *RNIC) completeLazy(c *CQ, t *memmap.Table, e *abi.CQE, solicited, lazy bool) {
 	if e.Status != abi.WCSuccess && int(e.Status) < maxWCStatus {
 		cd.wcErrors[e.Status].Add(1)
 	}

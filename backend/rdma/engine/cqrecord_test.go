@@ -3,8 +3,7 @@ package engine
 import (
 	"testing"
 
-	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // TestCQArmRecord follows docs/spec.md's struct vrdma_cq_arm_record: the
@@ -12,7 +11,7 @@ import (
 // visible after the arm, and acts on no arm word that was there at creation.
 func TestCQArmRecord(t *testing.T) {
 	g := newGuest(t, "guest", 1<<20)
-	d := NewDevice(NewFabric(), [16]byte{0xfe, 0x80, 15: 1}, nil)
+	d := NewRNIC(NewFabric(), [16]byte{0xfe, 0x80, 15: 1}, nil)
 	d.Attach(g.mem, nil, nil)
 	c := newCQ(t, g, d, 0x11, 64)
 	c.ArmRecord = true
@@ -22,9 +21,9 @@ func TestCQArmRecord(t *testing.T) {
 		if solicited {
 			v |= abi.CQArmSolicited
 		}
-		memmap.StoreUint32(rec, abi.CQRecordArm, v)
+		abi.StoreUint32(rec, abi.CQRecordArm, v)
 	}
-	consume := func() { memmap.StoreUint32(rec, abi.CQRecordCI, memmap.LoadUint32(rec, abi.CQRecordPI)) }
+	consume := func() { abi.StoreUint32(rec, abi.CQRecordCI, abi.LoadUint32(rec, abi.CQRecordPI)) }
 	ok := &abi.CQE{Status: abi.WCSuccess}
 	bad := &abi.CQE{Status: abi.WCRemAccessErr}
 
@@ -63,7 +62,7 @@ func TestCQArmRecord(t *testing.T) {
 		if fire != s.wantPush || pub != s.wantPub {
 			t.Errorf("%s: push fired %v, publish fired %v; want %v, %v", s.name, fire, pub, s.wantPush, s.wantPub)
 		}
-		if got := memmap.LoadUint32(rec, abi.CQRecordPI); got != c.pi {
+		if got := abi.LoadUint32(rec, abi.CQRecordPI); got != c.pi {
 			t.Errorf("%s: record pi %d, want %d (published)", s.name, got, c.pi)
 		}
 		consume()
@@ -72,7 +71,7 @@ func TestCQArmRecord(t *testing.T) {
 	// A CQ created without the flag never reads the arm word.
 	plain := newCQ(t, g, d, 0x12, 64)
 	prec := g.slice(t, plain.Record, abi.CQArmRecordSize)
-	memmap.StoreUint32(prec, abi.CQRecordArm, 99<<abi.CQArmSeqShift)
+	abi.StoreUint32(prec, abi.CQRecordArm, 99<<abi.CQArmSeqShift)
 	if fire, _ := plain.push(g.tbl, ok, true, false); fire {
 		t.Error("a CQ without ARM_RECORD fired on its record's arm word")
 	}
@@ -87,7 +86,7 @@ func TestCQArmRecordEvent(t *testing.T) {
 	a.scq.ArmRecord = true
 	a.scq.InitArm(a.g.tbl)
 	rec := a.g.slice(t, a.scq.Record, abi.CQArmRecordSize)
-	memmap.StoreUint32(rec, abi.CQRecordArm, 1<<abi.CQArmSeqShift)
+	abi.StoreUint32(rec, abi.CQRecordArm, 1<<abi.CQArmSeqShift)
 	a.postSend(t, abi.SendWQE{WRID: 1, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled, NumSGE: 1,
 		RemoteAddr: mrIOVA, RKey: p.b.mr.Key}, []abi.SGE{a.sge(0, 64)}, nil)
 	p.poll(t)

@@ -2,8 +2,8 @@
 // work requests directly between the guest memories of two devices.
 //
 // The control path (package backend/rdma) builds the objects (MR, CQ, QP)
-// from control commands and registers them with a Device; devices register
-// on a daemon-wide Fabric by GID, so a QP reaches its peer by (GID, QP
+// from control commands and registers them with the device's RNIC; RNICs
+// register on a daemon-wide Fabric by GID, so a QP reaches its peer by (GID, QP
 // number). The Fabric also keeps each device's GID table (ADD_GID and
 // DEL_GID fill it; entry 0 starts as the port GID): a peer is found by any
 // GID of its table, and a GID belongs to one device. The engine reads send WQEs from the guest's rings, checks keys,
@@ -20,7 +20,7 @@
 // # Execution model
 //
 // The engine of one doorbell queue of a device is one goroutine calling
-// Device.Poll for its queue, holding the device's current memmap.Table
+// RNIC.Poll for its queue, holding the device's current memmap.Table
 // under memmap.Guard. Poll owns the requester side of the queue's QPs: for
 // each QP in RTS it reads the head send WQE once into per-QP scratch,
 // validates the copy, runs it, completes it, and advances sq_ci, at most
@@ -62,7 +62,7 @@
 // QP to ERR with QP_FATAL. The peer's doorbell queue breaks only when its
 // own engine touches the vanished memory (flushing that QP, say). Any other
 // panic is raised again unchanged. The deferred closure is open-coded: no
-// allocation per WQE. Device.Reset, which runs on no engine and under no
+// allocation per WQE. RNIC.Reset, which runs on no engine and under no
 // Guard, reads peers' records through a guarded load (loadSQPI).
 //
 // # Invariants
@@ -100,7 +100,7 @@
 //	QP.rqMu     (a QP's responder side; may be another QP than the sqMu holder's)
 //	QP.mu       (state and attributes)
 //	CQ.mu
-//	Device.mu, Fabric.mu (leaves: nothing is acquired while holding them)
+//	RNIC.mu, Fabric.mu (leaves: nothing is acquired while holding them)
 //
 // A requester holds its own sqMu and then the peer QP's rqMu; nobody waits
 // for an sqMu while holding an rqMu, so two engines sending to each other

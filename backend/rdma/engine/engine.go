@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // pollBudget bounds the WQEs one Poll executes or flushes per QP, so that
@@ -36,7 +36,7 @@ func monoNow() int64 { return int64(time.Since(epoch)) }
 //
 // Precondition: t is the device's current table, acquired by the caller,
 // who runs Poll under memmap.Guard. Poll never panics on guest input.
-func (d *Device) Poll(dbq int, t *memmap.Table) (worked bool, nextRetry time.Time) {
+func (d *RNIC) Poll(dbq int, t *memmap.Table) (worked bool, nextRetry time.Time) {
 	now := monoNow()
 	var next int64
 	for _, q := range d.queueQPs(dbq) {
@@ -77,7 +77,7 @@ func (q *QP) poll(t *memmap.Table, now int64) (worked bool, retry int64) {
 // Precondition: sqMu held; rec is the QP's record on t.
 func (q *QP) publish(t *memmap.Table, rec []byte) {
 	if q.sqCI != q.sqCIPub {
-		memmap.StoreUint32(rec, abi.QPRecordSQCI, q.sqCI)
+		abi.StoreUint32(rec, abi.QPRecordSQCI, q.sqCI)
 		q.sqCIPub = q.sqCI
 	}
 	if q.cqPending {
@@ -112,7 +112,7 @@ func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64) (worked bool, re
 		}
 		switch st {
 		case abi.QPSRTS:
-			pi := memmap.LoadUint32(rec, abi.QPRecordSQPI)
+			pi := abi.LoadUint32(rec, abi.QPRecordSQPI)
 			if pi == q.sqCI {
 				return worked, 0
 			}
@@ -138,7 +138,7 @@ func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64) (worked bool, re
 				q.retryExc = true
 				q.retryEnd = lostEnd
 				if !haveEnd {
-					q.retryEnd = memmap.LoadUint32(rec, abi.QPRecordSQPI)
+					q.retryEnd = abi.LoadUint32(rec, abi.QPRecordSQPI)
 				}
 			}
 			n := q.flush(t, rec, budget)
@@ -320,7 +320,7 @@ func (q *QP) rnr(rnrRetry, minRNR uint32, now int64) outcome {
 // flushed (the QP is broken). Precondition: sqMu held; state ERR.
 func (q *QP) flush(t *memmap.Table, rec []byte, budget int) (n int) {
 	d := q.Dev
-	pi := memmap.LoadUint32(rec, abi.QPRecordSQPI)
+	pi := abi.LoadUint32(rec, abi.QPRecordSQPI)
 	if pi-q.sqCI <= q.SQ.Depth {
 		for q.sqCI != pi && n < budget {
 			var wrID uint64
@@ -339,7 +339,7 @@ func (q *QP) flush(t *memmap.Table, rec []byte, budget int) (n int) {
 			}
 			d.complete(q.SendCQ, t, &abi.CQE{WRID: wrID, Status: status, Opcode: wcOpcode(op), QPNum: q.Num}, false)
 			q.sqCI++
-			memmap.StoreUint32(rec, abi.QPRecordSQCI, q.sqCI)
+			abi.StoreUint32(rec, abi.QPRecordSQCI, q.sqCI)
 			n++
 		}
 	}
@@ -357,7 +357,7 @@ func (q *QP) flushRecv(t *memmap.Table, rec []byte, budget int) (n int) {
 	// before rq_pi is read.
 	q.rqFlushing = true
 	q.updateRQNotify(rec)
-	pi := memmap.LoadUint32(rec, abi.QPRecordRQPI)
+	pi := abi.LoadUint32(rec, abi.QPRecordRQPI)
 	if pi-q.rqCI > q.RQ.Depth {
 		return 0
 	}
@@ -369,7 +369,7 @@ func (q *QP) flushRecv(t *memmap.Table, rec []byte, budget int) (n int) {
 			wrID = binary.LittleEndian.Uint64(hdr[:])
 		}
 		q.rqCI++
-		memmap.StoreUint32(rec, abi.QPRecordRQCI, q.rqCI)
+		abi.StoreUint32(rec, abi.QPRecordRQCI, q.rqCI)
 		q.Dev.complete(q.RecvCQ, t, &abi.CQE{WRID: wrID, Status: abi.WCWRFlushErr, Opcode: abi.WCOpRecv, QPNum: q.Num}, false)
 		n++
 	}

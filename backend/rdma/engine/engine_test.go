@@ -6,8 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 func TestSendRecv(t *testing.T) {
@@ -75,10 +74,10 @@ func TestSendRecv(t *testing.T) {
 			if !bytes.Equal(got, msg) {
 				t.Fatalf("received bytes differ: got %x…, want %x…", got[:min(16, len(got))], msg[:min(16, len(msg))])
 			}
-			if ci := memmap.LoadUint32(b.record(t), abi.QPRecordRQCI); ci != 1 {
+			if ci := abi.LoadUint32(b.record(t), abi.QPRecordRQCI); ci != 1 {
 				t.Fatalf("rq_ci: got %d, want 1", ci)
 			}
-			if ci := memmap.LoadUint32(a.record(t), abi.QPRecordSQCI); ci != 1 {
+			if ci := abi.LoadUint32(a.record(t), abi.QPRecordSQCI); ci != 1 {
 				t.Fatalf("sq_ci: got %d, want 1", ci)
 			}
 			st := a.d.Stats()
@@ -164,7 +163,7 @@ func TestWriteAcrossRegions(t *testing.T) {
 	p := newPair(t, pairOpts{})
 	a, b := p.a, p.b
 	// An MR on b whose pages straddle the boundary of b's two memory regions.
-	b.g.next = memmap.GPA(guestBase + 4<<20 - 2*abi.PageSize)
+	b.g.next = abi.GPA(guestBase + 4<<20 - 2*abi.PageSize)
 	mr := b.g.newMR(t, 0x5501, testPD, abi.AccessAll, 0x100, 4*abi.PageSize, false)
 	addMR(b.d, mr)
 	msg := pattern(4*abi.PageSize, 3)
@@ -255,7 +254,7 @@ func TestErrors(t *testing.T) {
 		}},
 		{name: "message above 2^31", wantStatus: abi.WCLocLenErr, setup: func(t *testing.T, e env) {
 			// A huge MR without backing pages is fine: lengths are checked before data moves.
-			m := NewMR(0x7705, testPD, abi.AccessAll, 0, 3<<30, make([]memmap.GPA, (3<<30)/abi.PageSize), abi.PageShift)
+			m := NewMR(0x7705, testPD, abi.AccessAll, 0, 3<<30, make([]abi.GPA, (3<<30)/abi.PageSize), abi.PageShift)
 			addMR(e.a.d, m)
 			send(e, abi.SendWQE{Opcode: abi.WROpRDMAWrite, RemoteAddr: mrIOVA, RKey: mrKey},
 				abi.SGE{Addr: 0, Length: 1 << 31, LKey: 0x7705}, abi.SGE{Addr: 0, Length: 1, LKey: 0x7705})
@@ -358,7 +357,7 @@ func TestErrors(t *testing.T) {
 			if s := e.a.qp.State(); s != abi.QPSErr {
 				t.Fatalf("requester state: got %d, want ERR", s)
 			}
-			if ci := memmap.LoadUint32(e.a.record(t), abi.QPRecordSQCI); ci != 2 {
+			if ci := abi.LoadUint32(e.a.record(t), abi.QPRecordSQCI); ci != 2 {
 				t.Fatalf("sq_ci: got %d, want 2", ci)
 			}
 			if n := e.a.d.Stats().CompletionErrors[tc.wantStatus]; n != 1 {
@@ -508,7 +507,7 @@ func TestFlushAfterErr(t *testing.T) {
 		t.Fatalf("recv cq: got %+v, want 102 flushed", got)
 	}
 	rec := a.record(t)
-	if sq, rq := memmap.LoadUint32(rec, abi.QPRecordSQCI), memmap.LoadUint32(rec, abi.QPRecordRQCI); sq != 2 || rq != 3 {
+	if sq, rq := abi.LoadUint32(rec, abi.QPRecordSQCI), abi.LoadUint32(rec, abi.QPRecordRQCI); sq != 2 || rq != 3 {
 		t.Fatalf("consumer indices: got sq %d rq %d, want 2 and 3", sq, rq)
 	}
 }
@@ -516,7 +515,7 @@ func TestFlushAfterErr(t *testing.T) {
 func TestProducerTooFarAhead(t *testing.T) {
 	p := newPair(t, pairOpts{})
 	a := p.a
-	memmap.StoreUint32(a.record(t), abi.QPRecordSQPI, qpDepth+1)
+	abi.StoreUint32(a.record(t), abi.QPRecordSQPI, qpDepth+1)
 	p.poll(t)
 	if s := a.qp.State(); s != abi.QPSErr {
 		t.Fatalf("state: got %d, want ERR", s)
@@ -540,11 +539,11 @@ func TestCQOverrun(t *testing.T) {
 	connect(t, b.qp, a.d, 0x101, abi.AccessRemoteWrite, 1, 0)
 	post := func(id uint64) {
 		rec := a.g.slice(t, q.Record, 16)
-		pi := memmap.LoadUint32(rec, 0)
+		pi := abi.LoadUint32(rec, 0)
 		slot, _ := q.SQ.Slot(a.g.tbl, pi)
 		clear(slot)
 		encodeSend(slot, &abi.SendWQE{WRID: id, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled, RemoteAddr: mrIOVA, RKey: mrKey})
-		memmap.StoreUint32(rec, 0, pi+1)
+		abi.StoreUint32(rec, 0, pi+1)
 	}
 	for i := range 3 {
 		post(uint64(i))
@@ -635,7 +634,7 @@ func TestSigAllAndUnsignaled(t *testing.T) {
 		if got := a.cqes(t, a.scq); len(got) != want {
 			t.Fatalf("sigAll %v: got %d CQEs, want %d", sigAll, len(got), want)
 		}
-		if ci := memmap.LoadUint32(a.record(t), abi.QPRecordSQCI); ci != 1 {
+		if ci := abi.LoadUint32(a.record(t), abi.QPRecordSQCI); ci != 1 {
 			t.Fatalf("sq_ci: got %d, want 1", ci)
 		}
 	}
@@ -680,7 +679,7 @@ func TestModifyToResetDiscards(t *testing.T) {
 		t.Fatal(st)
 	}
 	rec := a.record(t)
-	if sq, rq := memmap.LoadUint32(rec, abi.QPRecordSQCI), memmap.LoadUint32(rec, abi.QPRecordRQCI); sq != 1 || rq != 2 {
+	if sq, rq := abi.LoadUint32(rec, abi.QPRecordSQCI), abi.LoadUint32(rec, abi.QPRecordRQCI); sq != 1 || rq != 2 {
 		t.Fatalf("consumer indices: got %d %d, want 1 2", sq, rq)
 	}
 	p.poll(t)
@@ -694,10 +693,10 @@ func TestModifyToResetDiscards(t *testing.T) {
 
 func TestAtomicAccessors(t *testing.T) {
 	b := make([]byte, 16)
-	if !memmap.CompareAndSwapUint64(b, 8, 0, 5) || memmap.CompareAndSwapUint64(b, 8, 0, 6) {
+	if !abi.CompareAndSwapUint64(b, 8, 0, 5) || abi.CompareAndSwapUint64(b, 8, 0, 6) {
 		t.Fatal("CompareAndSwapUint64: wrong result")
 	}
-	if got := memmap.AddUint64(b, 8, 3); got != 8 || binary.LittleEndian.Uint64(b[8:]) != 8 {
+	if got := abi.AddUint64(b, 8, 3); got != 8 || binary.LittleEndian.Uint64(b[8:]) != 8 {
 		t.Fatalf("AddUint64: got %d, want 8", got)
 	}
 	defer func() {
@@ -705,5 +704,5 @@ func TestAtomicAccessors(t *testing.T) {
 			t.Fatal("AddUint64 past the end did not panic")
 		}
 	}()
-	memmap.AddUint64(b, 9, 1)
+	abi.AddUint64(b, 9, 1)
 }

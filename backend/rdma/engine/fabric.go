@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"sync"
 
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // Fabric errors.
@@ -42,19 +42,19 @@ type gidSlot struct {
 // NewFabric.
 type Fabric struct {
 	mu      sync.RWMutex
-	byGID   map[[16]byte]*Device // protected by mu
-	members map[*Device]struct{} // registered devices (protected by mu)
+	byGID   map[[16]byte]*RNIC // protected by mu
+	members map[*RNIC]struct{} // registered devices (protected by mu)
 }
 
 // NewFabric returns an empty fabric.
 func NewFabric() *Fabric {
-	return &Fabric{byGID: make(map[[16]byte]*Device), members: make(map[*Device]struct{})}
+	return &Fabric{byGID: make(map[[16]byte]*RNIC), members: make(map[*RNIC]struct{})}
 }
 
 // Register adds d with its GID table reset: entry 0 holds d's port GID. It
 // fails with a *GIDError matching ErrGIDTaken if another device has that
 // GID; registering d twice is a no-op.
-func (f *Fabric) Register(d *Device) error {
+func (f *Fabric) Register(d *RNIC) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.members[d]; ok {
@@ -72,7 +72,7 @@ func (f *Fabric) Register(d *Device) error {
 // Unregister removes d and every GID of its table; peers resolving them
 // afterwards find nothing. QPs that already resolved d keep the pointer and
 // find its QPs gone after Reset.
-func (f *Fabric) Unregister(d *Device) {
+func (f *Fabric) Unregister(d *RNIC) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.members[d]; !ok {
@@ -85,7 +85,7 @@ func (f *Fabric) Unregister(d *Device) {
 }
 
 // ResetGIDs returns d's table to its state after Register (a device reset).
-func (f *Fabric) ResetGIDs(d *Device) {
+func (f *Fabric) ResetGIDs(d *RNIC) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.members[d]; !ok {
@@ -106,7 +106,7 @@ func (f *Fabric) ResetGIDs(d *Device) {
 // SetGID writes entry index of d's table (ADD_GID). It fails with
 // ErrGIDIndex for an index outside the table and with a *GIDError matching
 // ErrGIDTaken when another device holds gid; then nothing changes.
-func (f *Fabric) SetGID(d *Device, index int, gid [16]byte) error {
+func (f *Fabric) SetGID(d *RNIC, index int, gid [16]byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.members[d]; !ok || index < 0 || index >= len(d.gids) {
@@ -122,7 +122,7 @@ func (f *Fabric) SetGID(d *Device, index int, gid [16]byte) error {
 
 // ClearGID empties entry index of d's table (DEL_GID). It fails with
 // ErrGIDIndex for an index outside the table or an empty entry.
-func (f *Fabric) ClearGID(d *Device, index int) error {
+func (f *Fabric) ClearGID(d *RNIC, index int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.members[d]; !ok || index < 0 || index >= len(d.gids) || !d.gids[index].valid {
@@ -133,7 +133,7 @@ func (f *Fabric) ClearGID(d *Device, index int) error {
 }
 
 // GIDAt returns entry index of d's table and whether it holds a GID.
-func (f *Fabric) GIDAt(d *Device, index int) ([16]byte, bool) {
+func (f *Fabric) GIDAt(d *RNIC, index int) ([16]byte, bool) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	if _, ok := f.members[d]; !ok || index < 0 || index >= len(d.gids) || !d.gids[index].valid {
@@ -144,14 +144,14 @@ func (f *Fabric) GIDAt(d *Device, index int) ([16]byte, bool) {
 
 // setLocked puts gid into entry i of d (empty). Precondition: f.mu held,
 // gid free or d's.
-func (f *Fabric) setLocked(d *Device, i int, gid [16]byte) {
+func (f *Fabric) setLocked(d *RNIC, i int, gid [16]byte) {
 	d.gids[i] = gidSlot{gid: gid, valid: true}
 	f.byGID[gid] = d
 }
 
 // clearLocked empties entry i of d, and forgets the GID when no other entry
 // of d holds it. Precondition: f.mu held.
-func (f *Fabric) clearLocked(d *Device, i int) {
+func (f *Fabric) clearLocked(d *RNIC, i int) {
 	s := d.gids[i]
 	if !s.valid {
 		return
@@ -168,17 +168,17 @@ func (f *Fabric) clearLocked(d *Device, i int) {
 }
 
 // Lookup returns the device whose GID table holds gid, or nil.
-func (f *Fabric) Lookup(gid [16]byte) *Device {
+func (f *Fabric) Lookup(gid [16]byte) *RNIC {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.byGID[gid]
 }
 
 // devices returns a snapshot of the registered devices.
-func (f *Fabric) devices() []*Device {
+func (f *Fabric) devices() []*RNIC {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	ds := make([]*Device, 0, len(f.members))
+	ds := make([]*RNIC, 0, len(f.members))
 	for d := range f.members {
 		ds = append(ds, d)
 	}

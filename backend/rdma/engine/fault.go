@@ -8,7 +8,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // Faults in another device's guest memory.
@@ -64,7 +64,7 @@ var faultLogAt atomic.Int64
 
 // warnFault logs (rate-limited) that the guest memory of d faulted under a
 // remote operation on its QP qpn.
-func (d *Device) warnFault(qpn uint32, addr uintptr) {
+func (d *RNIC) warnFault(qpn uint32, addr uintptr) {
 	now := monoNow() + 1 // never 0, which means "not logged yet"
 	last := faultLogAt.Load()
 	if (last != 0 && now-last < int64(time.Second)) || !faultLogAt.CompareAndSwap(last, now) {
@@ -75,7 +75,7 @@ func (d *Device) warnFault(qpn uint32, addr uintptr) {
 }
 
 // loadSQPI reads the send producer index of pq's record on pt, the table of
-// pq's device, for Device.Reset, which runs outside any engine and outside
+// pq's device, for RNIC.Reset, which runs outside any engine and outside
 // memmap.Guard: pt's memory may fault (its front-end shrank it), which
 // must not take down the daemon. It reports false if the record is not in
 // guest memory or faulted.
@@ -84,7 +84,7 @@ func loadSQPI(pt *memmap.Table, pq *QP) (pi uint32, ok bool) {
 	if err != nil {
 		return 0, false
 	}
-	if err := memmap.Guard(func() { pi = memmap.LoadUint32(rec, abi.QPRecordSQPI) }); err != nil {
+	if err := memmap.Guard(func() { pi = abi.LoadUint32(rec, abi.QPRecordSQPI) }); err != nil {
 		return 0, false
 	}
 	return pi, true

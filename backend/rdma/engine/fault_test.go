@@ -8,7 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // cutGuest is a test guest whose front-end can shrink the files behind its
@@ -47,13 +47,13 @@ func (g *cutGuest) cut(tb testing.TB, i int) {
 // rings, records and CQs stay in the first).
 func newNodeOn(tb testing.TB, f *Fabric, g *cutGuest, gid byte, qpn uint32) *node {
 	tb.Helper()
-	return newNodeIn(tb, f, g.guest, gid, qpn, qpOpts{}, memmap.GPA(guestBase+g.half))
+	return newNodeIn(tb, f, g.guest, gid, qpn, qpOpts{}, abi.GPA(guestBase+g.half))
 }
 
 // guardedPoll runs d's engine for queue 0 the way the doorbell worker does
 // (under memmap.Guard) until it has nothing left to do, and returns the
 // fault that escaped, if any (the worker would break its ring with it).
-func guardedPoll(d *Device, t *memmap.Table) error {
+func guardedPoll(d *RNIC, t *memmap.Table) error {
 	for range 100 {
 		var worked bool
 		if err := memmap.Guard(func() { worked, _ = d.Poll(0, t) }); err != nil {
@@ -277,7 +277,7 @@ func TestPeerCQFault(t *testing.T) {
 		b := newNodeOn(t, f, bg, 2, 0x200)
 		// b's receive CQ ring in the second region, everything else of b
 		// (the MR included) in the first.
-		b.g.next = memmap.GPA(guestBase + bg.half)
+		b.g.next = abi.GPA(guestBase + bg.half)
 		rcq := &CQ{Num: 0x13, Dev: b.d, Ring: Ring{Pages: b.g.pages(t, 1), Depth: cqDepth, Stride: abi.CQESize},
 			Record: b.rcq.Record + 64}
 		b.d.AddCQ(rcq)

@@ -5,8 +5,7 @@ import (
 	"encoding/binary"
 	"testing"
 
-	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // FuzzWQE writes random bytes as send WQEs into a QP's ring and as receive
@@ -46,7 +45,7 @@ func FuzzWQE(f *testing.F) {
 			rq = rq[copy(slot, rq):]
 		}
 		// Canaries in every byte not allocated to an object.
-		canary := func(g *guest) (memmap.GPA, []byte) {
+		canary := func(g *guest) (abi.GPA, []byte) {
 			n := uint64(g.end - g.next)
 			c := bytes.Repeat([]byte{0xa5}, int(n))
 			g.write(t, g.next, c)
@@ -54,8 +53,8 @@ func FuzzWQE(f *testing.F) {
 		}
 		ga, ca := canary(a.g)
 		gb, cb := canary(b.g)
-		memmap.StoreUint32(a.record(t), abi.QPRecordSQPI, sqPI)
-		memmap.StoreUint32(b.record(t), abi.QPRecordRQPI, rqPI)
+		abi.StoreUint32(a.record(t), abi.QPRecordSQPI, sqPI)
+		abi.StoreUint32(b.record(t), abi.QPRecordRQPI, rqPI)
 		for range 4 {
 			a.d.Poll(0, a.g.tbl)
 			b.d.Poll(0, b.g.tbl)
@@ -71,7 +70,7 @@ func FuzzWQE(f *testing.F) {
 		}
 		for _, x := range []struct {
 			g   *guest
-			at  memmap.GPA
+			at  abi.GPA
 			img []byte
 		}{{a.g, ga, ca}, {b.g, gb, cb}} {
 			got := make([]byte, 0, len(x.img))

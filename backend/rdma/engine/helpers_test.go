@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // Test guests: memfd memory in two GPA-adjacent regions (so ranges can
@@ -20,8 +20,8 @@ const guestBase = 0x100000
 type guest struct {
 	mem  *memmap.Memory
 	tbl  *memmap.Table // a reference held for the test's own accesses
-	next memmap.GPA
-	end  memmap.GPA
+	next abi.GPA
+	end  abi.GPA
 }
 
 func newGuest(tb testing.TB, name string, size uint64) *guest {
@@ -44,7 +44,7 @@ func newGuestFds(tb testing.TB, name string, size uint64, keep func(i, fd int)) 
 			keep(i, fd)
 		}
 		r, err := memmap.MapRegion(fd, memmap.RegionSpec{
-			GuestAddr: memmap.GPA(guestBase + uint64(i)*half), Size: half,
+			GuestAddr: abi.GPA(guestBase + uint64(i)*half), Size: half,
 			UserAddr: memmap.UVA(0x7f0000000000 + uint64(i)*half),
 		})
 		if err != nil {
@@ -61,7 +61,7 @@ func newGuestFds(tb testing.TB, name string, size uint64, keep func(i, fd int)) 
 	}
 	m := memmap.NewMemory()
 	m.Swap(t)
-	g := &guest{mem: m, tbl: m.Acquire(), next: guestBase, end: memmap.GPA(guestBase + size)}
+	g := &guest{mem: m, tbl: m.Acquire(), next: guestBase, end: abi.GPA(guestBase + size)}
 	tb.Cleanup(func() {
 		g.tbl.Release()
 		m.Close()
@@ -70,9 +70,9 @@ func newGuestFds(tb testing.TB, name string, size uint64, keep func(i, fd int)) 
 }
 
 // pages allocates n contiguous pages.
-func (g *guest) pages(tb testing.TB, n int) []memmap.GPA {
+func (g *guest) pages(tb testing.TB, n int) []abi.GPA {
 	tb.Helper()
-	ps := make([]memmap.GPA, n)
+	ps := make([]abi.GPA, n)
 	for i := range ps {
 		if g.next >= g.end {
 			tb.Fatalf("guest memory exhausted")
@@ -85,9 +85,9 @@ func (g *guest) pages(tb testing.TB, n int) []memmap.GPA {
 
 // scattered allocates n pages that are not guest-physically contiguous, in
 // descending address order.
-func (g *guest) scattered(tb testing.TB, n int) []memmap.GPA {
+func (g *guest) scattered(tb testing.TB, n int) []abi.GPA {
 	all := g.pages(tb, 2*n)
-	ps := make([]memmap.GPA, n)
+	ps := make([]abi.GPA, n)
 	for i := range ps {
 		ps[i] = all[2*(n-1-i)]
 	}
@@ -95,7 +95,7 @@ func (g *guest) scattered(tb testing.TB, n int) []memmap.GPA {
 }
 
 // write copies b to guest-physical gpa (may cross regions).
-func (g *guest) write(tb testing.TB, gpa memmap.GPA, b []byte) {
+func (g *guest) write(tb testing.TB, gpa abi.GPA, b []byte) {
 	tb.Helper()
 	if err := g.tbl.ForEach(gpa, uint64(len(b)), func(v []byte) error {
 		b = b[copy(v, b):]
@@ -105,7 +105,7 @@ func (g *guest) write(tb testing.TB, gpa memmap.GPA, b []byte) {
 	}
 }
 
-func (g *guest) slice(tb testing.TB, gpa memmap.GPA, n uint64) []byte {
+func (g *guest) slice(tb testing.TB, gpa abi.GPA, n uint64) []byte {
 	tb.Helper()
 	s, err := g.tbl.Slice(gpa, n)
 	if err != nil {
@@ -140,7 +140,7 @@ func (g *guest) mrRead(tb testing.TB, m *MR, addr, n uint64) []byte {
 // newMR registers an MR over fresh pages (scattered if asked).
 func (g *guest) newMR(tb testing.TB, key, pd, access uint32, iova, length uint64, scattered bool) *MR {
 	n := int((iova%abi.PageSize + length + abi.PageSize - 1) / abi.PageSize)
-	var ps []memmap.GPA
+	var ps []abi.GPA
 	if scattered {
 		ps = g.scattered(tb, n)
 	} else {
@@ -152,7 +152,7 @@ func (g *guest) newMR(tb testing.TB, key, pd, access uint32, iova, length uint64
 // node is one device with one QP, its CQs and an MR, seen from its guest.
 type node struct {
 	g   *guest
-	d   *Device
+	d   *RNIC
 	scq *CQ
 	rcq *CQ
 	qp  *QP
@@ -182,7 +182,7 @@ func (n *node) takeEvents() []abi.Event {
 	return ev
 }
 
-func newCQ(tb testing.TB, g *guest, d *Device, num, depth uint32) *CQ {
+func newCQ(tb testing.TB, g *guest, d *RNIC, num, depth uint32) *CQ {
 	rec := g.pages(tb, 1)[0]
 	np := (int(depth)*abi.CQESize + abi.PageSize - 1) / abi.PageSize
 	c := &CQ{Num: num, Dev: d, Ring: Ring{Pages: g.scattered(tb, np), Depth: depth, Stride: abi.CQESize}, Record: rec}
@@ -197,7 +197,7 @@ type qpOpts struct {
 	guestSize        uint64 // 0: 8 MiB
 }
 
-func newQP(tb testing.TB, g *guest, d *Device, num uint32, scq, rcq *CQ, o qpOpts) *QP {
+func newQP(tb testing.TB, g *guest, d *RNIC, num uint32, scq, rcq *CQ, o qpOpts) *QP {
 	if o.sqDepth == 0 {
 		o.sqDepth, o.rqDepth, o.maxSGE, o.inl = qpDepth, qpDepth, qpSGE, qpInl
 	}
@@ -235,10 +235,10 @@ func newNode(tb testing.TB, f *Fabric, gid byte, qpn uint32, o qpOpts) *node {
 // newNodeIn builds a node on guest g: a device registered with f, its send
 // and receive CQs and QP qpn in g's memory, and the test MR, allocated from
 // mrAt when that is not zero (from g's next free page otherwise).
-func newNodeIn(tb testing.TB, f *Fabric, g *guest, gid byte, qpn uint32, o qpOpts, mrAt memmap.GPA) *node {
+func newNodeIn(tb testing.TB, f *Fabric, g *guest, gid byte, qpn uint32, o qpOpts, mrAt abi.GPA) *node {
 	tb.Helper()
 	n := &node{g: g}
-	n.d = NewDevice(f, [16]byte{0xfe, 0x80, 15: gid}, nil)
+	n.d = NewRNIC(f, [16]byte{0xfe, 0x80, 15: gid}, nil)
 	if err := f.Register(n.d); err != nil {
 		tb.Fatalf("Register: %v", err)
 	}
@@ -259,7 +259,7 @@ func newNodeIn(tb testing.TB, f *Fabric, g *guest, gid byte, qpn uint32, o qpOpt
 }
 
 // connect moves q through INIT and RTR to RTS towards (peer, dest).
-func connect(tb testing.TB, q *QP, peer *Device, dest, access, minRNR, rnrRetry uint32) {
+func connect(tb testing.TB, q *QP, peer *RNIC, dest, access, minRNR, rnrRetry uint32) {
 	tb.Helper()
 	steps := []abi.QPAttr{
 		{QPN: q.Num, QPState: abi.QPSInit, AttrMask: abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags,
@@ -345,7 +345,7 @@ func (n *node) record(tb testing.TB) []byte { return n.g.slice(tb, n.qp.Record, 
 // postSend writes a send WQE at sq_pi and advances sq_pi, as a driver does.
 func (n *node) postSend(tb testing.TB, w abi.SendWQE, sges []abi.SGE, inline []byte) {
 	rec := n.record(tb)
-	pi := memmap.LoadUint32(rec, abi.QPRecordSQPI)
+	pi := abi.LoadUint32(rec, abi.QPRecordSQPI)
 	slot, err := n.qp.SQ.Slot(n.g.tbl, pi)
 	if err != nil {
 		tb.Fatalf("sq slot: %v", err)
@@ -363,13 +363,13 @@ func (n *node) postSend(tb testing.TB, w abi.SendWQE, sges []abi.SGE, inline []b
 		encodeSGE(slot[64+16*i:], s)
 	}
 	copy(slot[64:], inline)
-	memmap.StoreUint32(rec, abi.QPRecordSQPI, pi+1)
+	abi.StoreUint32(rec, abi.QPRecordSQPI, pi+1)
 }
 
 // postRecv writes a receive WQE at rq_pi and advances rq_pi.
 func (n *node) postRecv(tb testing.TB, wrID uint64, sges []abi.SGE) {
 	rec := n.record(tb)
-	pi := memmap.LoadUint32(rec, abi.QPRecordRQPI)
+	pi := abi.LoadUint32(rec, abi.QPRecordRQPI)
 	slot, err := n.qp.RQ.Slot(n.g.tbl, pi)
 	if err != nil {
 		tb.Fatalf("rq slot: %v", err)
@@ -380,15 +380,15 @@ func (n *node) postRecv(tb testing.TB, wrID uint64, sges []abi.SGE) {
 	for i, s := range sges {
 		encodeSGE(slot[16+16*i:], s)
 	}
-	memmap.StoreUint32(rec, abi.QPRecordRQPI, pi+1)
+	abi.StoreUint32(rec, abi.QPRecordRQPI, pi+1)
 }
 
 // cqes consumes every CQE of c, as a driver does.
 func (n *node) cqes(tb testing.TB, c *CQ) []abi.CQE {
 	tb.Helper()
 	rec := n.g.slice(tb, c.Record, abi.CQRecordSize)
-	pi := memmap.LoadUint32(rec, abi.CQRecordPI)
-	ci := memmap.LoadUint32(rec, abi.CQRecordCI)
+	pi := abi.LoadUint32(rec, abi.CQRecordPI)
+	ci := abi.LoadUint32(rec, abi.CQRecordCI)
 	var out []abi.CQE
 	for k := 0; ci != pi && k < int(c.Ring.Depth); k++ {
 		slot, err := c.Ring.Slot(n.g.tbl, ci)
@@ -402,7 +402,7 @@ func (n *node) cqes(tb testing.TB, c *CQ) []abi.CQE {
 		out = append(out, e)
 		ci++
 	}
-	memmap.StoreUint32(rec, abi.CQRecordCI, ci)
+	abi.StoreUint32(rec, abi.CQRecordCI, ci)
 	return out
 }
 
@@ -437,7 +437,7 @@ var (
 
 // addMR registers m on d, and its PD first if d has none of that number
 // (engine tests build objects without the control path).
-func addMR(d *Device, m *MR) {
+func addMR(d *RNIC, m *MR) {
 	if !d.HasPD(m.PD) {
 		d.AddPD(m.PD)
 	}
@@ -447,7 +447,7 @@ func addMR(d *Device, m *MR) {
 }
 
 // addQP is addMR for a QP.
-func addQP(d *Device, q *QP) {
+func addQP(d *RNIC, q *QP) {
 	if !d.HasPD(q.PD) {
 		d.AddPD(q.PD)
 	}

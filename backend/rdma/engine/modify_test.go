@@ -3,7 +3,7 @@ package engine
 import (
 	"testing"
 
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 func TestModify(t *testing.T) {
@@ -113,7 +113,7 @@ func TestModifyDestroyed(t *testing.T) {
 func TestFabric(t *testing.T) {
 	f := NewFabric()
 	g := [16]byte{1}
-	d1, d2 := NewDevice(f, g, nil), NewDevice(f, g, nil)
+	d1, d2 := NewRNIC(f, g, nil), NewRNIC(f, g, nil)
 	if err := f.Register(d1); err != nil {
 		t.Fatalf("Register: %v", err)
 	}

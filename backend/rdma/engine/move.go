@@ -4,7 +4,7 @@ import (
 	"errors"
 
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // errScatterShort means the destination list ended before the source: a
@@ -117,13 +117,13 @@ func (a *atomicOp) apply(view []byte) error {
 			if i == maxCASTries {
 				return errAtomicContended
 			}
-			old = memmap.LoadUint64(view, 0)
-			if old != a.compareAdd || memmap.CompareAndSwapUint64(view, 0, old, a.swap) {
+			old = abi.LoadUint64(view, 0)
+			if old != a.compareAdd || abi.CompareAndSwapUint64(view, 0, old, a.swap) {
 				break
 			}
 		}
 	default:
-		old = memmap.AddUint64(view, 0, a.compareAdd) - a.compareAdd
+		old = abi.AddUint64(view, 0, a.compareAdd) - a.compareAdd
 	}
 	putLE64(a.orig[:], old)
 	a.done = true

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // Errors of address translation inside an MR or ring.
@@ -20,8 +20,8 @@ var (
 
 // extent is a run of guest-physically contiguous pages of an MR.
 type extent struct {
-	off uint64     // byte offset in the MR where the run starts
-	gpa memmap.GPA // guest-physical address of that byte
+	off uint64  // byte offset in the MR where the run starts
+	gpa abi.GPA // guest-physical address of that byte
 	len uint64
 }
 
@@ -44,7 +44,7 @@ type MR struct {
 // its size. Preconditions (checked by the control path): 12 ≤ shift ≤ 63,
 // len(pages) == ceil((iova%(1<<shift) + length)/(1<<shift)), length > 0,
 // every page aligned to its size.
-func NewMR(key, pd, access uint32, iova, length uint64, pages []memmap.GPA, shift uint) *MR {
+func NewMR(key, pd, access uint32, iova, length uint64, pages []abi.GPA, shift uint) *MR {
 	m := &MR{Key: key, PD: pd, Access: access, IOVA: iova, Length: length, PageShift: shift}
 	size := uint64(1) << shift
 	first := iova & (size - 1)
@@ -53,13 +53,13 @@ func NewMR(key, pd, access uint32, iova, length uint64, pages []memmap.GPA, shif
 		start := p
 		n := size
 		if i == 0 {
-			start += memmap.GPA(first)
+			start += abi.GPA(first)
 			n -= first
 		}
 		if n > length-off {
 			n = length - off
 		}
-		if k := len(m.extents); k > 0 && m.extents[k-1].gpa+memmap.GPA(m.extents[k-1].len) == start {
+		if k := len(m.extents); k > 0 && m.extents[k-1].gpa+abi.GPA(m.extents[k-1].len) == start {
 			m.extents[k-1].len += n
 		} else {
 			m.extents = append(m.extents, extent{off: off, gpa: start, len: n})
@@ -79,7 +79,7 @@ func (m *MR) NumExtents() int { return len(m.extents) }
 // Extents calls fn for each guest-physically contiguous run of the MR's
 // bytes, in order (at most one per page; adjacent pages merged); fn's
 // error stops the walk and is returned.
-func (m *MR) Extents(fn func(gpa memmap.GPA, n uint64) error) error {
+func (m *MR) Extents(fn func(gpa abi.GPA, n uint64) error) error {
 	for _, e := range m.extents {
 		if err := fn(e.gpa, e.len); err != nil {
 			return err
@@ -117,7 +117,7 @@ func (m *MR) Range(t *memmap.Table, addr, n uint64, fn func([]byte) error) error
 		if k > n {
 			k = n
 		}
-		if err := t.ForEach(e.gpa+memmap.GPA(in), k, fn); err != nil {
+		if err := t.ForEach(e.gpa+abi.GPA(in), k, fn); err != nil {
 			return err
 		}
 		off += k
@@ -130,7 +130,7 @@ func (m *MR) Range(t *memmap.Table, addr, n uint64, fn func([]byte) error) error
 // or receive queue, a CQ). Slots never straddle pages: the stride is a
 // power of two no larger than a page. Immutable.
 type Ring struct {
-	Pages  []memmap.GPA
+	Pages  []abi.GPA
 	Depth  uint32 // slots, a power of two
 	Stride uint32 // bytes per slot, a power of two ≤ PageSize
 }
@@ -143,15 +143,15 @@ func (r *Ring) Slot(t *memmap.Table, i uint32) ([]byte, error) {
 	if page >= uint64(len(r.Pages)) {
 		return nil, ErrOutOfRange
 	}
-	return t.Slice(r.Pages[page]+memmap.GPA(byteOff%abi.PageSize), uint64(r.Stride))
+	return t.Slice(r.Pages[page]+abi.GPA(byteOff%abi.PageSize), uint64(r.Stride))
 }
 
 // CQ is a completion queue in guest memory.
 type CQ struct {
 	Num       uint32
-	Dev       *Device // owner: its guest memory holds the ring and record
-	Ring      Ring    // Stride == CQESize
-	Record    memmap.GPA
+	Dev       *RNIC // owner: its guest memory holds the ring and record
+	Ring      Ring  // Stride == CQESize
+	Record    abi.GPA
 	ArmRecord bool // the record is an abi.CQArmRecord: the driver arms through its arm word
 
 	Users atomic.Int32 // QPs using the CQ (control path: DESTROY_CQ is BUSY while > 0)
@@ -177,11 +177,11 @@ type CQ struct {
 type QP struct {
 	Num           uint32
 	PD            uint32
-	Dev           *Device
+	Dev           *RNIC
 	SendCQ        *CQ
 	RecvCQ        *CQ
 	SQ, RQ        Ring
-	Record        memmap.GPA
+	Record        abi.GPA
 	MaxSendSGE    uint32
 	MaxRecvSGE    uint32
 	MaxInline     uint32
@@ -196,7 +196,7 @@ type QP struct {
 
 	mu          sync.Mutex
 	attr        abi.QPAttr // current attributes; attr.QPState is the state (protected by mu)
-	peer        *Device    // resolved at INIT→RTR (protected by mu)
+	peer        *RNIC      // resolved at INIT→RTR (protected by mu)
 	dead        bool       // destroyed (protected by mu)
 	lostPeer    bool       // the peer device was reset: outstanding sends end with RETRY_EXC_ERR (protected by mu)
 	lostEnd     uint32     // sq_pi when the peer was lost, if lostHaveEnd (protected by mu)
@@ -215,8 +215,8 @@ type QP struct {
 	// sqMu): the record's sq_ci, the send CQ's pi and the device counters.
 	sqCIPub   uint32    // sq_ci as last stored in the record
 	cqPending bool      // the send CQ has lazily pushed entries
-	opsPend   [7]uint32 // successful WQEs by opcode, not yet in Device.ops
-	bytesPend uint64    // bytes moved, not yet in Device.bytesMoved
+	opsPend   [7]uint32 // successful WQEs by opcode, not yet in RNIC.ops
+	bytesPend uint64    // bytes moved, not yet in RNIC.bytesMoved
 
 	// rnrKick: the responder's driver posted a receive after this QP's
 	// head WQE met an empty receive queue, so the RNR wait ends now

@@ -3,8 +3,7 @@ package engine
 import (
 	"testing"
 
-	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // Rings and records that overlap (docs/spec.md, CREATE_CQ: accepted, and
@@ -14,10 +13,10 @@ import (
 // the CQ's depth allows.
 func TestOverlappingRingsRunDry(t *testing.T) {
 	type layout struct {
-		cqRing   []memmap.GPA
-		cqRecord memmap.GPA
-		sq       []memmap.GPA
-		qpRecord memmap.GPA
+		cqRing   []abi.GPA
+		cqRecord abi.GPA
+		sq       []abi.GPA
+		qpRecord abi.GPA
 	}
 	cases := []struct {
 		name string

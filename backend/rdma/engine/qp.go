@@ -2,7 +2,7 @@ package engine
 
 import (
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // knownMask is every attribute mask bit of docs/spec.md § MODIFY_QP.
@@ -79,7 +79,7 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 
 	// Resolve the peer before taking q.mu (the fabric lock is a leaf).
 	// sgid_index must name an entry of the device's GID table.
-	var peer *Device
+	var peer *RNIC
 	if m&abi.QPAttrAV != 0 && q.Dev != nil && q.Dev.fabric != nil {
 		if _, ok := q.Dev.GIDAt(int(a.SGIDIndex)); !ok {
 			return abi.StatusInvalid
@@ -222,10 +222,10 @@ func (q *QP) reset(mask uint32) abi.Status {
 	q.rqFlushing = false
 	q.rnrWaiter.Store(nil)
 	q.updateRQNotify(rec)
-	q.sqCI = memmap.LoadUint32(rec, abi.QPRecordSQPI)
-	q.rqCI = memmap.LoadUint32(rec, abi.QPRecordRQPI)
-	memmap.StoreUint32(rec, abi.QPRecordSQCI, q.sqCI)
-	memmap.StoreUint32(rec, abi.QPRecordRQCI, q.rqCI)
+	q.sqCI = abi.LoadUint32(rec, abi.QPRecordSQPI)
+	q.rqCI = abi.LoadUint32(rec, abi.QPRecordRQPI)
+	abi.StoreUint32(rec, abi.QPRecordSQCI, q.sqCI)
+	abi.StoreUint32(rec, abi.QPRecordRQCI, q.rqCI)
 	return abi.StatusOK
 }
 
@@ -265,7 +265,7 @@ func (q *QP) InitRecord(t *memmap.Table) {
 		return
 	}
 	if rec, err := t.Slice(q.Record, abi.QPNotifyRecordSize); err == nil {
-		memmap.StoreUint32(rec, abi.QPRecordRQNotify, 0)
+		abi.StoreUint32(rec, abi.QPRecordRQNotify, 0)
 	}
 	q.rqNotifyPub = 0
 }
@@ -287,7 +287,7 @@ func (q *QP) updateRQNotify(rec []byte) {
 		v = 1
 	}
 	if v != q.rqNotifyPub {
-		memmap.StoreUint32(rec, abi.QPRecordRQNotify, v)
+		abi.StoreUint32(rec, abi.QPRecordRQNotify, v)
 		q.rqNotifyPub = v
 	}
 }
@@ -301,7 +301,7 @@ func (q *QP) updateRQNotify(rec []byte) {
 func (q *QP) awaitRecv(rec []byte, w *QP) uint32 {
 	q.rnrWaiter.Store(w)
 	q.updateRQNotify(rec)
-	return memmap.LoadUint32(rec, abi.QPRecordRQPI)
+	return abi.LoadUint32(rec, abi.QPRecordRQPI)
 }
 
 // kickWaiter ends the RNR wait of the requester waiting on this QP's
@@ -315,7 +315,7 @@ func (q *QP) kickWaiter(rec []byte) {
 	}
 	q.rqMu.Lock()
 	w := q.rnrWaiter.Load()
-	if w == nil || memmap.LoadUint32(rec, abi.QPRecordRQPI) == q.rqCI {
+	if w == nil || abi.LoadUint32(rec, abi.QPRecordRQPI) == q.rqCI {
 		q.rqMu.Unlock()
 		return
 	}

@@ -4,7 +4,7 @@ import (
 	"crypto/rand"
 	"errors"
 
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // The registry: every object of a device (PD, MR, CQ, QP, AH) by handle,
@@ -26,7 +26,7 @@ var (
 // PD is a protection domain.
 type PD struct {
 	Num   uint32 // immutable
-	users int    // MRs, QPs and AHs naming it (protected by Device.mu)
+	users int    // MRs, QPs and AHs naming it (protected by RNIC.mu)
 }
 
 // AH is an address handle: a destination as a UD work request would name
@@ -55,7 +55,7 @@ const (
 // 9 … 32 (QP numbers are 24 bits wide, as a BTH carries them). The loop
 // ends: a device's objects of one kind are far fewer than the 2^(bits−8)
 // sequence numbers.
-func (d *Device) NewHandle(k Kind, bits uint) uint32 {
+func (d *RNIC) NewHandle(k Kind, bits uint) uint32 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var b [1]byte
@@ -76,7 +76,7 @@ func (d *Device) NewHandle(k Kind, bits uint) uint32 {
 
 // takenLocked reports whether an object of kind k holds handle h.
 // Precondition: mu held.
-func (d *Device) takenLocked(k Kind, h uint32) bool {
+func (d *RNIC) takenLocked(k Kind, h uint32) bool {
 	switch k {
 	case KindPD:
 		return d.pds[h] != nil
@@ -92,7 +92,7 @@ func (d *Device) takenLocked(k Kind, h uint32) bool {
 }
 
 // Count returns the number of objects of kind k.
-func (d *Device) Count(k Kind) int {
+func (d *RNIC) Count(k Kind) int {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	switch k {
@@ -110,7 +110,7 @@ func (d *Device) Count(k Kind) int {
 }
 
 // AddPD registers a protection domain with handle num.
-func (d *Device) AddPD(num uint32) *PD {
+func (d *RNIC) AddPD(num uint32) *PD {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	p := &PD{Num: num}
@@ -120,7 +120,7 @@ func (d *Device) AddPD(num uint32) *PD {
 
 // RemovePD removes the PD with num: ErrNoPD if there is none, ErrPDBusy
 // (and nothing changes) while an MR, QP or AH names it.
-func (d *Device) RemovePD(num uint32) error {
+func (d *RNIC) RemovePD(num uint32) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	p := d.pds[num]
@@ -135,14 +135,14 @@ func (d *Device) RemovePD(num uint32) error {
 }
 
 // HasPD reports whether the PD num exists.
-func (d *Device) HasPD(num uint32) bool {
+func (d *RNIC) HasPD(num uint32) bool {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	return d.pds[num] != nil
 }
 
 // holdPDLocked counts one more user of the PD num. Precondition: mu held.
-func (d *Device) holdPDLocked(num uint32) error {
+func (d *RNIC) holdPDLocked(num uint32) error {
 	p := d.pds[num]
 	if p == nil {
 		return ErrNoPD
@@ -152,7 +152,7 @@ func (d *Device) holdPDLocked(num uint32) error {
 }
 
 // releasePDLocked counts one user less. Precondition: mu held.
-func (d *Device) releasePDLocked(num uint32) {
+func (d *RNIC) releasePDLocked(num uint32) {
 	if p := d.pds[num]; p != nil && p.users > 0 {
 		p.users--
 	}
@@ -160,7 +160,7 @@ func (d *Device) releasePDLocked(num uint32) {
 
 // AddMR makes m reachable by its key; it holds its PD (ErrNoPD if m.PD
 // does not exist, and then nothing changes).
-func (d *Device) AddMR(m *MR) error {
+func (d *RNIC) AddMR(m *MR) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.holdPDLocked(m.PD); err != nil {
@@ -172,7 +172,7 @@ func (d *Device) AddMR(m *MR) error {
 
 // RemoveMR removes and returns the MR with key, or nil. An operation that
 // resolved the key before RemoveMR may still be copying (see doc.go).
-func (d *Device) RemoveMR(key uint32) *MR {
+func (d *RNIC) RemoveMR(key uint32) *MR {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	m := d.mrs[key]
@@ -184,14 +184,14 @@ func (d *Device) RemoveMR(key uint32) *MR {
 }
 
 // LookupMR returns the MR with key, or nil.
-func (d *Device) LookupMR(key uint32) *MR {
+func (d *RNIC) LookupMR(key uint32) *MR {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	return d.mrs[key]
 }
 
 // AddCQ makes c reachable by its number. c.Dev must be d.
-func (d *Device) AddCQ(c *CQ) {
+func (d *RNIC) AddCQ(c *CQ) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.cqs[c.Num] = c
@@ -199,7 +199,7 @@ func (d *Device) AddCQ(c *CQ) {
 
 // RemoveCQ removes and returns the CQ with num, or nil. Later completions
 // for it are dropped.
-func (d *Device) RemoveCQ(num uint32) *CQ {
+func (d *RNIC) RemoveCQ(num uint32) *CQ {
 	d.mu.Lock()
 	c := d.cqs[num]
 	delete(d.cqs, num)
@@ -214,7 +214,7 @@ func (d *Device) RemoveCQ(num uint32) *CQ {
 }
 
 // LookupCQ returns the CQ with num, or nil.
-func (d *Device) LookupCQ(num uint32) *CQ {
+func (d *RNIC) LookupCQ(num uint32) *CQ {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	return d.cqs[num]
@@ -224,7 +224,7 @@ func (d *Device) LookupCQ(num uint32) *CQ {
 // q.DoorbellQueue; it holds its PD (ErrNoPD if q.PD does not exist, and
 // then nothing changes) and its CQs (Users). q starts in RESET. q.Dev must
 // be d.
-func (d *Device) AddQP(q *QP) error {
+func (d *RNIC) AddQP(q *QP) error {
 	q.mu.Lock()
 	q.attr = abi.QPAttr{QPN: q.Num, QPState: abi.QPSReset}
 	q.peer = nil
@@ -255,7 +255,7 @@ func (d *Device) AddQP(q *QP) error {
 // bounded), so nothing touches its rings or CQs after it returns. It
 // releases its PD and its CQs. The caller must not hold a lock that
 // EventSink or wake take.
-func (d *Device) RemoveQP(num uint32) *QP {
+func (d *RNIC) RemoveQP(num uint32) *QP {
 	d.mu.Lock()
 	q := d.qps[num]
 	if q == nil {
@@ -302,14 +302,14 @@ func (d *Device) RemoveQP(num uint32) *QP {
 }
 
 // LookupQP returns the QP with num, or nil.
-func (d *Device) LookupQP(num uint32) *QP {
+func (d *RNIC) LookupQP(num uint32) *QP {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	return d.qps[num]
 }
 
 // AddAH registers a; it holds its PD (ErrNoPD if a.PD does not exist).
-func (d *Device) AddAH(a *AH) error {
+func (d *RNIC) AddAH(a *AH) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if err := d.holdPDLocked(a.PD); err != nil {
@@ -320,7 +320,7 @@ func (d *Device) AddAH(a *AH) error {
 }
 
 // RemoveAH removes and returns the AH with num, or nil.
-func (d *Device) RemoveAH(num uint32) *AH {
+func (d *RNIC) RemoveAH(num uint32) *AH {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	a := d.ahs[num]
@@ -332,14 +332,14 @@ func (d *Device) RemoveAH(num uint32) *AH {
 }
 
 // queueQPs returns the QPs of doorbell queue dbq (an immutable slice).
-func (d *Device) queueQPs(dbq int) []*QP {
+func (d *RNIC) queueQPs(dbq int) []*QP {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	return d.byDBQ[dbq]
 }
 
 // allQPs returns a snapshot of every QP.
-func (d *Device) allQPs() []*QP {
+func (d *RNIC) allQPs() []*QP {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	qs := make([]*QP, 0, len(d.qps))
@@ -361,7 +361,7 @@ type Released struct {
 // them move to ERR, and their outstanding send WQEs complete with
 // RETRY_EXC_ERR), then every CQ, MR, AH and PD. It returns what held
 // pinned guest memory.
-func (d *Device) Reset() Released {
+func (d *RNIC) Reset() Released {
 	var rel Released
 	rel.QPs = d.allQPs()
 	d.loseQPs(rel.QPs)

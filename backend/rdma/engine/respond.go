@@ -2,7 +2,7 @@ package engine
 
 import (
 	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // The responder side of an RC message, as data: the requester validates
@@ -96,7 +96,7 @@ func (r *request) takeRecv(minRNR uint32) (*recvWQE, outcome) {
 	if err != nil {
 		return nil, r.remoteErr(abi.WCRemOpErr)
 	}
-	pi := memmap.LoadUint32(rec, abi.QPRecordRQPI)
+	pi := abi.LoadUint32(rec, abi.QPRecordRQPI)
 	if pi == pq.rqCI {
 		// Receiver not ready: ask pq's driver for a notification when it
 		// posts a receive, then look once more.
@@ -232,7 +232,7 @@ func (r *request) remoteErr(st abi.WCStatus) outcome {
 func (r *request) recvDone(rv *recvWQE, st abi.WCStatus) {
 	pq, w := r.pq, r.w
 	pq.rqCI++
-	memmap.StoreUint32(rv.rec, abi.QPRecordRQCI, pq.rqCI)
+	abi.StoreUint32(rv.rec, abi.QPRecordRQCI, pq.rqCI)
 	e := abi.CQE{WRID: rv.wrID, Status: st, Opcode: abi.WCOpRecv, QPNum: pq.Num, SrcQP: r.q.Num}
 	if st == abi.WCSuccess {
 		e.ByteLen = uint32(r.total)

@@ -3,8 +3,7 @@ package engine
 import (
 	"testing"
 
-	"github.com/vrdma/vrdma/memmap"
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // TestQPRQNotify follows docs/spec.md's struct vrdma_qp_notify_record: the
@@ -16,10 +15,10 @@ func TestQPRQNotify(t *testing.T) {
 	p := newPair(t, pairOpts{})
 	a, b := p.a, p.b
 	rec := b.g.slice(t, b.qp.Record, abi.QPNotifyRecordSize)
-	notify := func() uint32 { return memmap.LoadUint32(rec, abi.QPRecordRQNotify) }
+	notify := func() uint32 { return abi.LoadUint32(rec, abi.QPRecordRQNotify) }
 
 	// Creation: whatever the driver left there is overwritten with 0.
-	memmap.StoreUint32(rec, abi.QPRecordRQNotify, 7)
+	abi.StoreUint32(rec, abi.QPRecordRQNotify, 7)
 	b.qp.RQNotify = true
 	b.qp.InitRecord(b.g.tbl)
 	if got := notify(); got != 0 {
@@ -64,12 +63,12 @@ func TestQPRQNotify(t *testing.T) {
 
 	// A QP created without the flag never writes past its 16-byte record.
 	arec := a.g.slice(t, a.qp.Record, abi.QPNotifyRecordSize)
-	memmap.StoreUint32(arec, abi.QPRecordRQNotify, 0x5a5a)
+	abi.StoreUint32(arec, abi.QPRecordRQNotify, 0x5a5a)
 	if st := a.qp.Modify(abi.QPAttr{QPN: a.qp.Num, AttrMask: abi.QPAttrState, QPState: abi.QPSErr}); st != abi.StatusOK {
 		t.Fatalf("modify a to ERR: %v", st)
 	}
 	p.poll(t)
-	if got := memmap.LoadUint32(arec, abi.QPRecordRQNotify); got != 0x5a5a {
+	if got := abi.LoadUint32(arec, abi.QPRecordRQNotify); got != 0x5a5a {
 		t.Fatalf("a QP without RQ_NOTIFY wrote %#x after its record", got)
 	}
 }
@@ -84,7 +83,7 @@ func TestRNRKick(t *testing.T) {
 	b.qp.RQNotify = true
 	b.qp.InitRecord(b.g.tbl)
 	rec := b.g.slice(t, b.qp.Record, abi.QPNotifyRecordSize)
-	notify := func() uint32 { return memmap.LoadUint32(rec, abi.QPRecordRQNotify) }
+	notify := func() uint32 { return abi.LoadUint32(rec, abi.QPRecordRQNotify) }
 
 	a.postSend(t, abi.SendWQE{WRID: 1, Opcode: abi.WROpSend, Flags: abi.WRFlagSignaled}, []abi.SGE{a.sge(0, 32)}, nil)
 	if _, retry := a.d.Poll(0, a.g.tbl); retry.IsZero() {

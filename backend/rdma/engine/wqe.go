@@ -3,7 +3,7 @@ package engine
 import (
 	"encoding/binary"
 
-	abi "github.com/vrdma/vrdma/virtio/rdma"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // Scratch bounds: a WQE never exceeds a page, so neither do its SGEs.

@@ -1,0 +1,226 @@
+package engine
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
+)
+
+// EventSink posts one event on the device's event queue. It may drop the
+// event if the driver has no buffer posted. The engine calls it from any
+// goroutine, possibly with engine locks held (see the lock order in doc.go):
+// it must not call back into the engine.
+type EventSink func(ev abi.Event)
+
+// Stats are a device's data-path counters.
+type Stats struct {
+	BytesMoved       uint64                  // payload bytes copied by executed WQEs (as requester)
+	Ops              [7]uint64               // executed send WQEs by send opcode
+	CompletionErrors map[abi.WCStatus]uint64 // error CQEs (written or lost) by wc status
+	EventsDropped    uint64                  // events raised while no EventSink was attached
+}
+
+// maxWCStatus bounds the wc statuses counted in Stats.
+const maxWCStatus = 32
+
+// RNIC is one RDMA device's instance of the software RNIC: its objects,
+// its guest memory while a front-end is connected, and its counters.
+type RNIC struct {
+	fabric *Fabric       // immutable
+	gid    [16]byte      // immutable: the port GID, entry 0 of gids after a reset
+	log    *logrus.Entry // immutable
+
+	gids [abi.GIDTableLen]gidSlot // the GID table (protected by fabric.mu)
+
+	mu     sync.RWMutex
+	mem    *memmap.Memory // protected by mu; nil while detached
+	events EventSink      // protected by mu
+	wake   func(dbq int)  // protected by mu
+	// The registry (registry.go): every object of the device, by handle.
+	pds   map[uint32]*PD // protected by mu
+	mrs   map[uint32]*MR // protected by mu
+	cqs   map[uint32]*CQ // protected by mu
+	qps   map[uint32]*QP // protected by mu
+	ahs   map[uint32]*AH // protected by mu
+	byDBQ map[int][]*QP  // protected by mu; each slice is immutable (copy on write)
+	seq   uint32         // handle sequence (protected by mu)
+
+	bytesMoved    atomic.Uint64
+	ops           [7]atomic.Uint64
+	wcErrors      [maxWCStatus]atomic.Uint64
+	eventsDropped atomic.Uint64
+}
+
+// NewRNIC returns an RNIC with GID gid on fabric f. It does not register
+// it: call f.Register. A nil log discards messages.
+func NewRNIC(f *Fabric, gid [16]byte, log *logrus.Entry) *RNIC {
+	if log == nil {
+		l := logrus.New()
+		l.SetLevel(logrus.PanicLevel)
+		log = logrus.NewEntry(l)
+	}
+	return &RNIC{
+		fabric: f,
+		gid:    gid,
+		log:    log,
+		pds:    make(map[uint32]*PD),
+		mrs:    make(map[uint32]*MR),
+		cqs:    make(map[uint32]*CQ),
+		qps:    make(map[uint32]*QP),
+		ahs:    make(map[uint32]*AH),
+		byDBQ:  make(map[int][]*QP),
+	}
+}
+
+// GID returns the device's GID.
+func (d *RNIC) GID() [16]byte { return d.gid }
+
+// Attach gives the device its guest memory and hooks while a front-end is
+// connected: events posts to the event queue; wake(dbq) makes the engine of
+// doorbell queue dbq run Poll soon. Any of them may be nil.
+func (d *RNIC) Attach(mem *memmap.Memory, events EventSink, wake func(dbq int)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.mem, d.events, d.wake = mem, events, wake
+}
+
+// Detach forgets the memory and hooks given to Attach (call it after Reset).
+// Peers then find the device unreachable.
+func (d *RNIC) Detach() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.mem, d.events, d.wake = nil, nil, nil
+}
+
+// acquire returns the device's current table with a reference, or nil if
+// the device is detached.
+func (d *RNIC) acquire() *memmap.Table {
+	d.mu.RLock()
+	m := d.mem
+	d.mu.RUnlock()
+	if m == nil {
+		return nil
+	}
+	return m.Acquire()
+}
+
+// postEvent raises an event on the device's event queue.
+func (d *RNIC) postEvent(typ, handle uint32) {
+	d.mu.RLock()
+	ev := d.events
+	d.mu.RUnlock()
+	if ev == nil {
+		d.eventsDropped.Add(1)
+		return
+	}
+	ev(abi.Event{Type: typ, Handle: handle})
+}
+
+// wakeQueue asks the engine of doorbell queue dbq to poll soon.
+func (d *RNIC) wakeQueue(dbq int) {
+	d.mu.RLock()
+	w := d.wake
+	d.mu.RUnlock()
+	if w != nil {
+		w(dbq)
+	}
+}
+
+// loseQPs tells the peers of ours, QPs of d about to be destroyed by
+// Reset, that they are gone: every peer QP connected to one of them moves
+// to ERR with a QP_FATAL event, and its send WQEs outstanding now will
+// complete with RETRY_EXC_ERR.
+func (d *RNIC) loseQPs(ours []*QP) {
+	byNum := make(map[uint32]bool, len(ours))
+	for _, q := range ours {
+		byNum[q.Num] = true
+	}
+	var devs []*RNIC
+	if d.fabric != nil {
+		devs = d.fabric.devices()
+	}
+	for _, pd := range devs {
+		if pd == d {
+			continue
+		}
+		pt := pd.acquire()
+		for _, pq := range pd.allQPs() {
+			// The send WQEs posted now are the outstanding ones.
+			end, haveEnd := uint32(0), false
+			if pt != nil {
+				end, haveEnd = loadSQPI(pt, pq) // guarded: fault.go
+			}
+			pq.mu.Lock()
+			hit := !pq.dead && pq.peer == d && byNum[pq.attr.DestQPNum] &&
+				(pq.attr.QPState == abi.QPSRTR || pq.attr.QPState == abi.QPSRTS)
+			if hit {
+				pq.attr.QPState = abi.QPSErr
+				pq.lostPeer, pq.lostEnd, pq.lostHaveEnd = true, end, haveEnd
+			}
+			pq.mu.Unlock()
+			if hit {
+				pd.postEvent(abi.EventQPFatal, pq.Num)
+				pd.wakeQueue(pq.DoorbellQueue)
+			}
+		}
+		if pt != nil {
+			pt.Release()
+		}
+	}
+}
+
+// Stats returns the device's counters.
+func (d *RNIC) Stats() Stats {
+	s := Stats{
+		BytesMoved:       d.bytesMoved.Load(),
+		CompletionErrors: make(map[abi.WCStatus]uint64),
+		EventsDropped:    d.eventsDropped.Load(),
+	}
+	for i := range s.Ops {
+		s.Ops[i] = d.ops[i].Load()
+	}
+	for i := range d.wcErrors {
+		if n := d.wcErrors[i].Load(); n != 0 {
+			s.CompletionErrors[abi.WCStatus(i)] = n
+		}
+	}
+	return s
+}
+
+// SetGID writes entry index of the device's GID table (ADD_GID); see
+// Fabric.SetGID.
+func (d *RNIC) SetGID(index int, gid [16]byte) error {
+	if d.fabric == nil {
+		return ErrGIDIndex
+	}
+	return d.fabric.SetGID(d, index, gid)
+}
+
+// ClearGID empties entry index of the device's GID table (DEL_GID).
+func (d *RNIC) ClearGID(index int) error {
+	if d.fabric == nil {
+		return ErrGIDIndex
+	}
+	return d.fabric.ClearGID(d, index)
+}
+
+// GIDAt returns entry index of the device's GID table and whether it holds
+// a GID. A device on no fabric has its port GID at entry 0 only.
+func (d *RNIC) GIDAt(index int) ([16]byte, bool) {
+	if d.fabric == nil {
+		return d.gid, index == 0
+	}
+	return d.fabric.GIDAt(d, index)
+}
+
+// ResetGIDs returns the GID table to its state after a device reset: the
+// port GID at entry 0, the rest empty.
+func (d *RNIC) ResetGIDs() {
+	if d.fabric != nil {
+		d.fabric.ResetGIDs(d)
+	}
+}

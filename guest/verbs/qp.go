@@ -1,0 +1,413 @@
+package verbs
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"sync"
+
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
+)
+
+// QPCap are a QP's queue capacities, like ibv_qp_cap. Zero SGE counts mean
+// one.
+type QPCap struct {
+	MaxSendWR, MaxRecvWR, MaxSendSGE, MaxRecvSGE, MaxInlineData int
+}
+
+// QPInitAttr describes a QP to create, like ibv_qp_init_attr (RC only).
+type QPInitAttr struct {
+	SendCQ, RecvCQ *CQ
+	Cap            QPCap
+	// SigAll makes every send WR complete with a CQE, as if SIGNALED.
+	SigAll bool
+}
+
+// SendWR is a send work request, like ibv_send_wr. Opcode is an abi.WROp*
+// value, Flags abi.WRFlag* bits; a non-empty Inline carries the data in the
+// WQE (SGL must then be empty; the INLINE flag is set for you).
+type SendWR struct {
+	WRID       uint64
+	Opcode     int
+	Flags      int
+	SGL        []abi.SGE
+	Inline     []byte
+	Imm        uint32
+	RemoteAddr uint64
+	RKey       uint32
+	CompareAdd uint64
+	Swap       uint64
+}
+
+// RecvWR is a receive work request.
+type RecvWR struct {
+	WRID uint64
+	SGL  []abi.SGE
+}
+
+// QP is an RC queue pair: send and receive rings and a record in DMA
+// memory. PostSend and PostRecv are each safe for concurrent use (a lock
+// per queue); the rings are written only under those locks.
+type QP struct {
+	ctx    *Context // immutable
+	pd     *PD      // immutable
+	num    uint32   // immutable
+	sendCQ *CQ      // immutable
+	recvCQ *CQ      // immutable
+	db     int      // immutable: doorbell queue
+	cap    QPCap    // immutable: the capacities granted
+
+	sqDepth, rqDepth uint32 // immutable, powers of two
+	sqShift, rqShift uint   // immutable: log2 of the WQE strides
+	mem              DMABuf // immutable: SQ pages, RQ pages, record
+	sq, rq           []byte // immutable views of the rings
+	rec              []byte // immutable view of the vrdma_qp_record
+
+	sqMu sync.Mutex // protects sqPI and the SQ ring
+	sqPI uint32
+
+	rqMu sync.Mutex // protects rqPI and the RQ ring
+	rqPI uint32
+}
+
+func ceilPow2(n uint32) uint32 {
+	if n <= 1 {
+		return 1
+	}
+	return 1 << bits.Len32(n-1)
+}
+
+func log2(n uint32) uint { return uint(bits.TrailingZeros32(n)) }
+
+// CreateQP creates an RC QP in pd (CREATE_QP). Queue depths are rounded
+// up to powers of two; the QP's doorbell queue is picked round-robin.
+func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
+	c := pd.ctx
+	if a.SendCQ == nil || a.RecvCQ == nil || a.SendCQ.ctx != c || a.RecvCQ.ctx != c {
+		return nil, argErr("cq", "send and receive CQs of this context are required")
+	}
+	cp := a.Cap
+	if cp.MaxSendSGE == 0 {
+		cp.MaxSendSGE = 1
+	}
+	if cp.MaxRecvSGE == 0 {
+		cp.MaxRecvSGE = 1
+	}
+	at := &c.attr
+	switch {
+	case cp.MaxSendWR <= 0 || uint64(cp.MaxSendWR) > uint64(at.MaxQPWR):
+		return nil, argErr("max_send_wr", "%d not in [1, %d]", cp.MaxSendWR, at.MaxQPWR)
+	case cp.MaxRecvWR <= 0 || uint64(cp.MaxRecvWR) > uint64(at.MaxQPWR):
+		return nil, argErr("max_recv_wr", "%d not in [1, %d]", cp.MaxRecvWR, at.MaxQPWR)
+	case cp.MaxSendSGE < 0 || uint64(cp.MaxSendSGE) > uint64(at.MaxSGE):
+		return nil, argErr("max_send_sge", "%d not in [1, %d]", cp.MaxSendSGE, at.MaxSGE)
+	case cp.MaxRecvSGE < 0 || uint64(cp.MaxRecvSGE) > uint64(at.MaxSGE):
+		return nil, argErr("max_recv_sge", "%d not in [1, %d]", cp.MaxRecvSGE, at.MaxSGE)
+	case cp.MaxInlineData < 0 || uint64(cp.MaxInlineData) > uint64(at.MaxInlineData):
+		return nil, argErr("max_inline_data", "%d not in [0, %d]", cp.MaxInlineData, at.MaxInlineData)
+	}
+	sqDepth, rqDepth := ceilPow2(uint32(cp.MaxSendWR)), ceilPow2(uint32(cp.MaxRecvWR))
+	if sqDepth > at.MaxQPWR || rqDepth > at.MaxQPWR {
+		return nil, argErr("queue depth", "%d/%d round up above the device's %d", cp.MaxSendWR, cp.MaxRecvWR, at.MaxQPWR)
+	}
+	sqStride := ceilPow2(uint32(max(abi.SendWQEHdrSize+abi.SGESize*cp.MaxSendSGE, abi.SendWQEHdrSize+cp.MaxInlineData)))
+	rqStride := max(ceilPow2(uint32(abi.RecvWQEHdrSize+abi.SGESize*cp.MaxRecvSGE)), 1<<abi.MinRQWQEShift)
+	if sqStride > abi.PageSize || rqStride > abi.PageSize {
+		return nil, argErr("qp cap", "WQE strides %d/%d exceed a page", sqStride, rqStride)
+	}
+	cp.MaxSendWR, cp.MaxRecvWR = int(sqDepth), int(rqDepth)
+	sqBytes, rqBytes := uint64(sqDepth)*uint64(sqStride), uint64(rqDepth)*uint64(rqStride)
+	sqAlloc := (sqBytes + abi.PageSize - 1) &^ (abi.PageSize - 1)
+	rqAlloc := (rqBytes + abi.PageSize - 1) &^ (abi.PageSize - 1)
+	mem, err := c.allocDMA(sqAlloc+rqAlloc+abi.QPNotifyRecordSize, abi.PageSize)
+	if err != nil {
+		return nil, fmt.Errorf("create qp: %w", err)
+	}
+	fail := func(err error) (*QP, error) {
+		c.t.FreeDMA(mem)
+		return nil, err
+	}
+	sqPages, err := mem.PageAddrs(0, sqBytes)
+	if err != nil {
+		return fail(err)
+	}
+	rqPages, err := mem.PageAddrs(sqAlloc, rqBytes)
+	if err != nil {
+		return fail(err)
+	}
+	recGPA, err := mem.GPA(sqAlloc + rqAlloc)
+	if err != nil {
+		return fail(err)
+	}
+	inline, ind, plAddr, err := c.pageList(append(sqPages, rqPages...))
+	if err != nil {
+		return fail(err)
+	}
+	if ind != nil {
+		defer c.t.FreeDMA(*ind)
+	}
+	db := int(c.nextDB.Add(1)-1) % int(c.conf.NumDoorbellQueues)
+	req := abi.CreateQP{
+		PDN: pd.num, SendCQN: a.SendCQ.num, RecvCQN: a.RecvCQ.num, QPType: abi.QPTypeRC,
+		MaxSendWR: sqDepth, MaxRecvWR: rqDepth,
+		MaxSendSGE: uint32(cp.MaxSendSGE), MaxRecvSGE: uint32(cp.MaxRecvSGE), MaxInlineData: uint32(cp.MaxInlineData),
+		SQWQEShift: uint32(log2(sqStride)), RQWQEShift: uint32(log2(rqStride)),
+		DoorbellQueue: uint32(db), Record: uint64(recGPA),
+		SQNPages: uint32(len(sqPages)), RQNPages: uint32(len(rqPages)), PageList: plAddr,
+		Flags: abi.QPFlagRQNotify,
+	}
+	if a.SigAll {
+		req.SQSigAll = 1
+	}
+	resp, err := c.command(abi.CmdCreateQP, append(abi.Marshal(&req), inline...), 8)
+	if err != nil {
+		return fail(err)
+	}
+	recOff := sqAlloc + rqAlloc
+	qp := &QP{
+		ctx: c, pd: pd, num: binary.LittleEndian.Uint32(resp), sendCQ: a.SendCQ, recvCQ: a.RecvCQ, db: db, cap: cp,
+		sqDepth: sqDepth, rqDepth: rqDepth, sqShift: log2(sqStride), rqShift: log2(rqStride), mem: mem,
+		sq:  mem.Buf[:sqBytes:sqBytes],
+		rq:  mem.Buf[sqAlloc : sqAlloc+rqBytes : sqAlloc+rqBytes],
+		rec: mem.Buf[recOff : recOff+abi.QPNotifyRecordSize : recOff+abi.QPNotifyRecordSize],
+	}
+	c.objMu.Lock()
+	c.qps[qp.num] = qp
+	c.objMu.Unlock()
+	return qp, nil
+}
+
+// Num returns the QP number.
+func (qp *QP) Num() uint32 { return qp.num }
+
+// Cap returns the capacities granted (depths rounded up).
+func (qp *QP) Cap() QPCap { return qp.cap }
+
+// DoorbellQueue returns the doorbell queue the QP was created on.
+func (qp *QP) DoorbellQueue() int { return qp.db }
+
+// Modify applies the attributes selected by mask (abi.QPAttr* bits) (MODIFY_QP).
+// attr.QPN and attr.AttrMask are filled in for you.
+func (qp *QP) Modify(attr abi.QPAttr, mask int) error {
+	if mask <= 0 || uint64(mask) > 0xffffffff {
+		return argErr("attr mask", "%#x", mask)
+	}
+	attr.QPN = qp.num
+	attr.AttrMask = uint32(mask)
+	_, err := qp.ctx.command(abi.CmdModifyQP, abi.Marshal(&attr), 0)
+	return err
+}
+
+// Query returns the QP's attributes (QUERY_QP).
+func (qp *QP) Query() (abi.QPAttr, error) {
+	var a abi.QPAttr
+	resp, err := qp.ctx.command(abi.CmdQueryQP, abi.Marshal(&abi.Handle{Handle: qp.num}), 96)
+	if err != nil {
+		return a, err
+	}
+	if err := abi.Unmarshal(resp, &a); err != nil {
+		return abi.QPAttr{}, fmt.Errorf("%w: %v", ErrProtocol, err)
+	}
+	return a, nil
+}
+
+// Default connection parameters of ConnectRC.
+const (
+	DefaultMinRNRTimer = 12
+	DefaultTimeout     = 14
+	DefaultRetryCnt    = 7
+	DefaultRNRRetry    = 7
+)
+
+// ConnectRC moves the QP RESET → INIT → RTR → RTS towards the peer QP
+// remoteQPN on the device with GID remoteGID, allowing the peer the remote
+// access flags in access — what perftest does after exchanging (GID, QPN).
+func (qp *QP) ConnectRC(remoteGID [16]byte, remoteQPN uint32, access int) error {
+	rd := qp.ctx.attr.MaxQPRdAtom
+	steps := []struct {
+		name string
+		attr abi.QPAttr
+		mask int
+	}{
+		{"init", abi.QPAttr{QPState: abi.QPSInit, PKeyIndex: 0, PortNum: 1, QPAccessFlags: uint32(access)},
+			abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags},
+		{"rtr", abi.QPAttr{QPState: abi.QPSRTR, PathMTU: abi.MTU4096, DestQPNum: remoteQPN, RQPSN: 0, MaxDestRdAtomic: rd,
+			MinRNRTimer: DefaultMinRNRTimer, DGID: remoteGID, HopLimit: 1},
+			abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer},
+		{"rts", abi.QPAttr{QPState: abi.QPSRTS, SQPSN: 0, Timeout: DefaultTimeout, RetryCnt: DefaultRetryCnt,
+			RNRRetry: DefaultRNRRetry, MaxRdAtomic: rd},
+			abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic},
+	}
+	for _, s := range steps {
+		if err := qp.Modify(s.attr, s.mask); err != nil {
+			return fmt.Errorf("qp %d to %s: %w", qp.num, s.name, err)
+		}
+	}
+	return nil
+}
+
+// Destroy destroys the QP (DESTROY_QP) and frees its rings.
+func (qp *QP) Destroy() error {
+	if err := qp.ctx.handleCommand(abi.CmdDestroyQP, qp.num); err != nil {
+		return err
+	}
+	qp.ctx.objMu.Lock()
+	delete(qp.ctx.qps, qp.num)
+	qp.ctx.objMu.Unlock()
+	qp.ctx.t.FreeDMA(qp.mem)
+	return nil
+}
+
+// checkSend validates one send WR against the QP's capacities.
+func (qp *QP) checkSend(wr *SendWR) error {
+	if wr.Opcode < abi.WROpSend || wr.Opcode > abi.WROpAtomicFetchAdd {
+		return argErr("opcode", "%d", wr.Opcode)
+	}
+	if wr.Flags&^(abi.WRFlagSignaled|abi.WRFlagInline|abi.WRFlagFence|abi.WRFlagSolicited) != 0 {
+		return argErr("send flags", "%#x", wr.Flags)
+	}
+	if len(wr.Inline) > 0 || wr.Flags&abi.WRFlagInline != 0 {
+		if len(wr.SGL) != 0 {
+			return argErr("inline", "with a scatter/gather list")
+		}
+		if len(wr.Inline) > qp.cap.MaxInlineData {
+			return argErr("inline", "%d bytes above the QP's %d", len(wr.Inline), qp.cap.MaxInlineData)
+		}
+		if wr.Opcode > abi.WROpRDMAWriteWithImm {
+			return argErr("inline", "with opcode %d", wr.Opcode)
+		}
+		return nil
+	}
+	if len(wr.SGL) > qp.cap.MaxSendSGE {
+		return argErr("sge count", "%d above the QP's %d", len(wr.SGL), qp.cap.MaxSendSGE)
+	}
+	return nil
+}
+
+// free returns the free slots of a queue. Precondition: the queue's lock.
+func (qp *QP) free(pi uint32, ciOff int, depth uint32) (uint32, error) {
+	ci := abi.LoadUint32(qp.rec, ciOff)
+	used := pi - ci
+	if used > depth {
+		return 0, fmt.Errorf("%w: qp %d: consumer index %d behind producer %d by more than %d", ErrProtocol, qp.num, ci, pi, depth)
+	}
+	return depth - used, nil
+}
+
+// ring publishes a producer index and rings the doorbell: the seq-cst store
+// (release) orders the WQEs before it, the fence orders it before reading
+// the doorbell queue's NO_NOTIFY flag, and the queue is notified only when
+// the engine is not polling.
+func (qp *QP) ring(off int, pi uint32) error {
+	abi.StoreUint32(qp.rec, off, pi)
+	abi.Fence()
+	if qp.ctx.t.Polling(qp.db) {
+		return nil
+	}
+	return qp.ctx.t.Notify(qp.db)
+}
+
+// PostSend posts send WRs: it checks them all and the free slots (nothing
+// is posted if one is bad, or ErrQueueFull if they do not all fit), writes
+// the WQEs, then the send producer index, and notifies the doorbell queue
+// unless the engine is polling.
+func (qp *QP) PostSend(wrs ...SendWR) error {
+	if len(wrs) == 0 {
+		return nil
+	}
+	for i := range wrs {
+		if err := qp.checkSend(&wrs[i]); err != nil {
+			return fmt.Errorf("send wr %d: %w", i, err)
+		}
+	}
+	qp.sqMu.Lock()
+	defer qp.sqMu.Unlock()
+	free, err := qp.free(qp.sqPI, abi.QPRecordSQCI, qp.sqDepth)
+	if err != nil {
+		return err
+	}
+	if uint64(len(wrs)) > uint64(free) {
+		return ErrQueueFull
+	}
+	pi := qp.sqPI
+	stride := uint32(1) << qp.sqShift
+	for i := range wrs {
+		wr := &wrs[i]
+		off := (pi & (qp.sqDepth - 1)) * stride
+		w := qp.sq[off : off+stride : off+stride]
+		clear(w[:abi.SendWQEHdrSize])
+		flags := wr.Flags
+		binary.LittleEndian.PutUint64(w[0:], wr.WRID)
+		w[8] = uint8(wr.Opcode)
+		binary.LittleEndian.PutUint32(w[12:], wr.Imm)
+		binary.LittleEndian.PutUint64(w[16:], wr.RemoteAddr)
+		binary.LittleEndian.PutUint32(w[24:], wr.RKey)
+		binary.LittleEndian.PutUint64(w[32:], wr.CompareAdd)
+		binary.LittleEndian.PutUint64(w[40:], wr.Swap)
+		if len(wr.Inline) > 0 || flags&abi.WRFlagInline != 0 {
+			flags |= abi.WRFlagInline
+			binary.LittleEndian.PutUint32(w[28:], uint32(len(wr.Inline)))
+			copy(w[abi.SendWQEHdrSize:], wr.Inline)
+		} else {
+			binary.LittleEndian.PutUint16(w[10:], uint16(len(wr.SGL)))
+			putSGL(w[abi.SendWQEHdrSize:], wr.SGL)
+		}
+		w[9] = uint8(flags)
+		pi++
+	}
+	qp.sqPI = pi
+	return qp.ring(abi.QPRecordSQPI, pi)
+}
+
+func putSGL(b []byte, sgl []abi.SGE) {
+	for i, s := range sgl {
+		e := b[i*abi.SGESize : i*abi.SGESize+abi.SGESize]
+		binary.LittleEndian.PutUint64(e[0:], s.Addr)
+		binary.LittleEndian.PutUint32(e[8:], s.Length)
+		binary.LittleEndian.PutUint32(e[12:], s.LKey)
+	}
+}
+
+// PostRecv posts receive WRs, all or none (ErrQueueFull if they do not
+// fit), then the receive producer index and, unless the engine polls, a
+// doorbell notification.
+func (qp *QP) PostRecv(wrs ...RecvWR) error {
+	if len(wrs) == 0 {
+		return nil
+	}
+	for i := range wrs {
+		if len(wrs[i].SGL) > qp.cap.MaxRecvSGE {
+			return fmt.Errorf("recv wr %d: %w", i, argErr("sge count", "%d above the QP's %d", len(wrs[i].SGL), qp.cap.MaxRecvSGE))
+		}
+	}
+	qp.rqMu.Lock()
+	defer qp.rqMu.Unlock()
+	free, err := qp.free(qp.rqPI, abi.QPRecordRQCI, qp.rqDepth)
+	if err != nil {
+		return err
+	}
+	if uint64(len(wrs)) > uint64(free) {
+		return ErrQueueFull
+	}
+	pi := qp.rqPI
+	stride := uint32(1) << qp.rqShift
+	for i := range wrs {
+		wr := &wrs[i]
+		off := (pi & (qp.rqDepth - 1)) * stride
+		w := qp.rq[off : off+stride : off+stride]
+		clear(w[:abi.RecvWQEHdrSize])
+		binary.LittleEndian.PutUint64(w[0:], wr.WRID)
+		binary.LittleEndian.PutUint16(w[8:], uint16(len(wr.SGL)))
+		putSGL(w[abi.RecvWQEHdrSize:], wr.SGL)
+		pi++
+	}
+	qp.rqPI = pi
+	// RQ_NOTIFY (docs/spec.md, struct vrdma_qp_notify_record): the
+	// device reads rq_pi when a message arrives, and asks for the doorbell
+	// only while the QP is in ERR or a message waits for a receive.
+	abi.StoreUint32(qp.rec, abi.QPRecordRQPI, pi)
+	if abi.LoadUint32(qp.rec, abi.QPRecordRQNotify) == 0 {
+		return nil
+	}
+	return qp.ring(abi.QPRecordRQPI, pi)
+}
