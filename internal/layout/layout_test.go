@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -79,6 +80,8 @@ func sortedKeys(m map[string]string) []string {
 // pkg is what the test needs of `go list -json`.
 type pkg struct {
 	ImportPath   string
+	Dir          string
+	GoFiles      []string // non-test files of the build (generated ones too)
 	Imports      []string
 	TestImports  []string
 	XTestImports []string
@@ -221,5 +224,28 @@ func TestRulesCatch(t *testing.T) {
 				t.Errorf("got %q, want one violation starting %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// maxLines bounds a non-test Go file: past it, a file holds more than one
+// idea (issue 15). Generated files say so in their first line and are
+// exempt.
+const maxLines = 600
+
+func TestFileLength(t *testing.T) {
+	for _, p := range listModule(t) {
+		for _, f := range p.GoFiles {
+			b, err := os.ReadFile(filepath.Join(p.Dir, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			first, _, _ := bytes.Cut(b, []byte("\n"))
+			if bytes.HasPrefix(first, []byte("// Code generated ")) {
+				continue
+			}
+			if n := bytes.Count(b, []byte("\n")); n > maxLines {
+				t.Errorf("%s/%s: %d lines, more than %d: split it by idea", p.ImportPath, f, n, maxLines)
+			}
+		}
 	}
 }
