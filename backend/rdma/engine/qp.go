@@ -301,7 +301,13 @@ func (q *QP) updateRQNotify(rec []byte) {
 func (q *QP) awaitRecv(rec []byte, w *QP) uint32 {
 	q.rnrWaiter.Store(w)
 	q.updateRQNotify(rec)
-	return abi.LoadUint32(rec, abi.QPRecordRQPI)
+	pi := abi.LoadUint32(rec, abi.QPRecordRQPI)
+	if pi != q.rqCI {
+		// Posted meanwhile: nobody waits after all.
+		q.rnrWaiter.Store(nil)
+		q.updateRQNotify(rec)
+	}
+	return pi
 }
 
 // kickWaiter ends the RNR wait of the requester waiting on this QP's

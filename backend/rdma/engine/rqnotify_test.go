@@ -113,3 +113,24 @@ func TestRNRKick(t *testing.T) {
 	want1(t, "send after the kick", a.cqes(t, a.scq), abi.CQE{WRID: 1, Status: abi.WCSuccess, Opcode: abi.WCOpSend,
 		QPNum: a.qp.Num, ByteLen: 32})
 }
+
+// TestAwaitRecvPostedMeanwhile: when the look after the announcement finds
+// a receive (posted between the first look and the announcement), nobody
+// waits: the waiter is cleared and rq_notify is back to 0 at once.
+func TestAwaitRecvPostedMeanwhile(t *testing.T) {
+	p := newPair(t, pairOpts{})
+	a, b := p.a, p.b
+	b.qp.RQNotify = true
+	b.qp.InitRecord(b.g.tbl)
+	rec := b.g.slice(t, b.qp.Record, abi.QPNotifyRecordSize)
+	b.postRecv(t, 1, []abi.SGE{b.sge(0, 8)})
+	b.qp.rqMu.Lock()
+	pi := b.qp.awaitRecv(rec, a.qp)
+	b.qp.rqMu.Unlock()
+	if pi == b.qp.rqCI {
+		t.Fatal("the posted receive was not seen")
+	}
+	if w := b.qp.rnrWaiter.Load(); w != nil || abi.LoadUint32(rec, abi.QPRecordRQNotify) != 0 {
+		t.Fatalf("waiter %v, rq_notify %d; want none and 0", w, abi.LoadUint32(rec, abi.QPRecordRQNotify))
+	}
+}
