@@ -2,6 +2,7 @@ package engine
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
@@ -72,6 +73,16 @@ func (d *RNIC) NewHandle(k Kind, bits uint) uint32 {
 			return h
 		}
 	}
+}
+
+// randomSeq is where a device's handle sequence starts: random, so that
+// the handles and keys of two devices (created the same way, in the same
+// order) differ, and an rkey of one device names nothing on another except
+// by a 2^-32 chance.
+func randomSeq() uint32 {
+	var b [4]byte
+	rand.Read(b[:])
+	return binary.LittleEndian.Uint32(b[:]) & 0xffffff
 }
 
 // takenLocked reports whether an object of kind k holds handle h.

@@ -73,6 +73,7 @@ func NewRNIC(f *Fabric, gid [16]byte, log *logrus.Entry) *RNIC {
 		qps:    make(map[uint32]*QP),
 		ahs:    make(map[uint32]*AH),
 		byDBQ:  make(map[int][]*QP),
+		seq:    randomSeq(),
 	}
 }
 
