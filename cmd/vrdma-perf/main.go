@@ -8,7 +8,10 @@
 //
 //	vrdma-perf --sockets S1,S2 [--op write|read|send|atomic|write_lat|…]
 //	           [-s SIZE | -a] [-n ITERS | -D SECONDS] [-q QPS] [-t TX_DEPTH]
-//	           [--report_gbits] [-F] [--verify] [--json]
+//	           [--report_gbits] [-F] [--verify] [--json] [--paths 1]
+//	vrdma-perf --socket S [-p PORT] [--op write|read|send|atomic] [-s SIZE]
+//	           [-n ITERS] [-t TX_DEPTH] [--verify] [--json]        (server)
+//	vrdma-perf --socket S [-p PORT] [same flags] HOST              (client)
 //
 // The perftest flags keep perftest's meaning and defaults, and the table
 // is perftest's (the format of perftest 4.5, Debian 12's): the test
@@ -24,6 +27,42 @@
 // with op, size, iters, gbytes_per_s, mops, lat_us_p50, lat_us_p99 and
 // verified (internal/perftest.Result). Exit status: 0 success, 1 failure,
 // 2 bad usage; --help prints the usage on standard output and exits 0.
+//
+// # Two processes
+//
+// With --socket, vrdma-perf runs one side, as perftest's ib_*_bw: without
+// HOST it waits as the server on TCP port 18515 (-p), with HOST it
+// connects to that server (retrying for connectTimeout) and measures. One
+// RC QP pair, one message size, bandwidth tests (write, read, send,
+// atomic) with a latency pass of --lat-iters operations; not -q > 1, -a,
+// -D or the _lat tests. Both sides print the client's measurement; both
+// exit 0 only when the run completed and, with --verify, the side that
+// owns each destination buffer checked every byte (write, send: the
+// server; read, atomic: the client, and the server its counter). The
+// measurement core is internal/perftest's (Side.Run, Side.Serve).
+//
+// The exchange over TCP, bounded by exchangeTimeout per step: the client
+// sends a hello, the server answers with its own hello (or a fin with
+// ok=0 and the reason when the tests differ); after the run each side
+// sends a fin and reads the peer's. Every message, little-endian:
+//
+//	0  4  magic "VRPX"
+//	4  1  version (1; a different version is rejected)
+//	5  1  kind: 1 hello, 2 fin
+//	6  2  reserved, zero
+//	8  4  body length, at most 1024
+//	12 …  body
+//
+// A hello's body is 80 bytes: op (1 write, 2 read, 3 send, 4 atomic),
+// flags (bit 0 --verify), 2 reserved, tx_depth u32, size u64, iters u64,
+// lat_iters u64, QPN u32, PSN u32, GID [16], rkey u32, 4 reserved,
+// buffer address u64, buffer size u64 — perftest's pingpong_dest plus the
+// test's parameters, which must match the peer's. A fin's body is ok (0
+// or 1) and at most 512 bytes of UTF-8 reason. Anything else is a
+// malformed peer: the side reports it and exits 1.
+//
+// --paths N (1 … 64) is multipath spray: only 1 today, which needs no
+// RoCE transport (issue 16).
 package main
 
 import (
@@ -64,7 +103,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vrdma-perf: %v (see vrdma-perf --help)\n", err)
 		return exitUsage
 	}
-	if err := measure(ctx, o, stdout); err != nil {
+	do := measure
+	if o.socket != "" {
+		do = twoProc
+	}
+	if o.paths > 1 {
+		err = errMultipath
+	} else {
+		err = do(ctx, o, stdout)
+	}
+	if err != nil {
 		fmt.Fprintln(stderr, "vrdma-perf:", err)
 		return exitFailure
 	}
@@ -103,6 +151,12 @@ type options struct {
 	guestMem uint64
 	verify   bool
 	json     bool
+	paths    int // --paths: QP paths to spray over (only 1 today)
+
+	// Two-process mode (--socket): host is the server to connect to;
+	// empty, this side is the server.
+	socket, host string
+	port         int
 }
 
 // testName is perftest's program name for o ("ib_write_bw").
@@ -123,6 +177,9 @@ type flagDoc struct {
 // flagDocs orders the usage text; every flag of parseFlags is here.
 var flagDocs = []flagDoc{
 	{[]string{"sockets"}, "S1,S2"},
+	{[]string{"socket"}, "S"},
+	{[]string{"p", "port"}, "PORT"},
+	{[]string{"paths"}, "N"},
 	{[]string{"op"}, "OP"},
 	{[]string{"s", "size"}, "SIZE"},
 	{[]string{"a", "all"}, ""},
@@ -152,6 +209,11 @@ func newFlagSet(o *options, r *rawFlags) *flag.FlagSet {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	fs.StringVar(sockets, "sockets", "", "the two device sockets, comma-separated: requester (perftest's client), responder (its server)")
+	fs.StringVar(&o.socket, "socket", "", "two-process mode: this side's device socket; with a HOST argument the client (measures), without it the server (waits on --port)")
+	for _, n := range []string{"p", "port"} {
+		fs.IntVar(&o.port, n, defaultPort, "two-process mode: the TCP port of the exchange")
+	}
+	fs.IntVar(&o.paths, "paths", 1, "multipath spray over N paths (1 … 64); N > 1 needs the RoCE transport (issue 16)")
 	fs.StringVar(op, "op", "write", "the test: write, read, send or atomic (bandwidth, as ib_OP_bw; OP_bw is the same) or write_lat, read_lat, send_lat, atomic_lat (latency, as ib_OP_lat)")
 	for _, n := range []string{"s", "size"} {
 		fs.StringVar(size, n, "", "message size in bytes, K and M suffixes allowed (default 65536 for bandwidth, 2 for latency; atomic: always 8)")
@@ -206,18 +268,44 @@ func parseFlags(args []string) (options, error) {
 	o := options{}
 	var r rawFlags
 	fs := newFlagSet(&o, &r)
-	if err := fs.Parse(expandShort(args)); err != nil {
-		return o, err
+	var pos []string // positional arguments, which may precede flags (HOST)
+	for rest := expandShort(args); ; {
+		if err := fs.Parse(rest); err != nil {
+			return o, err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos, rest = append(pos, fs.Arg(0)), fs.Args()[1:]
+		if len(pos) > 1 || (len(rest) > 0 && rest[0] == "--") {
+			pos = append(pos, rest...)
+			break
+		}
 	}
 	sockets, op, size, duration, guestMem, all := r.sockets, r.op, r.size, r.duration, r.guestMem, r.all
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if fs.NArg() != 0 {
-		return o, fmt.Errorf("unexpected arguments %q (vrdma-perf runs both sides: give --sockets)", fs.Args())
+	if o.paths < 1 || o.paths > maxPaths {
+		return o, fmt.Errorf("--paths %d: want 1 … %d", o.paths, maxPaths)
 	}
-	o.sockets = strings.Split(sockets, ",")
-	if sockets == "" || len(o.sockets) != 2 || o.sockets[0] == "" || o.sockets[1] == "" {
-		return o, errors.New("--sockets wants two sockets, S1,S2")
+	switch {
+	case o.socket != "" && sockets != "":
+		return o, errors.New("--sockets (both sides in one process) and --socket (one side) exclude each other")
+	case o.socket != "" && len(pos) > 1:
+		return o, fmt.Errorf("unexpected arguments %q: want at most one HOST", pos)
+	case o.socket != "":
+		if len(pos) == 1 {
+			o.host = pos[0]
+		}
+	case len(pos) != 0:
+		return o, fmt.Errorf("unexpected arguments %q (a HOST goes with --socket; --sockets runs both sides)", pos)
+	case sockets == "":
+		return o, errors.New("give --sockets S1,S2 (both sides in one process) or --socket S [HOST] (one side)")
+	default:
+		o.sockets = strings.Split(sockets, ",")
+		if len(o.sockets) != 2 || o.sockets[0] == "" || o.sockets[1] == "" {
+			return o, errors.New("--sockets wants two sockets, S1,S2")
+		}
 	}
 	base, lat := strings.CutSuffix(op, "_lat")
 	if !lat {
@@ -301,6 +389,11 @@ func parseFlags(args []string) (options, error) {
 		}
 		o.guestMem = n
 	}
+	if o.socket != "" {
+		if err := o.checkTwoProc(); err != nil {
+			return o, err
+		}
+	}
 	return o, nil
 }
 
@@ -324,12 +417,17 @@ func parseDuration(s string) (time.Duration, error) {
 func usage(w io.Writer) {
 	fs := newFlagSet(&options{}, &rawFlags{})
 	fmt.Fprint(w, `Usage: vrdma-perf --sockets S1,S2 [OPTIONS]
+       vrdma-perf --socket S [OPTIONS]          (server)
+       vrdma-perf --socket S [OPTIONS] HOST     (client)
 
 Measure a pair of vrdma devices as perftest measures a pair of RNICs: open
 both devices on a running vrdmad as virtio-user front-ends, connect RC QPs
 and run ib_write_bw, ib_read_bw, ib_send_bw, ib_atomic_bw or a latency test
 (ib_write_lat, ib_send_lat, ib_read_lat, ib_atomic_lat), printing
-perftest's table. perftest's flags keep their meaning and defaults.
+perftest's table. perftest's flags keep their meaning and defaults. With
+--socket it runs one side of a bandwidth test, as perftest's server (no
+HOST) or client (HOST), exchanging QPN, PSN, GID, rkey and buffer over TCP
+(--port); both sides' vrdmads must share a host today.
 
 Options:
 `)
@@ -371,5 +469,7 @@ Examples:
   vrdma-perf --sockets A,B --op read -a -F
   vrdma-perf --sockets A,B --op write_lat -s 64 -n 10000
   vrdma-perf --sockets A,B --op send -q 4 --verify --json
+  vrdma-perf --socket A --op write --verify            # server
+  vrdma-perf --socket B --op write --verify 127.0.0.1  # client
 `)
 }

@@ -47,6 +47,7 @@ type testInfo struct {
 	linkLayer     uint32 // ibv_link_layer: 1 InfiniBand, 2 Ethernet
 	mtu, outReads int
 	local, remote []qpAddr
+	exchange      string // how the sides exchanged their QPs: "Ethernet" (TCP, as perftest), or "" for in-process
 }
 
 // reporter prints perftest's table.
@@ -118,7 +119,11 @@ func (r *reporter) header() {
 		fmt.Fprintf(&b, " Max inline data : %d[B]\n", 0)
 	}
 	fmt.Fprintf(&b, " rdma_cm QPs\t : %s\n", "OFF")
-	fmt.Fprintf(&b, " Data ex. method : %s\n", "in-process")
+	ex := ti.exchange
+	if ex == "" {
+		ex = "in-process"
+	}
+	fmt.Fprintf(&b, " Data ex. method : %s\n", ex)
 	b.WriteString(resultLine)
 	for _, side := range []struct {
 		name  string
