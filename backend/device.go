@@ -48,6 +48,17 @@ type Device interface {
 	Detach()
 }
 
+// KickReceiver is implemented by a Device that runs the work of some of
+// its queues itself, on its own workers (vrdma's doorbell queues, served by
+// a shared engine pool): for a queue it claims, the queue's worker only
+// waits for kicks and hands each to Kicked, without locking the queue or
+// touching its notification state; the device works on the queue through
+// Queue.Run. Kicked must not block. For the queues it does not claim it
+// returns false and HandleQueue runs as usual.
+type KickReceiver interface {
+	Kicked(q *Queue) bool
+}
+
 // Host is what the session offers a device.
 type Host interface {
 	// Memory is the guest memory of the connected front-end.

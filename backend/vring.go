@@ -173,6 +173,9 @@ func (r *vring) worker(done chan struct{}) {
 		if !r.enabled.Load() || r.broken() != nil {
 			continue
 		}
+		if kr, ok := r.s.dev.(KickReceiver); ok && kr.Kicked(r.q) {
+			continue
+		}
 		r.process()
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/vrdma/vrdma/backend/rdma/sched"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
@@ -24,6 +25,7 @@ const cmdTimeout = 5 * time.Second
 // gave back everything it took.
 func hygiene(t *testing.T) {
 	t.Helper()
+	sched.Default() // the process-wide engine pool lives as long as the process
 	fds, gs, maps, lck := countFds(t), runtime.NumGoroutine(), guestMaps(t), lockedKB(t)
 	t.Cleanup(func() {
 		deadline := time.Now().Add(5 * time.Second)

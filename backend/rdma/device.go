@@ -14,6 +14,7 @@ import (
 
 	"github.com/vrdma/vrdma/backend"
 	"github.com/vrdma/vrdma/backend/rdma/engine"
+	"github.com/vrdma/vrdma/backend/rdma/sched"
 	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
@@ -104,6 +105,12 @@ type Config struct {
 	// second (a token bucket holding one second's worth); beyond it a
 	// command answers QUOTA. Zero means no bound.
 	MaxCommandsPerSec int
+	// Share is the device's part of the engine (weight, rate bounds);
+	// SetShare changes it later.
+	Share Share
+	// Pool runs the device's doorbell queues; nil means sched.Default(),
+	// a pool shared by every device of the process.
+	Pool *sched.Pool
 }
 
 // maxRequest bounds a control request's size (header included). The largest
@@ -143,12 +150,17 @@ type Device struct {
 	eventsLost   atomic.Uint64
 	lostReported atomic.Bool // DEVICE_FATAL sent for this attachment
 
-	// spins[i] is doorbell queue i's adaptive spin window, protected by
-	// that queue's lock (only its HandleQueue uses it).
-	spins []spinWindow
+	// The doorbell queues' tasks while attached; doorbellsp mirrors
+	// doorbells for wakeDoorbell, which must not take mu.
+	pool       *sched.Pool                 // immutable
+	doorbells  []*doorbell                 // protected by mu
+	doorbellsp atomic.Pointer[[]*doorbell] // = doorbells
+	rate       bucket                      // the Share's rate bounds
 
 	commands atomic.Uint64
 	errors   atomic.Uint64
+
+	share atomic.Pointer[Share] // never nil
 
 	// Command rate limit; protected by the control queue's lock.
 	tokens   float64
@@ -175,11 +187,16 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 	if cfg.MaxQueueSize < 2 || cfg.MaxQueueSize > virtio.MaxQueueSize || cfg.MaxQueueSize&(cfg.MaxQueueSize-1) != 0 {
 		return nil, fmt.Errorf("rdma: max queue size %d is not a power of two in [2, %d]", cfg.MaxQueueSize, virtio.MaxQueueSize)
 	}
+	if err := cfg.Share.Check(); err != nil {
+		return nil, fmt.Errorf("rdma: %w", err)
+	}
 	cfg.Limits = cfg.Limits.WithDefaults(DefaultLimits())
 	if cfg.UUID == uuid.Nil {
 		cfg.UUID = uuid.New()
 	}
 	d := &Device{cfg: cfg}
+	share := cfg.Share
+	d.share.Store(&share)
 	for _, o := range opts {
 		o(d)
 	}
@@ -221,9 +238,9 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 	if d.cfg.Spin < 0 {
 		d.cfg.Spin = 0
 	}
-	d.spins = make([]spinWindow, cfg.DoorbellQueues)
-	for i := range d.spins {
-		d.spins[i].window = d.cfg.Spin
+	d.pool = cfg.Pool
+	if d.pool == nil {
+		d.pool = sched.Default()
 	}
 	if d.cfg.ControlSpin == 0 {
 		d.cfg.ControlSpin = 20 * time.Microsecond
@@ -308,16 +325,22 @@ func (d *Device) Attach(h backend.Host) {
 	d.memory = h.Memory()
 	d.res = &resources{}
 	d.pinner = memmap.NewPinner(d.cfg.Pin)
-	d.eng.Attach(d.memory, d.postEvent, func(dbq int) {
-		if q := h.Queue(abi.FirstDoorbellQueue + dbq); q != nil {
-			q.Wake()
-		}
-	})
+	if err := d.startDoorbells(h); err != nil {
+		// Only a closed pool (the daemon shutting down) gets here: the
+		// device serves no data path then.
+		d.log.WithError(err).Error("engine pool")
+		d.stopDoorbells()
+	}
+	dbs := d.doorbells
+	d.doorbellsp.Store(&dbs)
+	d.eng.Attach(d.memory, d.postEvent, d.wakeDoorbell)
 }
 
 func (d *Device) Detach() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.doorbellsp.Store(nil)
+	d.stopDoorbells()
 	d.destroyAll()
 	d.eng.Detach()
 	if d.pinner != nil {
@@ -377,7 +400,9 @@ func (d *Device) HandleQueue(q *backend.Queue) error {
 		}
 		return nil
 	default:
-		return d.handleDoorbell(q)
+		// Kicked claims the doorbell queues; a call here is a kick too.
+		d.wakeDoorbell(q.Index() - abi.FirstDoorbellQueue)
+		return nil
 	}
 }
 

@@ -1,61 +1,161 @@
 package rdma
 
 import (
-	"runtime"
+	"fmt"
 	"time"
 
 	"github.com/vrdma/vrdma/backend"
+	"github.com/vrdma/vrdma/backend/rdma/engine"
+	"github.com/vrdma/vrdma/backend/rdma/sched"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // The doorbell queues: each wakes the engine for the QPs bound to it
-// (docs/spec.md, § Doorbell queues and the data path).
+// (docs/spec.md, § Doorbell queues and the data path). A doorbell queue is
+// a task of the daemon's engine pool (package sched): the queue's kick
+// only wakes the task, and whichever pool worker takes it polls the
+// queue's QPs within the budget the pool grants, while there is work and
+// for a short spin after; then it publishes that it sleeps (used flags)
+// and looks once more before the task goes idle until the next kick.
 
-// handleDoorbell runs the engine for one doorbell queue: it polls while
-// there is work and for a short spin after, then publishes that it sleeps
-// (used flags) and looks once more before returning to wait for a kick. The
-// spin's length adapts (spinWindow).
-func (d *Device) handleDoorbell(q *backend.Queue) error {
+// doorbell is one doorbell queue of an attached device.
+type doorbell struct {
+	d    *Device
+	dbq  int
+	q    *backend.Queue // immutable while attached
+	task *sched.Task
+
+	// Owned by the visiting worker (the pool visits a task with one
+	// worker at a time).
+	sw      spinWindow
+	window  time.Duration // this wake-up's spin window
+	last    time.Time     // last work found in this wake-up; zero: none yet
+	idle    bool          // a look since the last work found nothing
+	polling bool          // the used flags say the engine polls
+}
+
+// startDoorbells creates the doorbell queues' tasks. Precondition: d.mu
+// held, attaching to h.
+func (d *Device) startDoorbells(h backend.Host) error {
+	d.doorbells = make([]*doorbell, d.cfg.DoorbellQueues)
+	for i := range d.doorbells {
+		q := h.Queue(abi.FirstDoorbellQueue + i)
+		if q == nil {
+			return fmt.Errorf("doorbell queue %d missing", i)
+		}
+		db := &doorbell{d: d, dbq: i, q: q}
+		db.sw.window = d.cfg.Spin
+		t, err := d.pool.NewTask(db.visit)
+		if err != nil {
+			return err
+		}
+		t.SetWeight(d.Share().weight())
+		db.task = t
+		d.doorbells[i] = db
+	}
+	return nil
+}
+
+// stopDoorbells stops the tasks and waits out visits in progress.
+// Precondition: d.mu held.
+func (d *Device) stopDoorbells() {
+	for _, db := range d.doorbells {
+		if db != nil && db.task != nil {
+			db.task.Stop()
+		}
+	}
+	d.doorbells = nil
+}
+
+// Kicked implements backend.KickReceiver: a doorbell queue's kick wakes
+// its task.
+func (d *Device) Kicked(q *backend.Queue) bool {
 	dbq := q.Index() - abi.FirstDoorbellQueue
-	t := q.Memory()
-	sw := &d.spins[dbq]
-	window := sw.start(d.cfg.Spin)
-	// The spin follows work only: a kick that finds none (a driver posting
-	// receives, which the peer's requester consumes; a timer) goes back to
-	// sleep at once instead of taking a core for the window.
-	var last time.Time
-	idle := false // a look since the last work found nothing
-	for !q.Stopping() {
+	if dbq < 0 {
+		return false
+	}
+	d.wakeDoorbell(dbq)
+	return true
+}
+
+// wakeDoorbell wakes doorbell queue dbq's task (a kick, an RNR retry, a
+// peer's state change).
+func (d *Device) wakeDoorbell(dbq int) {
+	dbs := d.doorbellsp.Load()
+	if dbs == nil || dbq < 0 || dbq >= len(*dbs) {
+		return
+	}
+	(*dbs)[dbq].task.Wake()
+}
+
+// visit is one turn of the queue's task: it polls the queue's QPs within
+// b and decides whether the task wants another turn (work found, or
+// spinning for the driver's next post) or sleeps.
+func (db *doorbell) visit(b *sched.Budget) sched.Next {
+	var next sched.Next
+	err := db.q.Run(func(q *backend.Queue) error {
+		next = db.poll(q, b)
+		return nil
+	})
+	if err != nil {
+		// Stopped or broken: the ring's restart kicks the queue again.
+		db.polling = false
+		return sched.Next{}
+	}
+	return next
+}
+
+// poll is visit with the queue locked and its memory held.
+func (db *doorbell) poll(q *backend.Queue, b *sched.Budget) sched.Next {
+	d := db.d
+	if q.Stopping() {
+		return sched.Next{}
+	}
+	if !db.polling {
+		// A wake-up: the spin follows work only, so a kick that finds
+		// none (a driver posting receives, which the peer's requester
+		// consumes; a timer) goes back to sleep at once instead of taking
+		// a worker for the window.
 		q.SetPolling(true)
-		worked, _ := d.eng.Poll(dbq, t)
-		if worked {
-			if idle && !last.IsZero() {
-				window = sw.hit(d.cfg.Spin) // the spin found the next post
-			}
-			idle = false
-			last = time.Now()
-			continue
+		db.polling = true
+		db.window = db.sw.start(d.cfg.Spin)
+		db.last, db.idle = time.Time{}, false
+	}
+	if at, ok := d.rate.allow(b, d.Share()); !ok {
+		return sched.Next{At: at} // the used flags stay set: nobody kicks
+	}
+	t := q.Memory()
+	eb := engine.Budget{Bytes: b.Bytes, Ops: b.Ops, OpCost: sched.OpCost}
+	// RNR deadlines are the engine's own timers' (they wake the task).
+	worked, _ := d.eng.PollBudget(db.dbq, t, &eb)
+	d.rate.charge(int64(min(eb.Moved, 1<<62)), b.Ops-eb.Ops, d.Share())
+	b.Bytes, b.Ops = eb.Bytes, eb.Ops
+	if worked {
+		if db.idle && !db.last.IsZero() {
+			db.window = db.sw.hit(d.cfg.Spin) // the spin found the next post
 		}
-		idle = true
-		if !last.IsZero() && time.Since(last) < window {
-			// Idle: let a runnable goroutine (a client, the control
-			// worker) have the processor between looks.
-			runtime.Gosched()
-			continue
-		}
-		if !last.IsZero() && window > 0 {
-			window = sw.miss()
-		}
-		q.SetPolling(false)
-		abi.Fence()
-		if worked, _ = d.eng.Poll(dbq, t); !worked {
-			return nil
-		}
-		last = time.Now()
-		idle = false
+		db.idle = false
+		db.last = time.Now()
+		return sched.Next{More: true}
+	}
+	db.idle = true
+	if !db.last.IsZero() && time.Since(db.last) < db.window {
+		return sched.Next{More: true} // spin: the pool visits others meanwhile
+	}
+	if !db.last.IsZero() && db.window > 0 {
+		db.window = db.sw.miss()
 	}
 	q.SetPolling(false)
-	return nil
+	db.polling = false
+	abi.Fence()
+	eb = engine.Budget{Bytes: max(b.Bytes, 1), Ops: max(b.Ops, 1), OpCost: sched.OpCost}
+	if worked, _ := d.eng.PollBudget(db.dbq, t, &eb); worked {
+		q.SetPolling(true)
+		db.polling = true
+		db.last, db.idle = time.Now(), false
+		return sched.Next{More: true}
+	}
+	return sched.Next{}
 }
 
 // spinWindow is how long a doorbell queue's engine spins after work, and

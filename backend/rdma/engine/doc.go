@@ -19,12 +19,15 @@
 //
 // # Execution model
 //
-// The engine of one doorbell queue of a device is one goroutine calling
-// RNIC.Poll for its queue, holding the device's current memmap.Table
-// under memmap.Guard. Poll owns the requester side of the queue's QPs: for
-// each QP in RTS it reads the head send WQE once into per-QP scratch,
-// validates the copy, runs it, completes it, and advances sq_ci, at most
-// pollBudget WQEs per QP per call; for each QP in ERR it flushes both
+// One doorbell queue of a device is polled by one caller at a time (a
+// worker of the daemon's engine pool, package sched, visiting the queue's
+// task) calling RNIC.PollBudget for it, holding the device's current
+// memmap.Table under memmap.Guard. PollBudget owns the requester side of
+// the queue's QPs: for each QP in RTS it reads the head send WQE once into
+// per-QP scratch, validates the copy, runs it, completes it, and advances
+// sq_ci, at most pollBudget WQEs per QP per call and none once the
+// caller's Budget (engine time: payload plus a cost per WQE) is spent,
+// starting at a different QP each call; for each QP in ERR it flushes both
 // queues. Running a WQE (engine.go, run) checks its local side and builds
 // a request — the message as the responder sees it: opcode, remote
 // address and key, length, immediate, where the payload comes from — that

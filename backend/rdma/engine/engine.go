@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/binary"
+	"math"
 	"time"
 
 	"github.com/vrdma/vrdma/memmap"
@@ -28,19 +29,54 @@ var epoch = time.Now()
 // monoNow returns monotonic nanoseconds since epoch.
 func monoNow() int64 { return int64(time.Since(epoch)) }
 
-// Poll runs the requester side of every QP of doorbell queue dbq that has
-// posted send work, and the flush of every QP of dbq in ERR (both queues),
-// once and bounded: at most pollBudget WQEs per QP. It reports whether it
-// did anything (the caller keeps polling) and the earliest RNR retry
-// deadline of a QP waiting for one (the zero time if none).
+// Budget bounds one PollBudget call: the engine time its WQEs may take,
+// counted as payload bytes plus OpCost per WQE, and the WQEs it may
+// execute. A WQE runs while both are positive and charges its whole cost,
+// so a message larger than what is left takes Bytes below zero (a debt for
+// the caller's scheduler, which shares the engine between devices by
+// deficit round robin; package sched).
+type Budget struct {
+	Bytes  int64
+	Ops    int
+	OpCost int64
+	// Moved adds up the payload of the WQEs run.
+	Moved uint64
+}
+
+func (b *Budget) spent() bool { return b.Bytes <= 0 || b.Ops <= 0 }
+
+// Poll is PollBudget without a budget (still at most pollBudget WQEs per
+// QP).
+func (d *RNIC) Poll(dbq int, t *memmap.Table) (worked bool, nextRetry time.Time) {
+	b := Budget{Bytes: math.MaxInt64, Ops: math.MaxInt}
+	return d.PollBudget(dbq, t, &b)
+}
+
+// PollBudget runs the requester side of every QP of doorbell queue dbq
+// that has posted send work, and the flush of every QP of dbq in ERR (both
+// queues), once and bounded: at most pollBudget WQEs per QP, and no WQE
+// once b is spent. It starts at a different QP each call, so that QPs
+// share a budget that runs out midway. It reports whether it did anything
+// (the caller keeps polling) and the earliest RNR retry deadline of a QP
+// waiting for one (the zero time if none).
 //
 // Precondition: t is the device's current table, acquired by the caller,
-// who runs Poll under memmap.Guard. Poll never panics on guest input.
-func (d *RNIC) Poll(dbq int, t *memmap.Table) (worked bool, nextRetry time.Time) {
+// who runs PollBudget under memmap.Guard. It never panics on guest input.
+func (d *RNIC) PollBudget(dbq int, t *memmap.Table, b *Budget) (worked bool, nextRetry time.Time) {
 	now := monoNow()
 	var next int64
-	for _, q := range d.queueQPs(dbq) {
-		w, r := q.poll(t, now)
+	qs := d.queueQPs(dbq)
+	start := 0
+	if len(qs) > 1 {
+		start = int(d.rotor.Add(1) % uint32(len(qs)))
+	}
+	for i := range qs {
+		if b.spent() {
+			worked = true // work may be left: the caller comes back
+			break
+		}
+		q := qs[(start+i)%len(qs)]
+		w, r := q.poll(t, now, b)
 		worked = worked || w
 		if r != 0 && (next == 0 || r < next) {
 			next = r
@@ -52,8 +88,8 @@ func (d *RNIC) Poll(dbq int, t *memmap.Table) (worked bool, nextRetry time.Time)
 	return worked, nextRetry
 }
 
-// poll is Poll for one QP.
-func (q *QP) poll(t *memmap.Table, now int64) (worked bool, retry int64) {
+// poll is PollBudget for one QP.
+func (q *QP) poll(t *memmap.Table, now int64, b *Budget) (worked bool, retry int64) {
 	q.sqMu.Lock()
 	defer q.sqMu.Unlock()
 	if t == nil {
@@ -65,7 +101,7 @@ func (q *QP) poll(t *memmap.Table, now int64) (worked bool, retry int64) {
 		q.toErr(true)
 		return false, 0
 	}
-	worked, retry = q.pollLocked(t, rec, now)
+	worked, retry = q.pollLocked(t, rec, now, b)
 	q.publish(t, rec)
 	return worked, retry
 }
@@ -100,9 +136,9 @@ func (q *QP) publish(t *memmap.Table, rec []byte) {
 
 // pollLocked is poll's loop. Precondition: sqMu held; rec is the QP's
 // record on t.
-func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64) (worked bool, retry int64) {
+func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64, b *Budget) (worked bool, retry int64) {
 	q.kickWaiter(rec)
-	for budget := pollBudget; budget > 0; {
+	for budget := pollBudget; budget > 0 && !b.spent(); {
 		q.mu.Lock()
 		st, dead, lost, lostEnd, haveEnd := q.attr.QPState, q.dead, q.lostPeer, q.lostEnd, q.lostHaveEnd
 		q.lostPeer = false
@@ -126,9 +162,12 @@ func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64) (worked bool, re
 			if q.rnrWait != 0 && now < q.rnrWait && !q.rnrKick.Swap(false) {
 				return worked, q.rnrWait
 			}
-			q.step(t, rec, now)
+			n := q.step(t, rec, now)
 			worked = true
 			budget--
+			b.Ops--
+			b.Bytes -= int64(min(n, math.MaxInt64/2)) + b.OpCost
+			b.Moved += n
 			if q.sqCI-q.sqCIPub >= publishEvery || q.bytesPend >= publishBytes {
 				// Keep the driver's reaping overlapped with the pass.
 				q.publish(t, rec)
@@ -163,9 +202,10 @@ func (q *QP) scratchBuf() *scratch {
 // step executes the head send WQE (sqCI) of a QP in RTS: it reads the WQE
 // once into the scratch, validates the copy, runs it, completes it and
 // advances sq_ci, unless the responder was not ready (RNR), in which case
-// the WQE stays at the head, held in the scratch.
+// the WQE stays at the head, held in the scratch. It returns the bytes the
+// WQE moved.
 // Precondition: sqMu held; rec is the QP's record on t.
-func (q *QP) step(t *memmap.Table, rec []byte, now int64) {
+func (q *QP) step(t *memmap.Table, rec []byte, now int64) (moved uint64) {
 	sc := q.scratchBuf()
 	ok := true
 	if !sc.held {
@@ -195,6 +235,7 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64) {
 		q.opsPend[w.opcode%uint8(len(q.opsPend))]++
 		q.bytesPend += total
 		byteLen = uint32(total)
+		moved = total
 	} else {
 		q.toErr(false)
 	}
@@ -207,6 +248,7 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64) {
 		q.cqPending = true
 	}
 	q.sqCI++ // stored into the record by publish
+	return moved
 }
 
 // run executes a validated send WQE whose SGEs are in sc.lsge: it checks

@@ -47,6 +47,7 @@ type RNIC struct {
 	qps   map[uint32]*QP // protected by mu
 	ahs   map[uint32]*AH // protected by mu
 	byDBQ map[int][]*QP  // protected by mu; each slice is immutable (copy on write)
+	rotor atomic.Uint32  // where PollBudget starts among a queue's QPs
 	seq   uint32         // handle sequence (protected by mu)
 
 	bytesMoved    atomic.Uint64

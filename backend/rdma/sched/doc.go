@@ -1,0 +1,72 @@
+// Package sched is the daemon's engine pool: a bounded set of workers
+// (vrdmad --engine-threads, default the CPUs the daemon may use) that
+// serves the doorbell queues of every device of the daemon, instead of a
+// goroutine per queue that runs and spins on its own.
+//
+// # Why
+//
+// Until this package, each doorbell queue had its own engine goroutine: it
+// ran the queue's QPs while there was work and then kept polling for a
+// spin window (up to 50 µs, adaptive) before it slept. One busy pair of
+// devices used two goroutines (the client's and the engine's) and moved
+// 21.6 GB/s of 64 KiB WRITEs on this 2-core machine; two pairs moved 0.48×
+// that in all, four 0.24×, eight 0.09×. The aggregate fell as 1/N, not
+// to a plateau, because of how N engines and N clients shared two Go Ps:
+//
+//   - Nothing bounded the goroutines that wanted a processor: N engine
+//     goroutines, each spinning through its window with runtime.Gosched
+//     between looks, and N clients. An engine that had work waited behind
+//     every spinning engine and client in the run queue, and each of those
+//     took its turn whether or not it had anything to do; the share of
+//     processor time spent on useful copies fell with every busy queue.
+//   - A goroutine that never blocks (a client busy-polling its CQ, like
+//     perftest) keeps its P until the runtime preempts it after 10 ms. With
+//     more busy goroutines than Ps, an engine whose client had just posted
+//     could wait whole 10 ms slices to run, and its client then spun on an
+//     empty CQ for its own slice.
+//
+// The engine's work has the shape an RNIC's scheduler has: many queues,
+// few engines. So the design is an RNIC's: a fixed number of workers, a
+// run queue of queues with work, and a visit of bounded size per turn.
+//
+// # Design
+//
+//   - A Task is one doorbell queue. Its kick eventfd still wakes a goroutine
+//     parked in Go's netpoller (epoll): that goroutine only marks the task
+//     runnable (Task.Wake) and goes back to waiting, so an idle device costs
+//     no processor and no worker.
+//   - Workers take runnable tasks from one FIFO in turn and run one visit
+//     each. A visit is bounded by a Budget; a task that still has work, or
+//     is spinning on its driver's next post (the used-ring NO_NOTIFY flag
+//     stays set, so its driver does not kick), goes to the back of the
+//     queue. Spinning is therefore a revisit after everyone else's turn,
+//     not a processor held. A task without work clears NO_NOTIFY, looks
+//     once more and goes idle until its next kick.
+//   - Fairness is deficit round robin over engine time: a turn grants
+//     Quantum × the task's weight, a work request costs its payload plus
+//     OpCost, and a message larger than what is left still runs and leaves
+//     a debt that the task's next turns repay while others wait (the engine
+//     never splits a message). Within a device, the engine starts each visit
+//     at a different QP, so QPs share a budget that runs out midway.
+//   - Workers park on a condition variable after a short spin (Config.Spin)
+//     when the run queue is empty, and yield the processor to the rest of
+//     the process at least every yieldEvery of back-to-back visits: a kick's
+//     goroutine and the control API must not wait for a preemption.
+//   - Optional pinning (Config.CPUs, vrdmad --engine-cpus) locks each
+//     worker to an OS thread with its CPU affinity set, for operators who
+//     dedicate cores to the engine.
+//
+// A device's rate bounds (rdma.Share) narrow the budget of its visits and,
+// when its tokens run out, put its queues to sleep until they refill
+// (Next.At), without a kick.
+//
+// # Ownership and locking
+//
+// A task is visited by one worker at a time (Task.runMu); its run function
+// owns whatever it keeps between visits. Task state moves idle → queued →
+// running → idle with compare-and-swap, and a Wake during a visit
+// (running → rewoken) makes the worker queue the task again after the
+// visit, so a kick is never lost. Stop marks the task stopped and waits
+// out a visit in progress; a stopped task found in the run queue is
+// dropped. Pool.mu guards the run queue only and is a leaf.
+package sched
