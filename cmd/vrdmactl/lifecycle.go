@@ -52,6 +52,7 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 	mac := fs.String("mac", "", "pair the device with the guest NIC of this MAC `address` (the node GUID becomes its EUI-64)")
 	gid := fs.String("gid", "", "port GID 0, fe80::/64 with the GUID (default: from the GUID)")
 	doorbells := fs.Int("doorbell-queues", 0, "doorbell queues, one per guest vCPU (0: 1)")
+	sf := defineShare(fs)
 	return func(pos []string) error {
 		if err := wantArgs("device add", pos, "ID"); err != nil {
 			return err
@@ -72,7 +73,11 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 				return usageErr("--%s %d: more than 2^32-1", name, v)
 			}
 		}
-		req := controlapi.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, MAC: *mac, DoorbellQueues: *doorbells}
+		share, err := sf.share()
+		if err != nil {
+			return err
+		}
+		req := controlapi.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, MAC: *mac, DoorbellQueues: *doorbells, Share: share}
 		if *maxQPs != 0 || *maxCQs != 0 || *maxMRs != 0 || pinned != 0 {
 			req.Limits = &controlapi.Limits{MaxQPs: uint32(*maxQPs), MaxCQs: uint32(*maxCQs), MaxMRs: uint32(*maxMRs), MaxPinnedBytes: pinned}
 		}
@@ -120,10 +125,11 @@ func defineDeviceLs(_ *flag.FlagSet, c *cli) func([]string) error {
 			return printJSON(c.out, devs)
 		}
 		tw := tabwriter.NewWriter(c.out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tSOCKET\tCONNECTED\tPINNED\tPDS\tMRS\tCQS\tQPS\tMOVED\tERRORS")
+		fmt.Fprintln(tw, "ID\tSOCKET\tCONNECTED\tPINNED\tPDS\tMRS\tCQS\tQPS\tMOVED\tERRORS\tWEIGHT\tMAX-BYTES\tMAX-OPS")
 		for _, d := range devs {
-			fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%d\t%d\t%d\t%d\t%s\t%d\n", d.ID, d.Socket, d.Connected,
-				units.FormatBytes(d.PinnedBytes), d.PDs, d.MRs, d.CQs, d.QPs, units.FormatBytes(d.BytesMoved), d.Errors)
+			fmt.Fprintf(tw, "%s\t%s\t%v\t%s\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\n", d.ID, d.Socket, d.Connected,
+				units.FormatBytes(d.PinnedBytes), d.PDs, d.MRs, d.CQs, d.QPs, units.FormatBytes(d.BytesMoved), d.Errors,
+				d.Share.Weight, rateLimit(d.Share.MaxBytesPerSec, true), rateLimit(d.Share.MaxOpsPerSec, false))
 		}
 		return tw.Flush()
 	}
@@ -350,11 +356,14 @@ func showInfo(out io.Writer, d controlapi.DeviceInfo) error {
 		{"connected", fmt.Sprint(d.Connected)}, {"num_queues", fmt.Sprint(d.NumQueues)},
 		{"max_qps", fmt.Sprint(d.Limits.MaxQPs)}, {"max_cqs", fmt.Sprint(d.Limits.MaxCQs)}, {"max_mrs", fmt.Sprint(d.Limits.MaxMRs)},
 		{"max_pinned", pinnedLimit(d.Limits.MaxPinnedBytes)},
+	}
+	rows = append(rows, shareRows(d.Share)...)
+	rows = append(rows, [][2]string{
 		{"pinned", units.FormatBytes(d.PinnedBytes)}, {"map_cache", units.FormatBytes(d.CachedBytes)},
 		{"pds", fmt.Sprint(d.PDs)}, {"mrs", fmt.Sprint(d.MRs)}, {"cqs", fmt.Sprint(d.CQs)}, {"qps", fmt.Sprint(d.QPs)}, {"ahs", fmt.Sprint(d.AHs)},
 		{"bytes_moved", units.FormatBytes(d.BytesMoved)}, {"commands", fmt.Sprint(d.Commands)},
 		{"errors", fmt.Sprint(d.Errors)}, {"ring_errors", fmt.Sprint(d.RingErrors)}, {"sessions", fmt.Sprint(d.Sessions)},
-	}
+	}...)
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
 	}

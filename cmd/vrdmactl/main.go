@@ -5,6 +5,8 @@
 //
 //	vrdmactl [--control PATH] [--json] device add ID [--socket PATH] [--max-qps N] [--max-cqs N]
 //	         [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G]
+//	         [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N]
+//	vrdmactl [--control PATH] [--json] device set ID [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N]
 //	vrdmactl [--control PATH] [--json] device rm ID
 //	vrdmactl [--control PATH] [--json] device ls
 //	vrdmactl [--control PATH] [--json] device show ID
@@ -20,6 +22,10 @@
 // device, 4 conflict (the device ID or socket is in use, or the daemon
 // holds all the devices it may), 5 vrdmad unreachable (no control socket,
 // or nobody answers on it).
+//
+// device set changes a running device's share of the engine (PATCH
+// /v1/devices/{id}): only the flags given are sent, the rest is kept;
+// --max-bytes-per-s 0 or --max-ops-per-s 0 removes that bound.
 //
 // vm attach hot-plugs a vrdmad device into a running QEMU (chardev-add of
 // a reconnecting unix client socket, then device_add of
@@ -114,8 +120,10 @@ var commands []command
 
 func init() {
 	commands = []command{
-		{"device add", "ID [--socket PATH] [--max-qps N] [--max-cqs N] [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G] [--doorbell-queues N]",
+		{"device add", "ID [--socket PATH] [--max-qps N] [--max-cqs N] [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G] [--doorbell-queues N] [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N]",
 			"add a device (its socket defaults to ID.sock beside the control socket)", true, true, defineDeviceAdd},
+		{"device set", "ID [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N]",
+			"change a device's share of the engine (only the flags given; a max of 0 removes that bound)", true, true, defineDeviceSet},
 		{"device rm", "ID", "remove a device (a connected front-end is disconnected)", true, true, defineDeviceRm},
 		{"device ls", "", "list the devices", true, true, defineDeviceLs},
 		{"device show", "ID", "show one device", true, true, defineDeviceShow},
@@ -166,6 +174,7 @@ Shell completion:
 
 Examples:
   vrdmactl device add vm1 --max-pinned 8G
+  vrdmactl device set vm1 --weight 4 --max-bytes-per-s 2G
   vrdmactl vm attach --libvirt guest1 --device vm1
   vrdmactl --json device ls
 `)

@@ -303,7 +303,10 @@ func TestCompletion(t *testing.T) {
 	}{
 		{[]string{"vrdmactl", ""}, "completion device help vm"},
 		{[]string{"vrdmactl", "d"}, "device"},
-		{[]string{"vrdmactl", "device", ""}, "add rm ls show"},
+		{[]string{"vrdmactl", "device", ""}, "add set rm ls show"},
+		{[]string{"vrdmactl", "device", "set", "x", "--w"}, "--weight"},
+		{[]string{"vrdmactl", "device", "add", "x", "--max-b"}, "--max-bytes-per-s"},
+		{[]string{"vrdmactl", "--control", control, "device", "set", "b"}, "beta"},
 		{[]string{"vrdmactl", "vm", "a"}, "attach"},
 		{[]string{"vrdmactl", "--"}, "--control --json --help"},
 		{[]string{"vrdmactl", "device", "add", "x", "--max-p"}, "--max-pinned"},

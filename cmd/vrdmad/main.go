@@ -5,6 +5,7 @@
 // Usage:
 //
 //	vrdmad --socket [ID=]PATH [--socket …] [--control PATH] [--state-dir DIR]
+//	       [--engine-threads N] [--engine-cpus LIST]
 //	       [--metrics ADDR] [--log-level info] [--log-format text|json]
 //	vrdmad --socket-path=PATH | --fd=FDNUM [flags]
 //	vrdmad --print-capabilities
@@ -29,6 +30,12 @@
 // unusable state file stops the start with an error naming it and the
 // copy it was moved to.
 //
+// Every device's doorbell queues are served by one pool of engine workers
+// (package backend/rdma/sched): --engine-threads of them (default: one
+// per CPU vrdmad may use), pinned to the CPUs of --engine-cpus when it is
+// given. How the devices share the pool (weights, rate bounds) is set per
+// device through the control API (PATCH /v1/devices/{id}).
+//
 // --metrics serves Prometheus metrics on /metrics (see internal/metrics and
 // docs/packaging.md). --help prints the usage on standard output, in a form
 // help2man turns into the manual page.
@@ -51,6 +58,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/backend/rdma/sched"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/internal/metrics"
 	"github.com/vrdma/vrdma/internal/units"
@@ -129,6 +137,8 @@ type flags struct {
 	sockOwner    string
 	sockMode     string
 	allowUIDs    string
+	engineThr    int
+	engineCPUs   string
 }
 
 // defaultStateDir is --state-dir's default.
@@ -159,6 +169,8 @@ func newFlags() *flags {
 	fs.StringVar(&f.sockOwner, "socket-owner", "", "owner of the device sockets, `USER[:GROUP]` or :GROUP (QEMU's user or group, e.g. libvirt-qemu:kvm or :kvm)")
 	fs.StringVar(&f.sockMode, "socket-mode", "0600", "permission bits of the device sockets (octal)")
 	fs.StringVar(&f.allowUIDs, "allow-uid", "", "comma-separated uids allowed to connect to device sockets (SO_PEERCRED); empty: anyone who can open them")
+	fs.IntVar(&f.engineThr, "engine-threads", 0, "engine workers serving the doorbell queues of all devices (0: one per CPU of --engine-cpus, else one per CPU vrdmad may use)")
+	fs.StringVar(&f.engineCPUs, "engine-cpus", "", "pin the engine workers to these CPUs, a `LIST` such as 2,3 or 2-5 (worker i on the i-th CPU, round robin); each must be in vrdmad's affinity mask (default: not pinned)")
 	return f
 }
 
@@ -194,6 +206,7 @@ func (f *flags) usage(w io.Writer) {
 	fmt.Fprintf(w, "\nExamples:\n"+
 		"  vrdmad --control /run/vrdma/control.sock --socket vm1=/run/vrdma/vm1.sock\n"+
 		"  vrdmad --control /run/vrdma/control.sock --metrics 127.0.0.1:9464\n"+
+		"  vrdmad --control /run/vrdma/control.sock --engine-threads 2 --engine-cpus 2-3\n"+
 		"  vrdmad --socket-path=/run/vrdma/vm1.sock --state-dir ''\n\n"+
 		"Devices added through the control API are kept in --state-dir and come back\n"+
 		"after a restart; devices given with --socket, --socket-path or --fd are not.\n\n"+
@@ -263,6 +276,14 @@ func run(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	allowed, err := affinity()
+	if err != nil {
+		return err
+	}
+	ecfg, err := engineConfig(f.engineThr, f.engineCPUs, allowed)
+	if err != nil {
+		return err
+	}
 
 	// Inherited sockets first: nothing else may take their descriptor
 	// numbers. Until a daemon owns them, they are closed on every error.
@@ -279,6 +300,19 @@ func run(args []string, stdout io.Writer) error {
 	}
 
 	checkMemlock(entry, dcfg)
+	// One engine pool for every device; closed after the devices.
+	pool, err := sched.New(ecfg)
+	if err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	defer pool.Close()
+	dcfg.Pool = pool
+	engineLog := entry.WithField("engine_threads", pool.Workers())
+	if len(ecfg.CPUs) > 0 {
+		engineLog = engineLog.WithField("engine_cpus", formatCPUList(ecfg.CPUs))
+	}
+	engineLog.Info("engine pool started")
+	// fail closes the daemon; the deferred pool.Close runs after it.
 	d := daemon.New(entry, dcfg)
 	fail := func(err error) error {
 		d.Close()
@@ -365,6 +399,8 @@ func run(args []string, stdout io.Writer) error {
 	if ms != nil {
 		errs = append(errs, ms.Close())
 	}
+	// The devices go first (d.Close), then the deferred pool.Close stops
+	// the engine workers none of them uses any more.
 	return errors.Join(append(errs, d.Close())...)
 }
 

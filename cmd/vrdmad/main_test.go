@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/controlapi"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
@@ -582,7 +583,7 @@ func TestRestartKeepsIdentity(t *testing.T) {
 	cl := vrdmadproc.UnixClient(control)
 	for _, body := range []string{
 		fmt.Sprintf(`{"id":"vm1","socket":%q,"limits":{"max_qps":64,"max_pinned_bytes":536870912}}`, sock),
-		fmt.Sprintf(`{"id":"vm2","socket":%q,"doorbell_queues":2,"guid":"0211:2233:4455:6677"}`, filepath.Join(dir, "vm2.sock")),
+		fmt.Sprintf(`{"id":"vm2","socket":%q,"doorbell_queues":2,"guid":"0211:2233:4455:6677","share":{"weight":3,"max_ops_per_s":20000}}`, filepath.Join(dir, "vm2.sock")),
 	} {
 		resp, err := cl.Post("http://vrdmad/v1/devices", "application/json", strings.NewReader(body))
 		if err != nil {
@@ -593,7 +594,15 @@ func TestRestartKeepsIdentity(t *testing.T) {
 			t.Fatalf("POST %s: %s", body, resp.Status)
 		}
 	}
+	// A share changed on a running device is saved too.
+	maxBytes := uint64(1 << 30)
+	if _, err := controlapi.New(control).SetShare(context.Background(), "vm1", controlapi.SharePatch{MaxBytesPerSec: &maxBytes}); err != nil {
+		t.Fatal(err)
+	}
 	before := devices(t, control)
+	if s := before["vm1"].Share; s != (controlapi.Share{Weight: 1, MaxBytesPerSec: 1 << 30}) {
+		t.Fatalf("vm1 after PATCH: share %+v", s)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -614,7 +623,7 @@ func TestRestartKeepsIdentity(t *testing.T) {
 	for _, id := range []string{"vm1", "vm2"} {
 		b, a := before[id], after[id]
 		if a.ID != id || a.Socket != b.Socket || a.UUID != b.UUID || a.GUID != b.GUID || a.GID != b.GID ||
-			a.Limits != b.Limits || a.NumQueues != b.NumQueues || !a.Persisted {
+			a.Limits != b.Limits || a.NumQueues != b.NumQueues || !a.Persisted || a.Share != b.Share {
 			t.Errorf("%s after the restart:\n got %+v\nwant %+v", id, a, b)
 		}
 	}

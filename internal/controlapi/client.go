@@ -167,6 +167,20 @@ func (c *Client) AddDevice(ctx context.Context, req AddRequest) (DeviceInfo, err
 	return out, nil
 }
 
+// SetShare changes a device's share (PATCH /v1/devices/{id}): the fields
+// p sets, the others kept. It returns the device as the daemon shows it
+// afterwards. ErrNotFound when there is no device of that ID,
+// ErrBadRequest when the daemon rejects the share (a *StatusError with
+// its reason); a 500 means the change could not be saved in the state
+// file and was not made.
+func (c *Client) SetShare(ctx context.Context, id string, p SharePatch) (DeviceInfo, error) {
+	var out DeviceInfo
+	if err := c.do(ctx, http.MethodPatch, DevicePath(id), PatchRequest{Share: &p}, &out); err != nil {
+		return DeviceInfo{}, err
+	}
+	return out, nil
+}
+
 // RemoveDevice removes a device (DELETE /v1/devices/{id}); ErrNotFound
 // when there is none of that ID. A 500 answer means the device is gone
 // but its server stopped with an error, which the StatusError holds.

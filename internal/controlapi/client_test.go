@@ -88,8 +88,23 @@ func TestClient(t *testing.T) {
 	if devs, err := c.Devices(ctx); err != nil || len(devs) != 1 || devs[0].ID != "vm1" {
 		t.Errorf("Devices: got %+v, %v; want vm1", devs, err)
 	}
-	if h, err := c.Health(ctx); err != nil || h != (controlapi.Health{Status: "ok", Devices: 1}) {
-		t.Errorf("Health: got %+v, %v; want ok with 1 device", h, err)
+	if h, err := c.Health(ctx); err != nil || h.Status != "ok" || h.Devices != 1 || h.PinnedBytes != 0 || h.EngineThreads < 1 {
+		t.Errorf("Health: got %+v, %v; want ok with 1 device and at least one engine thread", h, err)
+	}
+
+	// SetShare sends only the fields it is given.
+	w, ops := uint32(3), uint64(500)
+	if info, err := c.SetShare(ctx, "vm1", controlapi.SharePatch{Weight: &w, MaxOpsPerSec: &ops}); err != nil ||
+		info.ID != "vm1" || info.Share != (controlapi.Share{Weight: 3, MaxOpsPerSec: 500}) {
+		t.Errorf("SetShare: got %+v, %v; want vm1 with weight 3, 500 ops/s", info, err)
+	}
+	bytes := uint64(1 << 30)
+	if info, err := c.SetShare(ctx, "vm1", controlapi.SharePatch{MaxBytesPerSec: &bytes}); err != nil ||
+		info.Share != (controlapi.Share{Weight: 3, MaxBytesPerSec: 1 << 30, MaxOpsPerSec: 500}) {
+		t.Errorf("SetShare of one field: got %+v, %v; want the others kept", info.Share, err)
+	}
+	if got, err := c.Device(ctx, "vm1"); err != nil || got.Share.Weight != 3 {
+		t.Errorf("Device after SetShare: got %+v, %v", got.Share, err)
 	}
 
 	t.Run("errors", func(t *testing.T) {
@@ -110,6 +125,19 @@ func TestClient(t *testing.T) {
 				_, err := c.AddDevice(ctx, controlapi.AddRequest{ID: "1x", Socket: sock + "3"})
 				return err
 			}, controlapi.ErrBadRequest, 400, "start with a letter"},
+			{"set share of unknown id", func() error {
+				_, err := c.SetShare(ctx, "nope", controlapi.SharePatch{Weight: &w})
+				return err
+			}, controlapi.ErrNotFound, 404, "no such device: nope"},
+			{"bad weight", func() error {
+				big := uint32(1001)
+				_, err := c.SetShare(ctx, "vm1", controlapi.SharePatch{Weight: &big})
+				return err
+			}, controlapi.ErrBadRequest, 400, "share.weight"},
+			{"bad share at creation", func() error {
+				_, err := c.AddDevice(ctx, controlapi.AddRequest{ID: "vm9", Socket: sock + "9", Share: &controlapi.Share{MaxBytesPerSec: 1}})
+				return err
+			}, controlapi.ErrBadRequest, 400, "share.max_bytes_per_s"},
 			// Escaped: "vm1?x" is not vm1 with a query, "vm1/../vm1" not vm1.
 			{"query in id", func() error { _, err := c.RemoveDevice(ctx, "vm1?x"); return err }, controlapi.ErrNotFound, 404, "no such device: vm1?x"},
 			{"slashes in id", func() error { _, err := c.Device(ctx, "vm1/../vm1"); return err }, controlapi.ErrNotFound, 404, "no such device: vm1/../vm1"},
@@ -209,7 +237,9 @@ func TestWireFormat(t *testing.T) {
 		asMap any
 	}{
 		{controlapi.Removed{ID: "vm1", Removed: true}, map[string]any{"id": "vm1", "removed": true}},
-		{controlapi.Health{Status: "ok", Devices: 2, PinnedBytes: 1 << 21}, map[string]any{"status": "ok", "devices": 2, "pinned_bytes": 1 << 21}},
+		{controlapi.Health{Status: "ok", Devices: 2, EngineThreads: 4, PinnedBytes: 1 << 21}, map[string]any{"status": "ok", "devices": 2, "engine_threads": 4, "pinned_bytes": 1 << 21}},
+		// A field set to 0 is sent (weight 0 means 1), an absent one is not.
+		{controlapi.PatchRequest{Share: &controlapi.SharePatch{Weight: new(uint32)}}, map[string]any{"share": map[string]int{"weight": 0}}},
 		{controlapi.ErrorAnswer{Error: "no such device: x"}, map[string]string{"error": "no such device: x"}},
 	} {
 		a, _ := json.Marshal(tt.typed)

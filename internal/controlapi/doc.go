@@ -9,6 +9,7 @@
 //	GET    /v1/devices        []DeviceInfo                 Client.Devices
 //	POST   /v1/devices        AddRequest -> 201 DeviceInfo Client.AddDevice
 //	GET    /v1/devices/{id}   DeviceInfo                   Client.Device
+//	PATCH  /v1/devices/{id}   PatchRequest -> DeviceInfo   Client.SetShare
 //	DELETE /v1/devices/{id}   Removed                      Client.RemoveDevice
 //	GET    /v1/health         Health                       Client.Health
 //
@@ -19,8 +20,8 @@
 // fails with an *UnreachableError, which matches ErrUnreachable.
 //
 // Non-goals: validating requests (the daemon does; internal/daemon
-// DecodeAddRequest is the one check), retrying, and hot-plug (that is
-// QEMU's QMP, package vmm/qemu, not this API). The daemon's --metrics
+// DecodeAddRequest and DecodePatchRequest are the checks), retrying, and
+// hot-plug (that is QEMU's QMP, package vmm/qemu, not this API). The daemon's --metrics
 // endpoint is not part of the control API; HTTPClient reaches a unix
 // metrics socket all the same.
 //

@@ -10,7 +10,7 @@ const (
 	PathHealth = "/v1/health"
 )
 
-// DevicePath is the path of one device (GET, DELETE). The ID is escaped,
+// DevicePath is the path of one device (GET, PATCH, DELETE). The ID is escaped,
 // so an ID that holds '/', '?' or '#' names no other resource.
 func DevicePath(id string) string { return PathDevices + "/" + url.PathEscape(id) }
 
@@ -49,6 +49,38 @@ type DeviceInfo struct {
 	// through the API, with a state directory): it comes back with the
 	// same identity when vrdmad restarts.
 	Persisted bool `json:"persisted"`
+	// Share is the device's part of the engine now. Its weight is the
+	// one in effect (1 when none was set).
+	Share Share `json:"share"`
+}
+
+// Share is a device's part of the daemon's engine when devices compete
+// for it: its weight in the round robin over busy devices and optional
+// bounds on its data path.
+type Share struct {
+	// Weight: a device of weight 4 gets four times the engine time of a
+	// device of weight 1 while both are busy. 0 means 1; at most 1000.
+	Weight uint32 `json:"weight"`
+	// MaxBytesPerSec bounds the payload the device's work requests move
+	// per second; 0 means no bound, else at least 4096.
+	MaxBytesPerSec uint64 `json:"max_bytes_per_s"`
+	// MaxOpsPerSec bounds the work requests the device executes per
+	// second; 0 means no bound.
+	MaxOpsPerSec uint64 `json:"max_ops_per_s"`
+}
+
+// SharePatch changes some fields of a device's share: an absent (nil)
+// field keeps its value, 0 in a max removes the bound, weight 0 means 1.
+type SharePatch struct {
+	Weight         *uint32 `json:"weight,omitempty"`
+	MaxBytesPerSec *uint64 `json:"max_bytes_per_s,omitempty"`
+	MaxOpsPerSec   *uint64 `json:"max_ops_per_s,omitempty"`
+}
+
+// PatchRequest is the body of PATCH /v1/devices/{id}. Share is required
+// (it is the one thing a device changes while it runs).
+type PatchRequest struct {
+	Share *SharePatch `json:"share,omitempty"`
 }
 
 // Limits are the per-device limits the control API sets and shows.
@@ -89,6 +121,9 @@ type AddRequest struct {
 	// DoorbellQueues is the number of doorbell queues (one per guest
 	// vCPU); 0 means 1.
 	DoorbellQueues int `json:"doorbell_queues,omitempty"`
+	// Share is the device's initial part of the engine; absent: weight 1,
+	// no bounds. PATCH /v1/devices/{id} changes it later.
+	Share *Share `json:"share,omitempty"`
 }
 
 // Removed is the answer of DELETE /v1/devices/{id}. (The fields are in
@@ -103,6 +138,9 @@ type Removed struct {
 type Health struct {
 	// Devices is the number of devices the daemon serves.
 	Devices int `json:"devices"`
+	// EngineThreads is the number of engine workers the devices share
+	// (vrdmad --engine-threads).
+	EngineThreads int `json:"engine_threads"`
 	// PinnedBytes is the guest memory pinned over all devices.
 	PinnedBytes uint64 `json:"pinned_bytes"`
 	// Status is "ok".

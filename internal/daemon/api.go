@@ -30,6 +30,10 @@ type (
 	Limits = controlapi.Limits
 	// AddRequest is the body of POST /v1/devices.
 	AddRequest = controlapi.AddRequest
+	// Share is a device's part of the engine as the control API shows it.
+	Share = controlapi.Share
+	// SharePatch is the share of a PATCH /v1/devices/{id} body.
+	SharePatch = controlapi.SharePatch
 )
 
 // Info describes a device now.
@@ -67,6 +71,7 @@ func (dv *ServedDevice) Info() DeviceInfo {
 		Limits:      Limits{MaxQPs: cs.MaxQP, MaxCQs: cs.MaxCQ, MaxMRs: cs.MaxMR, MaxPinnedBytes: dv.MaxPinned},
 		NumQueues:   dv.Dev.NumQueues(),
 		Persisted:   dv.persist,
+		Share:       shareInfo(dv.Dev.Share()),
 	}
 }
 
@@ -167,10 +172,17 @@ func requestSpec(r AddRequest) (DeviceSpec, error) {
 		}
 		maxPinned = l.MaxPinnedBytes
 	}
+	var share rdma.Share
+	if r.Share != nil {
+		w, b, o := r.Share.Weight, r.Share.MaxBytesPerSec, r.Share.MaxOpsPerSec
+		if share, err = checkShare(SharePatch{Weight: &w, MaxBytesPerSec: &b, MaxOpsPerSec: &o}, rdma.Share{}); err != nil {
+			return DeviceSpec{}, err
+		}
+	}
 	return DeviceSpec{
 		ID:        r.ID,
 		Socket:    r.Socket,
-		Device:    rdma.Config{ID: r.ID, UUID: u, DoorbellQueues: r.DoorbellQueues, Limits: lim},
+		Device:    rdma.Config{ID: r.ID, UUID: u, DoorbellQueues: r.DoorbellQueues, Limits: lim, Share: share},
 		MaxPinned: maxPinned,
 	}, nil
 }
@@ -303,6 +315,7 @@ func (d *Daemon) Handler() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, dv.Info())
 	})
+	mux.HandleFunc("PATCH /v1/devices/{id}", d.patchDevice)
 	mux.HandleFunc("DELETE /v1/devices/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
 		if err := d.RemoveDevice(id); err != nil {
@@ -318,11 +331,17 @@ func (d *Daemon) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, controlapi.Removed{ID: id, Removed: true})
 	})
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, controlapi.Health{Status: "ok", Devices: len(d.Devices()), PinnedBytes: d.PinnedBytes()})
+		writeJSON(w, http.StatusOK, controlapi.Health{Status: "ok", Devices: len(d.Devices()),
+			EngineThreads: d.EngineThreads(), PinnedBytes: d.PinnedBytes()})
 	})
-	for _, p := range []string{"/v1/devices", "/v1/devices/{id}", "/v1/health"} {
-		mux.HandleFunc(p, func(w http.ResponseWriter, r *http.Request) {
-			writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed on "+r.URL.Path)
+	for _, p := range []struct{ pattern, allow string }{
+		{"/v1/devices", "GET, HEAD, POST"},
+		{"/v1/devices/{id}", "GET, HEAD, PATCH, DELETE"},
+		{"/v1/health", "GET, HEAD"},
+	} {
+		mux.HandleFunc(p.pattern, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", p.allow)
+			writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed on "+r.URL.Path+" (allowed: "+p.allow+")")
 		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -331,15 +350,25 @@ func (d *Daemon) Handler() http.Handler {
 	return mux
 }
 
-func (d *Daemon) postDevice(w http.ResponseWriter, r *http.Request) {
+// readBody reads a request body of at most maxRequestBody bytes. When it
+// cannot, it has answered (413 or 400) and returns false.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", maxRequestBody))
-			return
+			return nil, false
 		}
 		writeError(w, http.StatusBadRequest, "read body: "+err.Error())
+		return nil, false
+	}
+	return body, true
+}
+
+func (d *Daemon) postDevice(w http.ResponseWriter, r *http.Request) {
+	body, ok := readBody(w, r)
+	if !ok {
 		return
 	}
 	spec, err := DecodeAddRequest(body)

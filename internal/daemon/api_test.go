@@ -160,7 +160,11 @@ func TestBadRequests(t *testing.T) {
 		{"nil uuid", "POST", "/v1/devices", addBody("x", free, `,"uuid":"00000000-0000-0000-0000-000000000000"`), 400, "uuid"},
 		{"too large", "POST", "/v1/devices", `{"id":"` + strings.Repeat("a", 70000) + `"}`, 413, "larger than"},
 		{"wrong method", "PUT", "/v1/devices", "", 405, "not allowed"},
-		{"wrong method on id", "PATCH", "/v1/devices/used", "", 405, "not allowed"},
+		{"wrong method on id", "PUT", "/v1/devices/used", "", 405, "not allowed"},
+		{"share weight too big", "POST", "/v1/devices", addBody("x", free, `,"share":{"weight":1001}`), 400, "share.weight"},
+		{"share bytes too small", "POST", "/v1/devices", addBody("x", free, `,"share":{"max_bytes_per_s":100}`), 400, "share.max_bytes_per_s"},
+		{"share negative", "POST", "/v1/devices", addBody("x", free, `,"share":{"max_ops_per_s":-1}`), 400, "malformed JSON"},
+		{"share unknown field", "POST", "/v1/devices", addBody("x", free, `,"share":{"quantum":1}`), 400, "unknown field"},
 		{"unknown endpoint", "GET", "/v2/x", "", 404, "no such endpoint"},
 	}
 	for _, tt := range tests {
@@ -261,7 +265,7 @@ func FuzzDecodeAddRequest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		spec, err := DecodeAddRequest(body)
 		if err != nil {
-			if spec.ID != "" || spec.Socket != "" || spec.MaxPinned != 0 || spec.Device.Limits != (rdma.Limits{}) {
+			if spec.ID != "" || spec.Socket != "" || spec.MaxPinned != 0 || spec.Device.Limits != (rdma.Limits{}) || spec.Device.Share != (rdma.Share{}) {
 				t.Fatalf("error %v with a non-zero spec %+v", err, spec)
 			}
 			if !errors.Is(err, ErrInvalidRequest) {
@@ -279,6 +283,9 @@ func FuzzDecodeAddRequest(f *testing.F) {
 		}
 		if p := spec.MaxPinned; p != 0 && (p < minPinnedBytes || p > maxPinnedBytes) {
 			t.Fatalf("accepted max pinned %d", p)
+		}
+		if err := spec.Device.Share.Check(); err != nil {
+			t.Fatalf("accepted share %+v: %v", spec.Device.Share, err)
 		}
 		if g := abi.GUIDOfUUID(spec.Device.UUID); abi.CheckGUID(g) != nil {
 			t.Fatalf("accepted uuid %s", spec.Device.UUID)

@@ -3,13 +3,14 @@
 // the state file that brings the API's devices back after a restart.
 // cmd/vrdmad is a thin flag parser around it, and tests run it in-process.
 //
-// Control API (api.go; docs/operations.md has curl examples): GET and POST
-// /v1/devices, GET and DELETE /v1/devices/{id}, GET /v1/health. A request
-// is decoded once into a DeviceSpec and checked whole before anything is
-// created; AddDevice then creates the device and its listener under
-// Daemon.mu, so a failed add leaves nothing behind. Deleting a connected
-// device closes its server: the front-end is disconnected and every pin
-// and object is released.
+// Control API (api.go, share.go; docs/operations.md has curl examples): GET
+// and POST /v1/devices, GET, PATCH and DELETE /v1/devices/{id}, GET
+// /v1/health. PATCH changes a device's share of the engine (the one thing
+// that changes while a device runs). A request is decoded once into a
+// DeviceSpec and checked whole before anything is created; AddDevice then
+// creates the device and its listener under Daemon.mu, so a failed add
+// leaves nothing behind. Deleting a connected device closes its server:
+// the front-end is disconnected and every pin and object is released.
 //
 // Sockets: a device's socket is created by AddDevice (DeviceSpec.Socket)
 // or inherited, already listening (DeviceSpec.Listener: vrdmad --fd,
@@ -18,11 +19,12 @@
 // created, replaced or removed here.
 //
 // Persistence (state.go): after OpenState, every AddDevice of a spec with
-// Persist set (the control API's) and every RemoveDevice of such a device
-// rewrites DIR/devices.json atomically under Daemon.mu, from the device
-// set itself, so the file always lists exactly the persisted devices of
-// the last successful change. An add that cannot be saved is undone; a
-// removal that cannot be saved still removes the device and says so.
+// Persist set (the control API's), and every RemoveDevice and SetShare of
+// such a device, rewrites DIR/devices.json atomically under Daemon.mu,
+// from the device set itself, so the file always lists exactly the
+// persisted devices of the last successful change. An add that cannot be
+// saved is undone; a removal that cannot be saved still removes the
+// device and says so; a share change that cannot be saved is not made.
 // Restore brings the saved devices back without rewriting the file;
 // Close stops every device without touching it, so they come back at the
 // next start. The state directory is flock'ed for the daemon's lifetime:
@@ -50,6 +52,7 @@ import (
 	"github.com/vrdma/vrdma/backend"
 	"github.com/vrdma/vrdma/backend/rdma"
 	"github.com/vrdma/vrdma/backend/rdma/engine"
+	"github.com/vrdma/vrdma/backend/rdma/sched"
 	"github.com/vrdma/vrdma/memmap"
 )
 
@@ -98,7 +101,7 @@ type ServedDevice struct {
 	MaxPinned uint64 // immutable; the device's pin quota, 0 for none
 
 	persist bool          // immutable: listed in the state file (Persist, with a state directory)
-	record  AddRequest    // immutable: its state-file record (when persist)
+	record  AddRequest    // immutable: its state-file record (when persist); the share saved is Dev.Share()
 	done    chan struct{} // closed when Serve returned
 }
 
@@ -122,6 +125,10 @@ type Config struct {
 	// Socket applies to every device socket: its mode, owner and the peer
 	// uids allowed to connect (see backend.Config).
 	Socket SocketConfig
+	// Pool runs the doorbell queues of every device (rdma.Config.Pool);
+	// nil means sched.Default(), the process-wide pool. The daemon does
+	// not close it: its owner does, after Close.
+	Pool *sched.Pool
 }
 
 // SocketConfig is how device sockets are created and who may connect.
@@ -156,6 +163,15 @@ func New(log *logrus.Entry, cfg Config) *Daemon {
 
 // PinnedBytes is the memory pinned by all devices.
 func (d *Daemon) PinnedBytes() uint64 { return d.acct.Pinned() }
+
+// EngineThreads is the number of engine workers the devices share (the
+// pool's, Config.Pool).
+func (d *Daemon) EngineThreads() int {
+	if d.cfg.Pool != nil {
+		return d.cfg.Pool.Workers()
+	}
+	return sched.Default().Workers()
+}
 
 // AddDevice creates a device and starts serving its socket. With
 // spec.Persist and a state directory (OpenState), the device is saved in
@@ -223,6 +239,9 @@ func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *ServedDevice, err er
 		spec.Device.Pin.MaxPinned = spec.MaxPinned
 	}
 	spec.Device.Pin.Accounting = d.acct
+	if spec.Device.Pool == nil {
+		spec.Device.Pool = d.cfg.Pool
+	}
 	log := d.log.WithField("device", spec.ID)
 	dev, err := rdma.New(spec.Device, rdma.WithLogger(log))
 	if err != nil {
@@ -267,13 +286,27 @@ func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *ServedDevice, err er
 // saveLocked writes the state file from the persisted devices. d.mu is
 // held and d.state is not nil.
 func (d *Daemon) saveLocked() error {
+	return d.state.save(d.recordsLocked("", rdma.Share{}))
+}
+
+// recordsLocked are the state-file records of the persisted devices, each
+// with its device's share now, but device next's with share (a change
+// being saved before it is made). d.mu is held.
+func (d *Daemon) recordsLocked(next string, share rdma.Share) []AddRequest {
 	recs := make([]AddRequest, 0, len(d.devices))
 	for _, dv := range d.devices {
-		if dv.persist {
-			recs = append(recs, dv.record)
+		if !dv.persist {
+			continue
 		}
+		r := dv.record
+		if dv.ID == next {
+			r.Share = shareRecord(share)
+		} else {
+			r.Share = shareRecord(dv.Dev.Share())
+		}
+		recs = append(recs, r)
 	}
-	return d.state.save(recs)
+	return recs
 }
 
 // checkSocketFree fails with ErrSocketInUse when path exists and is not a

@@ -30,12 +30,20 @@ import (
 //	}
 //
 // Limits and doorbell_queues are kept as the request gave them: a zero
-// field still means the daemon's default at the time of the restore.
+// field still means the daemon's default at the time of the restore. A
+// device's share is kept as it is now (set at creation or by PATCH); a
+// file that holds a share is version 2, which an older vrdmad refuses
+// (and leaves in place) instead of setting it aside as corrupt; a file
+// without one stays version 1, which every vrdmad reads.
 const (
 	// StateFile is the state file's name in the state directory.
 	StateFile = "devices.json"
-	// StateVersion is the version this vrdmad writes and reads.
-	StateVersion = 1
+	// StateVersion is the newest version this vrdmad writes and reads; it
+	// reads stateVersionNoShare too, and writes it when no device has a
+	// share.
+	StateVersion = 2
+	// stateVersionNoShare is the version of files without shares.
+	stateVersionNoShare = 1
 	// MaxDevices bounds the devices of one daemon, and so the state file.
 	MaxDevices = 16384
 	// maxStateBytes bounds the state file: MaxDevices records of at most
@@ -200,7 +208,13 @@ func (s *stateStore) save(devs []AddRequest) error {
 	if devs == nil {
 		devs = []AddRequest{}
 	}
-	b, err := json.MarshalIndent(stateDoc{Version: StateVersion, Devices: devs}, "", "  ")
+	version := stateVersionNoShare
+	for _, r := range devs {
+		if r.Share != nil {
+			version = StateVersion
+		}
+	}
+	b, err := json.MarshalIndent(stateDoc{Version: version, Devices: devs}, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -264,7 +278,7 @@ func readBounded(path string, limit int64) ([]byte, error) {
 type versionError struct{ got int }
 
 func (e *versionError) Error() string {
-	return fmt.Sprintf("version %d: this vrdmad reads version %d (written by another vrdmad version?)", e.got, StateVersion)
+	return fmt.Sprintf("version %d: this vrdmad reads versions %d to %d (written by another vrdmad version?)", e.got, stateVersionNoShare, StateVersion)
 }
 
 // decodeState parses and checks a state file: the document's shape, its
@@ -285,7 +299,7 @@ func decodeState(b []byte) ([]DeviceSpec, error) {
 	if head.Version == nil {
 		return nil, errors.New("no version field")
 	}
-	if *head.Version != StateVersion {
+	if *head.Version < stateVersionNoShare || *head.Version > StateVersion {
 		return nil, &versionError{got: *head.Version}
 	}
 	var doc stateDoc
@@ -332,7 +346,7 @@ func decodeState(b []byte) ([]DeviceSpec, error) {
 // record is the state-file form of a device: the request that recreates
 // it. spec's limits are the request's (before the daemon's defaults).
 func (spec DeviceSpec) record() AddRequest {
-	r := AddRequest{ID: spec.ID, Socket: spec.Socket, DoorbellQueues: spec.Device.DoorbellQueues}
+	r := AddRequest{ID: spec.ID, Socket: spec.Socket, DoorbellQueues: spec.Device.DoorbellQueues, Share: shareRecord(spec.Device.Share)}
 	if u := spec.Device.UUID; u != uuid.Nil {
 		r.UUID = u.String()
 		r.GUID = abi.FormatGUID(abi.GUIDOfUUID(u))

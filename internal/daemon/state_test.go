@@ -104,8 +104,10 @@ func TestStateRoundTrip(t *testing.T) {
 	for _, r := range doc.Devices {
 		ids = append(ids, r.ID)
 	}
-	if doc.Version != StateVersion || strings.Join(ids, ",") != "vm1,vm2" {
-		t.Fatalf("state file: got version %d devices %q, want %d [vm1 vm2]", doc.Version, ids, StateVersion)
+	// No device has a share: the file stays version 1, which an older
+	// vrdmad reads too.
+	if doc.Version != stateVersionNoShare || strings.Join(ids, ",") != "vm1,vm2" {
+		t.Fatalf("state file: got version %d devices %q, want %d [vm1 vm2]", doc.Version, ids, stateVersionNoShare)
 	}
 	before := map[string]identity{}
 	for _, dv := range d1.Devices() {
@@ -181,7 +183,9 @@ func TestCorruptState(t *testing.T) {
 		{"socket twice", `{"version":1,"devices":[{"id":"a","socket":"/a","uuid":"0211abcd-0000-4000-8000-000000000001"},{"id":"b","socket":"/a","uuid":"0211abcd-0000-4000-8000-000000000002"}]}`, "also device", true},
 		{"too many devices", many, "more than", true},
 		{"too large", valid("") + strings.Repeat(" ", maxStateBytes), "larger than", true},
-		{"newer version", `{"version":2,"devices":[],"future":true}`, "version 2", false},
+		{"newer version", `{"version":3,"devices":[],"future":true}`, "version 3", false},
+		{"version 0", `{"version":0,"devices":[]}`, "version 0", false},
+		{"share out of range", valid(`,"share":{"weight":5000}`), "share.weight", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -19,6 +19,9 @@ type DeviceStats struct {
 	Device    rdma.Stats
 	Server    backend.StatsSnapshot
 	Limits    Limits
+	// Share is the device's part of the engine (weight 0 is exported as
+	// 1, the weight in effect; a zero bound is not exported).
+	Share rdma.Share
 }
 
 // Limits are a device's resource limits and pin quota, exported as
@@ -38,6 +41,9 @@ type Snapshot struct {
 	// PinnedLimitBytes bounds PinnedBytes (--global-max-pinned); zero
 	// means none and is not exported.
 	PinnedLimitBytes uint64
+	// EngineThreads is the number of engine workers the devices share;
+	// zero means unknown and is not exported.
+	EngineThreads int
 }
 
 // Source is what a Collector reads at scrape time. Implementations must be
@@ -69,9 +75,10 @@ func (s DaemonSource) Snapshot() Snapshot {
 				Resources:   [5]uint32{cs.MaxPD, cs.MaxMR, cs.MaxCQ, cs.MaxQP, cs.MaxAH},
 				PinnedBytes: dv.MaxPinned,
 			},
+			Share: dv.Dev.Share(),
 		})
 	}
-	return Snapshot{Devices: out, PinnedBytes: s.D.PinnedBytes(), PinnedLimitBytes: s.GlobalMaxPinned}
+	return Snapshot{Devices: out, PinnedBytes: s.D.PinnedBytes(), PinnedLimitBytes: s.GlobalMaxPinned, EngineThreads: s.D.EngineThreads()}
 }
 
 // Opcodes names the send opcodes, indexed as rdma.Stats.Engine.Ops is
@@ -148,7 +155,9 @@ type Collector struct {
 	ringErrors, protoErrors, interrupts, memTables             *prometheus.Desc
 	commands, commandErrors, eventsLost, eventsDropped         *prometheus.Desc
 	resourceLimit, pinnedLimit                                 *prometheus.Desc
+	shareWeight, rateLimitBytes, rateLimitOps                  *prometheus.Desc
 	devices, globalPinned, globalPinnedLimit, buildInfo        *prometheus.Desc
+	engineThreads                                              *prometheus.Desc
 	build                                                      BuildInfo
 }
 
@@ -193,10 +202,14 @@ func NewCollector(src Source, bi BuildInfo) *Collector {
 		eventsDropped:  d("events_dropped_total", "Asynchronous events raised while no guest was attached."),
 		resourceLimit:  d("resource_limit", "Most RDMA objects of a type the guest may create (device limit).", "type"),
 		pinnedLimit:    d("pinned_limit_bytes", "Pin quota of the device in bytes; absent when it has none."),
+		shareWeight:    d("share_weight", "Weight of the device in the engine's round robin over busy devices (1 to 1000)."),
+		rateLimitBytes: d("rate_limit_bytes_per_second", "Bound on the payload bytes the device moves per second; absent when it has none."),
+		rateLimitOps:   d("rate_limit_operations_per_second", "Bound on the work requests the device executes per second; absent when it has none."),
 		devices:        prometheus.NewDesc("vrdma_devices", "Devices the daemon serves.", nil, nil),
 		globalPinned:   prometheus.NewDesc("vrdma_global_pinned_bytes", "Bytes of guest memory pinned by all devices together.", nil, nil),
 		globalPinnedLimit: prometheus.NewDesc("vrdma_global_pinned_limit_bytes",
 			"Bound on the bytes pinned by all devices together (--global-max-pinned); absent when there is none.", nil, nil),
+		engineThreads: prometheus.NewDesc("vrdma_engine_threads", "Engine workers serving the doorbell queues of all devices (--engine-threads).", nil, nil),
 		buildInfo: prometheus.NewDesc("vrdma_build_info", "Always 1; the labels describe the running build.",
 			[]string{"version", "revision", "goversion", "goos", "goarch"}, nil),
 		build: bi.withDefaults(),
@@ -225,7 +238,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.ringErrors, c.protoErrors, c.interrupts, c.memTables,
 		c.commands, c.commandErrors, c.eventsLost, c.eventsDropped,
 		c.resourceLimit, c.pinnedLimit,
-		c.devices, c.globalPinned, c.globalPinnedLimit, c.buildInfo,
+		c.shareWeight, c.rateLimitBytes, c.rateLimitOps,
+		c.devices, c.globalPinned, c.globalPinnedLimit, c.buildInfo, c.engineThreads,
 	} {
 		ch <- d
 	}
@@ -249,6 +263,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.globalPinned, prometheus.GaugeValue, float64(snap.PinnedBytes))
 	if snap.PinnedLimitBytes != 0 {
 		ch <- prometheus.MustNewConstMetric(c.globalPinnedLimit, prometheus.GaugeValue, float64(snap.PinnedLimitBytes))
+	}
+	if snap.EngineThreads != 0 {
+		ch <- prometheus.MustNewConstMetric(c.engineThreads, prometheus.GaugeValue, float64(snap.EngineThreads))
 	}
 	b := c.build
 	ch <- prometheus.MustNewConstMetric(c.buildInfo, prometheus.GaugeValue, 1, b.Version, b.Revision, b.GoVersion, runtime.GOOS, runtime.GOARCH)
@@ -280,6 +297,17 @@ func (c *Collector) collectDevice(ch chan<- prometheus.Metric, ds *DeviceStats) 
 	}
 	if q := ds.Limits.PinnedBytes; q != 0 {
 		gauge(c.pinnedLimit, float64(q))
+	}
+	w := ds.Share.Weight
+	if w == 0 {
+		w = 1
+	}
+	gauge(c.shareWeight, float64(w))
+	if b := ds.Share.MaxBytesPerSec; b != 0 {
+		gauge(c.rateLimitBytes, float64(b))
+	}
+	if o := ds.Share.MaxOpsPerSec; o != 0 {
+		gauge(c.rateLimitOps, float64(o))
 	}
 	counter(c.bytesMoved, st.Engine.BytesMoved)
 	for op, n := range st.Engine.Ops {

@@ -43,9 +43,10 @@ func scrapeText(t *testing.T, c *http.Client, url string) []byte {
 // promtool installed, the conventions are still checked.
 func TestLint(t *testing.T) {
 	src := &fakeSource{devs: []DeviceStats{
-		{ID: "vm1", Connected: true, Limits: Limits{Resources: [5]uint32{1, 2, 3, 4, 5}, PinnedBytes: 1 << 30}},
+		{ID: "vm1", Connected: true, Limits: Limits{Resources: [5]uint32{1, 2, 3, 4, 5}, PinnedBytes: 1 << 30},
+			Share: rdma.Share{Weight: 2, MaxBytesPerSec: 1 << 30, MaxOpsPerSec: 1000}},
 		{ID: "vm2"},
-	}, pinned: 1 << 20, limit: 1 << 34}
+	}, pinned: 1 << 20, limit: 1 << 34, threads: 2}
 	h, err := Handler(src, WithVersion("1.2.3"))
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +88,8 @@ func TestPromtool(t *testing.T) {
 	for _, spec := range []daemon.DeviceSpec{
 		{ID: "vm1", Socket: filepath.Join(dir, "vm1.sock")},
 		{ID: "vm2", Socket: filepath.Join(dir, "vm2.sock"), MaxPinned: 1 << 30,
-			Device: rdma.Config{ID: "vm2", Limits: rdma.Limits{MaxQP: 32, MaxCQ: 64, MaxMR: 128}}},
+			Device: rdma.Config{ID: "vm2", Limits: rdma.Limits{MaxQP: 32, MaxCQ: 64, MaxMR: 128},
+				Share: rdma.Share{Weight: 5, MaxBytesPerSec: 1 << 30, MaxOpsPerSec: 250000}}},
 	} {
 		if _, err := d.AddDevice(spec); err != nil {
 			t.Fatal(err)
@@ -104,6 +106,11 @@ func TestPromtool(t *testing.T) {
 		`vrdma_resource_limit{device="vm2",type="qp"} 32`,
 		`vrdma_pinned_limit_bytes{device="vm2"} 1.073741824e+09`,
 		`vrdma_global_pinned_limit_bytes 8.589934592e+09`,
+		`vrdma_share_weight{device="vm1"} 1`,
+		`vrdma_share_weight{device="vm2"} 5`,
+		`vrdma_rate_limit_bytes_per_second{device="vm2"} 1.073741824e+09`,
+		`vrdma_rate_limit_operations_per_second{device="vm2"} 250000`,
+		`vrdma_engine_threads `,
 	} {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("scrape lacks %q", want)

@@ -33,16 +33,17 @@ import (
 
 // fakeSource is a Source with fixed values.
 type fakeSource struct {
-	mu     sync.Mutex
-	devs   []DeviceStats
-	pinned uint64
-	limit  uint64
+	mu      sync.Mutex
+	devs    []DeviceStats
+	pinned  uint64
+	limit   uint64
+	threads int
 }
 
 func (f *fakeSource) Snapshot() Snapshot {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return Snapshot{Devices: append([]DeviceStats(nil), f.devs...), PinnedBytes: f.pinned, PinnedLimitBytes: f.limit}
+	return Snapshot{Devices: append([]DeviceStats(nil), f.devs...), PinnedBytes: f.pinned, PinnedLimitBytes: f.limit, EngineThreads: f.threads}
 }
 
 // scrape serves h with httptest and returns the parsed families.
@@ -133,9 +134,10 @@ func TestCollectorValues(t *testing.T) {
 		},
 		Server: backend.StatsSnapshot{Sessions: 3, Refused: 1, Messages: 100, ProtocolErrors: 2, RingErrors: 1, Interrupts: 50, MemTables: 2},
 		Limits: Limits{Resources: [5]uint32{256, 4096, 1024, 32, 1024}, PinnedBytes: 64 << 20},
+		Share:  rdma.Share{Weight: 4, MaxBytesPerSec: 1 << 30, MaxOpsPerSec: 100000},
 	}
 	b := DeviceStats{ID: "vm2"}
-	src := &fakeSource{devs: []DeviceStats{a, b, a}, pinned: 9 << 20, limit: 1 << 30}
+	src := &fakeSource{devs: []DeviceStats{a, b, a}, pinned: 9 << 20, limit: 1 << 30, threads: 2}
 	h, err := Handler(src, WithVersion("1.2.3"))
 	if err != nil {
 		t.Fatal(err)
@@ -191,6 +193,11 @@ func TestCollectorValues(t *testing.T) {
 		{"vrdma_resource_limit", with(dev("vm1"), "type", "qp"), 32, dto.MetricType_GAUGE},
 		{"vrdma_resource_limit", with(dev("vm1"), "type", "ah"), 1024, dto.MetricType_GAUGE},
 		{"vrdma_pinned_limit_bytes", dev("vm1"), 64 << 20, dto.MetricType_GAUGE},
+		{"vrdma_share_weight", dev("vm1"), 4, dto.MetricType_GAUGE},
+		{"vrdma_share_weight", dev("vm2"), 1, dto.MetricType_GAUGE}, // weight 0 is 1
+		{"vrdma_rate_limit_bytes_per_second", dev("vm1"), 1 << 30, dto.MetricType_GAUGE},
+		{"vrdma_rate_limit_operations_per_second", dev("vm1"), 100000, dto.MetricType_GAUGE},
+		{"vrdma_engine_threads", nil, 2, dto.MetricType_GAUGE},
 		{"vrdma_devices", nil, 2, dto.MetricType_GAUGE},
 		{"vrdma_global_pinned_bytes", nil, 9 << 20, dto.MetricType_GAUGE},
 		{"vrdma_global_pinned_limit_bytes", nil, 1 << 30, dto.MetricType_GAUGE},
@@ -215,13 +222,16 @@ func TestCollectorValues(t *testing.T) {
 	t.Run("series counts", func(t *testing.T) {
 		// vm1 twice in the source is reported once.
 		for name, want := range map[string]int{
-			"vrdma_pinned_bytes":            2,
-			"vrdma_pinned_limit_bytes":      1, // vm2 has no quota: no series
-			"vrdma_resource_limit":          len(ResourceTypes),
-			"vrdma_build_info":              1,
-			"vrdma_resources":               2 * len(ResourceTypes),
-			"vrdma_operations_total":        2 * len(Opcodes),
-			"vrdma_completion_errors_total": 2*len(reportedStatuses) + 1,
+			"vrdma_pinned_bytes":                     2,
+			"vrdma_pinned_limit_bytes":               1, // vm2 has no quota: no series
+			"vrdma_share_weight":                     2,
+			"vrdma_rate_limit_bytes_per_second":      1, // vm2 has no bounds: no series
+			"vrdma_rate_limit_operations_per_second": 1,
+			"vrdma_resource_limit":                   len(ResourceTypes),
+			"vrdma_build_info":                       1,
+			"vrdma_resources":                        2 * len(ResourceTypes),
+			"vrdma_operations_total":                 2 * len(Opcodes),
+			"vrdma_completion_errors_total":          2*len(reportedStatuses) + 1,
 		} {
 			if got := len(fams[name].GetMetric()); got != want {
 				t.Errorf("%s: got %d series, want %d", name, got, want)
@@ -450,7 +460,7 @@ func TestDaemonSource(t *testing.T) {
 	d := daemon.New(logrus.NewEntry(l), daemon.Config{})
 	defer d.Close()
 	sock := filepath.Join(t.TempDir(), "dev0.sock")
-	if _, err := d.AddDevice(daemon.DeviceSpec{ID: "dev0", Socket: sock}); err != nil {
+	if _, err := d.AddDevice(daemon.DeviceSpec{ID: "dev0", Socket: sock, Device: rdma.Config{Share: rdma.Share{Weight: 3, MaxOpsPerSec: 5000}}}); err != nil {
 		t.Fatal(err)
 	}
 	h, err := Handler(DaemonSource{D: d})
@@ -469,10 +479,24 @@ func TestDaemonSource(t *testing.T) {
 		{"vrdma_resources", with(dev("dev0"), "type", "qp"), 0},
 		{"vrdma_global_pinned_bytes", nil, 0},
 		{"vrdma_resource_limit", with(dev("dev0"), "type", "qp"), 1024},
+		{"vrdma_share_weight", dev("dev0"), 3},
+		{"vrdma_rate_limit_operations_per_second", dev("dev0"), 5000},
+		{"vrdma_engine_threads", nil, float64(d.EngineThreads())},
 	} {
 		if got, ok := value(fams, tt.name, tt.labels); !ok || got != tt.want {
 			t.Errorf("before connecting: %s%v: got %v (present %v), want %v", tt.name, tt.labels, got, ok, tt.want)
 		}
+	}
+	if _, ok := value(fams, "vrdma_rate_limit_bytes_per_second", dev("dev0")); ok {
+		t.Error("vrdma_rate_limit_bytes_per_second present for a device without that bound")
+	}
+	// A share changed through the daemon shows at the next scrape.
+	bps := uint64(1 << 20)
+	if _, err := d.SetShare("dev0", daemon.SharePatch{MaxBytesPerSec: &bps}); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := value(scrape(t, h), "vrdma_rate_limit_bytes_per_second", dev("dev0")); !ok || got != 1<<20 {
+		t.Errorf("after SetShare: vrdma_rate_limit_bytes_per_second got %v (present %v), want %d", got, ok, 1<<20)
 	}
 
 	c, err := net.Dial("unix", sock)
