@@ -273,7 +273,7 @@ func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
 	lsge, lmr := sc.lsge[:nsge], sc.lmr[:nsge]
 	for i := range lsge {
 		s := &lsge[i]
-		mr := d.LookupMR(s.LKey)
+		mr := sc.keys.mr(d, s.LKey)
 		if mr == nil || mr.PD != q.PD || !mr.Contains(s.Addr, uint64(s.Length)) ||
 			(writesLocal && mr.Access&abi.AccessLocalWrite == 0) {
 			return failed(abi.WCLocProtErr)
@@ -293,7 +293,7 @@ func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
 	if peer == nil {
 		return failed(abi.WCRetryExcErr)
 	}
-	pq := peer.LookupQP(dest)
+	pq := sc.keys.lookupQP(peer, dest)
 	if pq == nil {
 		return failed(abi.WCRetryExcErr)
 	}
@@ -313,8 +313,8 @@ func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
 // remoteMR checks a remote access: "the rkey must name an MR of the peer
 // device in the peer QP's PD, the range must lie within it, and the MR and
 // the peer QP's qp_access_flags must both allow the operation".
-func remoteMR(pq *QP, qpAccess, rkey uint32, addr, n uint64, need uint32) *MR {
-	mr := pq.Dev.LookupMR(rkey)
+func remoteMR(sc *scratch, pq *QP, qpAccess, rkey uint32, addr, n uint64, need uint32) *MR {
+	mr := sc.keys.mr(pq.Dev, rkey)
 	if mr == nil || mr.PD != pq.PD || !mr.Contains(addr, n) || mr.Access&need == 0 || qpAccess&need == 0 {
 		return nil
 	}

@@ -160,6 +160,8 @@ type scratch struct {
 
 	req  request // the message being answered (run builds it for respond)
 	recv recvWQE // the receive WQE it consumes
+
+	keys keyCache // the last keys and QP numbers this QP resolved
 }
 
 func newScratch() *scratch {

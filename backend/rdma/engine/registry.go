@@ -189,6 +189,7 @@ func (d *RNIC) RemoveMR(key uint32) *MR {
 	m := d.mrs[key]
 	if m != nil {
 		delete(d.mrs, key)
+		d.gen.Add(1) // after the delete: see keyCache
 		d.releasePDLocked(m.PD)
 	}
 	return m
@@ -274,6 +275,7 @@ func (d *RNIC) RemoveQP(num uint32) *QP {
 		return nil
 	}
 	delete(d.qps, num)
+	d.gen.Add(1)
 	d.releasePDLocked(q.PD)
 	old := d.byDBQ[q.DoorbellQueue]
 	list := make([]*QP, 0, len(old))
@@ -394,6 +396,7 @@ func (d *RNIC) Reset() Released {
 		rel.MRs = append(rel.MRs, m)
 	}
 	clear(d.mrs)
+	d.gen.Add(1)
 	clear(d.ahs)
 	clear(d.pds)
 	d.mu.Unlock()

@@ -128,7 +128,7 @@ func (r *request) send(rv *recvWQE) outcome {
 	var capacity uint64
 	for i := range rv.sge {
 		s := &rv.sge[i]
-		mr := peer.LookupMR(s.LKey)
+		mr := sc.keys.mr(peer, s.LKey)
 		if mr == nil || mr.PD != pq.PD || !mr.Contains(s.Addr, uint64(s.Length)) ||
 			mr.Access&abi.AccessLocalWrite == 0 {
 			r.recvDone(rv, abi.WCLocProtErr)
@@ -160,7 +160,7 @@ func (r *request) send(rv *recvWQE) outcome {
 // immediate (rv not nil) it then consumes the receive WQE rv.
 func (r *request) write(qpAccess uint32, rv *recvWQE) outcome {
 	w, sc := r.w, r.sc
-	mr := remoteMR(r.pq, qpAccess, w.rkey, w.remoteAddr, r.total, abi.AccessRemoteWrite)
+	mr := remoteMR(sc, r.pq, qpAccess, w.rkey, w.remoteAddr, r.total, abi.AccessRemoteWrite)
 	if mr == nil {
 		return r.remoteErr(abi.WCRemAccessErr)
 	}
@@ -182,7 +182,7 @@ func (r *request) write(qpAccess uint32, rv *recvWQE) outcome {
 // read copies the remote range into the local SGEs.
 func (r *request) read(qpAccess uint32) outcome {
 	w, sc := r.w, r.sc
-	mr := remoteMR(r.pq, qpAccess, w.rkey, w.remoteAddr, r.total, abi.AccessRemoteRead)
+	mr := remoteMR(sc, r.pq, qpAccess, w.rkey, w.remoteAddr, r.total, abi.AccessRemoteRead)
 	if mr == nil {
 		return r.remoteErr(abi.WCRemAccessErr)
 	}
@@ -203,7 +203,7 @@ func (r *request) atomic(qpAccess uint32) outcome {
 	if w.remoteAddr%8 != 0 {
 		return r.remoteErr(abi.WCRemInvReqErr)
 	}
-	mr := remoteMR(r.pq, qpAccess, w.rkey, w.remoteAddr, 8, abi.AccessRemoteAtomic)
+	mr := remoteMR(sc, r.pq, qpAccess, w.rkey, w.remoteAddr, 8, abi.AccessRemoteAtomic)
 	if mr == nil {
 		return r.remoteErr(abi.WCRemAccessErr)
 	}

@@ -48,6 +48,7 @@ type RNIC struct {
 	ahs   map[uint32]*AH // protected by mu
 	byDBQ map[int][]*QP  // protected by mu; each slice is immutable (copy on write)
 	rotor atomic.Uint32  // where PollBudget starts among a queue's QPs
+	gen   atomic.Uint64  // bumped after an MR or QP leaves the tables (keyCache)
 	seq   uint32         // handle sequence (protected by mu)
 
 	bytesMoved    atomic.Uint64
