@@ -53,19 +53,21 @@ var ErrClosed = errors.New("sched: pool closed")
 type Pool struct {
 	cfg Config
 
-	mu      sync.Mutex
-	cond    sync.Cond
-	runq    []*Task // protected by mu; a FIFO ring of queued tasks
-	head    int     // protected by mu
-	n       int     // protected by mu
-	parked  int     // protected by mu; workers waiting on cond
-	closed  bool    // protected by mu
-	queued  atomic.Int64
-	tasks   atomic.Int64
-	visits  atomic.Uint64
-	skipped atomic.Uint64
-	wg      sync.WaitGroup
-	pinErr  chan error
+	mu       sync.Mutex
+	cond     sync.Cond
+	runq     []*Task // protected by mu; a FIFO ring of queued tasks
+	head     int     // protected by mu
+	n        int     // protected by mu
+	parked   int     // protected by mu; workers waiting on cond
+	closed   bool    // protected by mu
+	queued   atomic.Int64
+	spinning atomic.Int32 // workers spinning in pop (at most one)
+	closing  atomic.Bool  // = closed, for workers between visits
+	tasks    atomic.Int64
+	visits   atomic.Uint64
+	skipped  atomic.Uint64
+	wg       sync.WaitGroup
+	pinErr   chan error
 }
 
 // New starts a pool of workers.
@@ -160,6 +162,7 @@ func (p *Pool) Stats() Stats {
 func (p *Pool) Close() {
 	p.mu.Lock()
 	p.closed = true
+	p.closing.Store(true)
 	p.cond.Broadcast()
 	p.mu.Unlock()
 	p.wg.Wait()
@@ -188,12 +191,15 @@ func (p *Pool) push(t *Task) {
 
 // pop takes the next task, waiting for one; nil when the pool is closed.
 func (p *Pool) pop() *Task {
-	if p.cfg.Spin > 0 && p.queued.Load() == 0 {
+	if p.cfg.Spin > 0 && p.queued.Load() == 0 && p.spinning.CompareAndSwap(0, 1) {
 		// Look for a while before parking: a wake-up costs the next
-		// task's latency more than the spin costs the idle core.
+		// task's latency more than the spin costs the idle core. One
+		// worker spins at a time (as the Go runtime's Ps do): more would
+		// only take processors from the rest of the process.
 		for end := time.Now().Add(p.cfg.Spin); p.queued.Load() == 0 && time.Now().Before(end); {
 			runtime.Gosched()
 		}
+		p.spinning.Store(0)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -241,10 +247,25 @@ func (p *Pool) worker(i int) {
 		if t == nil {
 			return
 		}
-		worked := p.visit(t)
-		if !worked || time.Since(ran) > yieldEvery {
-			runtime.Gosched()
-			ran = time.Now()
+		// A task that wants more is visited again at once while no other
+		// waits: handing it to the run queue would wake a parked worker
+		// to take it, and the two would pass it back and forth.
+		for {
+			more, worked := p.visit(t)
+			if !worked || time.Since(ran) > yieldEvery {
+				runtime.Gosched()
+				ran = time.Now()
+			}
+			if !more {
+				break
+			}
+			if p.others() || p.isClosed() {
+				p.requeue(t)
+				break
+			}
 		}
 	}
 }
+
+// isClosed reports whether Close was called.
+func (p *Pool) isClosed() bool { return p.closing.Load() }

@@ -112,9 +112,12 @@ func TestDeficitRoundRobinSharesEngineTimeNotMessages(t *testing.T) {
 	var stop atomic.Bool
 	newTask(t, p, moveAll(4<<20, &big, &stop)).Wake()
 	newTask(t, p, moveAll(64, &small, &stop)).Wake()
-	eventually(t, "bytes", func() bool { return big.Load() >= 64<<20 && small.Load() >= 64<<20 })
+	// Count from when both compete: alone, the first one runs freely.
+	eventually(t, "both tasks", func() bool { return small.Load() > 0 })
+	big0, small0 := big.Load(), small.Load()
+	eventually(t, "bytes", func() bool { return big.Load()-big0 >= 64<<20 && small.Load()-small0 >= 64<<20 })
 	stop.Store(true)
-	r := float64(big.Load()) / float64(small.Load())
+	r := float64(big.Load()-big0) / float64(small.Load()-small0)
 	if r > 1.5 || r < 1/1.5 {
 		t.Fatalf("4 MiB messages cost %d, 64 B messages %d (ratio %.2f): deficit round robin shares engine time", big.Load(), small.Load(), r)
 	}
@@ -131,9 +134,11 @@ func TestWeight(t *testing.T) {
 	h.SetWeight(3)
 	h.Wake()
 	newTask(t, p, moveAll(1024, &light, &stop)).Wake()
-	eventually(t, "bytes", func() bool { return light.Load() >= 8<<20 })
+	eventually(t, "both tasks", func() bool { return light.Load() > 0 })
+	heavy0, light0 := heavy.Load(), light.Load()
+	eventually(t, "bytes", func() bool { return light.Load()-light0 >= 8<<20 })
 	stop.Store(true)
-	r := float64(heavy.Load()) / float64(light.Load())
+	r := float64(heavy.Load()-heavy0) / float64(light.Load()-light0)
 	if r < 2.5 || r > 3.5 {
 		t.Fatalf("weight 3 against 1 moved %.2f× the bytes", r)
 	}

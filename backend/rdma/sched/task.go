@@ -144,29 +144,29 @@ func (t *Task) wakeAt(at time.Time) {
 	t.timer.Reset(d)
 }
 
-// visit runs one turn of t and reports whether it did work. Precondition:
-// t was popped from the run queue (state queued).
-func (p *Pool) visit(t *Task) (worked bool) {
+// visit runs one turn of t. It reports whether the task wants another
+// turn (it is then still marked running: the caller visits it again or
+// requeues it) and whether the turn did work. Precondition: t was popped
+// from the run queue or just visited by this worker.
+func (p *Pool) visit(t *Task) (more, worked bool) {
 	t.runMu.Lock()
 	if t.stopped.Load() {
 		t.state.Store(idle)
 		t.runMu.Unlock()
-		return false
+		return false, false
 	}
-	t.state.Store(running)
+	t.state.Store(running) // a Wake since the last turn is this turn
 	grant := p.cfg.Quantum * t.weight.Load()
 	if t.deficit <= 0 {
 		t.deficit += grant
 	}
-	if t.deficit <= 0 && p.others() {
-		// Still repaying a large message while others wait: pass.
-		t.state.Store(queued)
-		t.runMu.Unlock()
-		p.skipped.Add(1)
-		p.push(t)
-		return false
-	}
 	if t.deficit <= 0 {
+		if p.others() {
+			// Still repaying a large message while others wait: pass.
+			t.runMu.Unlock()
+			p.skipped.Add(1)
+			return true, false
+		}
 		t.deficit = grant // nobody else wants the workers
 	}
 	ops := p.cfg.Ops * int(min(t.weight.Load(), 64))
@@ -181,22 +181,25 @@ func (p *Pool) visit(t *Task) (worked bool) {
 			// work, so it carries nothing over (deficit round robin).
 			t.deficit = 0
 		}
-		t.state.Store(queued)
 		t.runMu.Unlock()
-		p.push(t)
-		return worked
+		return true, worked
 	}
 	t.deficit = min(b.Bytes, 0) // an idle task keeps only its debt
 	if !next.At.IsZero() {
 		t.wakeAt(next.At)
 	}
 	if !t.state.CompareAndSwap(running, idle) {
-		// Woken during the visit.
-		t.state.Store(queued)
+		// Woken during the visit: another turn.
 		t.runMu.Unlock()
-		p.push(t)
-		return worked
+		return true, worked
 	}
 	t.runMu.Unlock()
-	return worked
+	return false, worked
+}
+
+// requeue puts a task that wants another turn at the back of the run
+// queue.
+func (p *Pool) requeue(t *Task) {
+	t.state.Store(queued)
+	p.push(t)
 }
