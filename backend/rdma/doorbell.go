@@ -74,7 +74,10 @@ func (d *Device) Kicked(q *backend.Queue) bool {
 	if dbq < 0 {
 		return false
 	}
-	d.wakeDoorbell(dbq)
+	dbs := d.doorbellsp.Load()
+	if dbs != nil && dbq < len(*dbs) {
+		(*dbs)[dbq].task.Kick() // may run the queue's turns here
+	}
 	return true
 }
 

@@ -33,8 +33,8 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultQuantum = 128 << 10
-	DefaultOps     = 256
+	DefaultQuantum = 2 << 20
+	DefaultOps     = 64
 	DefaultSpin    = 20 * time.Microsecond
 	// MaxWorkers bounds Config.Workers.
 	MaxWorkers = 1024
@@ -44,7 +44,7 @@ const (
 // lets the Go scheduler run someone else (a kick's goroutine, the control
 // API): the runtime preempts a goroutine that never blocks only after
 // 10 ms.
-const yieldEvery = 50 * time.Microsecond
+const yieldEvery = time.Millisecond
 
 // ErrClosed is returned by NewTask on a closed pool.
 var ErrClosed = errors.New("sched: pool closed")
@@ -63,6 +63,7 @@ type Pool struct {
 	queued   atomic.Int64
 	spinning atomic.Int32 // workers spinning in pop (at most one)
 	closing  atomic.Bool  // = closed, for workers between visits
+	inline   atomic.Bool  // a Kick runs a task's turns itself
 	tasks    atomic.Int64
 	visits   atomic.Uint64
 	skipped  atomic.Uint64
@@ -247,22 +248,29 @@ func (p *Pool) worker(i int) {
 		if t == nil {
 			return
 		}
-		// A task that wants more is visited again at once while no other
-		// waits: handing it to the run queue would wake a parked worker
-		// to take it, and the two would pass it back and forth.
-		for {
-			more, worked := p.visit(t)
-			if !worked || time.Since(ran) > yieldEvery {
-				runtime.Gosched()
-				ran = time.Now()
-			}
-			if !more {
-				break
-			}
-			if p.others() || p.isClosed() {
-				p.requeue(t)
-				break
-			}
+		p.turns(t, &ran)
+	}
+}
+
+// turns visits t until it wants no more, or requeues it when another task
+// waits. A task that wants more is visited again at once while no other
+// waits: handing it to the run queue would wake a parked worker to take
+// it, and the two would pass it back and forth. *ran is when the caller
+// last let the Go scheduler run someone else. Precondition: t was popped
+// (state queued).
+func (p *Pool) turns(t *Task, ran *time.Time) {
+	for {
+		more, worked := p.visit(t)
+		if !worked || time.Since(*ran) > yieldEvery {
+			runtime.Gosched()
+			*ran = time.Now()
+		}
+		if !more {
+			return
+		}
+		if p.others() || p.isClosed() {
+			p.requeue(t)
+			return
 		}
 	}
 }

@@ -112,6 +112,28 @@ func (t *Task) Wake() {
 	}
 }
 
+// Kick is Wake from the goroutine that received the task's notification
+// (its kick eventfd). When nothing is queued, that goroutine runs the
+// task's turns itself, until the task wants no more or another task
+// waits, instead of handing it to a worker: the hand-off added a
+// goroutine wake-up to every message of a lightly loaded daemon (perftest
+// ib_write_lat between two TCG guests took 46 µs instead of 25). One
+// caller at a time does so, so at most Workers+1 visits run at once. Kick
+// must not be called with locks held that a task's run function takes.
+func (t *Task) Kick() {
+	p := t.p
+	if p.queued.Load() == 0 && !t.stopped.Load() && p.inline.CompareAndSwap(false, true) {
+		if t.state.CompareAndSwap(idle, queued) {
+			ran := time.Now()
+			p.turns(t, &ran)
+			p.inline.Store(false)
+			return
+		}
+		p.inline.Store(false)
+	}
+	t.Wake()
+}
+
 // Stop unregisters the task: it is not visited again, and Stop returns
 // after a visit in progress ends. Stop must not be called from the task's
 // own run function.
