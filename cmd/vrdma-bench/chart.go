@@ -8,6 +8,7 @@ import (
 	"image/png"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -28,8 +29,10 @@ var (
 	white = color.RGBA{255, 255, 255, 255}
 	black = color.RGBA{0, 0, 0, 255}
 	grid  = color.RGBA{225, 225, 225, 255}
-	// series colours: WRITE, READ, memcpy
+	// series colours: WRITE, READ, memcpy (the scaling chart: aggregate,
+	// one pair, target; orange for clients that never yield)
 	seriesColor = []color.RGBA{{214, 39, 40, 255}, {31, 119, 180, 255}, {90, 90, 90, 255}}
+	orange      = color.RGBA{255, 127, 14, 255}
 	seriesName  = []string{"RDMA WRITE", "RDMA READ", "MEMCPY (1 THREAD)"}
 )
 
@@ -98,27 +101,78 @@ func (c canvas) text(x, y int, s string, col color.RGBA) {
 
 func textWidth(s string) int { return len([]rune(s)) * 4 * fontScale }
 
+// series is one line (or, with marksOnly, a set of markers) of a plot.
+type series struct {
+	name      string
+	color     color.RGBA
+	xs, ys    []float64 // xs in the plot's x unit (already log2 where the axis is)
+	marksOnly bool
+}
+
+// tick is a labelled x position.
+type tick struct {
+	x     float64
+	label string
+}
+
+// plot is a chart: linear y from 0, x as the caller maps it.
+type plot struct {
+	title, xLabel, yLabel string
+	ticks                 []tick
+	series                []series
+}
+
 // drawChart renders the bandwidth chart.
 func drawChart(pts []bwPoint) *image.RGBA {
+	p := plot{title: "VRDMA BANDWIDTH, TWO DEVICES IN ONE DAEMON, AGAINST MEMCPY",
+		xLabel: "message size (log2 scale)", yLabel: "GB/S"}
+	for i, get := range []func(bwPoint) float64{
+		func(p bwPoint) float64 { return p.write },
+		func(p bwPoint) float64 { return p.read },
+		func(p bwPoint) float64 { return p.memcp },
+	} {
+		sr := series{name: seriesName[i], color: seriesColor[i]}
+		for _, pt := range pts {
+			sr.xs, sr.ys = append(sr.xs, math.Log2(float64(pt.size))), append(sr.ys, get(pt))
+		}
+		p.series = append(p.series, sr)
+	}
+	for _, pt := range pts {
+		p.ticks = append(p.ticks, tick{math.Log2(float64(pt.size)), strings.ReplaceAll(sizeName(pt.size), " ", "")})
+	}
+	return p.draw()
+}
+
+// draw renders p.
+func (p plot) draw() *image.RGBA {
 	img := image.NewRGBA(image.Rect(0, 0, chartW, chartH))
 	c := canvas{img}
 	c.rect(0, 0, chartW, chartH, white)
-	if len(pts) == 0 {
+	if len(p.ticks) == 0 {
 		return img
 	}
 	ymax := 0.0
-	for _, p := range pts {
-		ymax = math.Max(ymax, math.Max(p.memcp, math.Max(p.write, p.read)))
+	lo, hi := p.ticks[0].x, p.ticks[0].x
+	for _, t := range p.ticks {
+		lo, hi = math.Min(lo, t.x), math.Max(hi, t.x)
 	}
+	for _, sr := range p.series {
+		for i, y := range sr.ys {
+			ymax = math.Max(ymax, y)
+			lo, hi = math.Min(lo, sr.xs[i]), math.Max(hi, sr.xs[i])
+		}
+	}
+	// Headroom above the data for the legend (top left, 20 px a series
+	// in a plot of chartH-marginT-marginB).
+	ymax *= 1 + float64(len(p.series)*20+30)/float64(chartH-marginT-marginB)
 	step := niceStep(ymax / 5)
 	ymax = math.Max(step, math.Ceil(ymax/step)*step)
 	x0, x1 := float64(marginL), float64(chartW-marginR)
 	y0, y1 := float64(chartH-marginB), float64(marginT)
-	lo, hi := math.Log2(float64(pts[0].size)), math.Log2(float64(pts[len(pts)-1].size))
 	if hi == lo {
 		hi = lo + 1
 	}
-	px := func(size uint64) float64 { return x0 + (math.Log2(float64(size))-lo)/(hi-lo)*(x1-x0) }
+	px := func(x float64) float64 { return x0 + (x-lo)/(hi-lo)*(x1-x0) }
 	py := func(v float64) float64 { return y0 - v/ymax*(y0-y1) }
 	// grid and y ticks
 	for v := 0.0; v <= ymax+step/2; v += step {
@@ -127,43 +181,38 @@ func drawChart(pts []bwPoint) *image.RGBA {
 		l := fmtNum(v)
 		c.text(int(x0)-8-textWidth(l), y-5, l, black)
 	}
-	// x ticks: every measured size
-	for _, p := range pts {
-		x := int(px(p.size))
+	// x ticks
+	for _, t := range p.ticks {
+		x := int(px(t.x))
 		c.rect(x, int(y1), x+1, int(y0), grid)
 		c.rect(x, int(y0), x+1, int(y0)+6, black)
-		l := strings.ReplaceAll(sizeName(p.size), " ", "")
-		c.text(x-textWidth(l)/2, int(y0)+12, l, black)
+		c.text(x-textWidth(t.label)/2, int(y0)+12, t.label, black)
 	}
 	// axes
 	c.rect(int(x0), int(y1), int(x0)+2, int(y0)+1, black)
 	c.rect(int(x0), int(y0), int(x1), int(y0)+2, black)
-	c.text(int(x0+x1)/2-textWidth("MESSAGE SIZE (LOG2 SCALE)")/2, chartH-28, "message size (log2 scale)", black)
-	c.text(10, marginT-30, "GB/S", black)
-	title := "VRDMA BANDWIDTH, TWO DEVICES IN ONE DAEMON, AGAINST MEMCPY"
-	c.text(chartW/2-textWidth(title)/2, 12, title, black)
-	// series
-	for si, get := range []func(bwPoint) float64{
-		func(p bwPoint) float64 { return p.write },
-		func(p bwPoint) float64 { return p.read },
-		func(p bwPoint) float64 { return p.memcp },
-	} {
-		col := seriesColor[si]
-		for i, p := range pts {
-			x, y := px(p.size), py(get(p))
-			c.rect(int(x)-4, int(y)-4, int(x)+4, int(y)+4, col)
-			if i > 0 {
-				q := pts[i-1]
-				c.line(px(q.size), py(get(q)), x, y, 3, col)
+	c.text(int(x0+x1)/2-textWidth(p.xLabel)/2, chartH-28, p.xLabel, black)
+	c.text(10, marginT-30, p.yLabel, black)
+	c.text(chartW/2-textWidth(p.title)/2, 12, p.title, black)
+	for _, sr := range p.series {
+		for i := range sr.xs {
+			x, y := px(sr.xs[i]), py(sr.ys[i])
+			c.rect(int(x)-4, int(y)-4, int(x)+4, int(y)+4, sr.color)
+			if i > 0 && !sr.marksOnly {
+				c.line(px(sr.xs[i-1]), py(sr.ys[i-1]), x, y, 3, sr.color)
 			}
 		}
 	}
 	// legend (top left inside the plot)
 	lx, ly := int(x0)+20, int(y1)+12
-	c.rect(lx-8, ly-8, lx+textWidth(seriesName[2])+50, ly+3*20, white)
-	for i, n := range seriesName {
-		c.rect(lx, ly+i*20+3, lx+24, ly+i*20+7, seriesColor[i])
-		c.text(lx+32, ly+i*20, n, black)
+	wide := 0
+	for _, sr := range p.series {
+		wide = max(wide, textWidth(sr.name))
+	}
+	c.rect(lx-8, ly-8, lx+wide+50, ly+len(p.series)*20, white)
+	for i, sr := range p.series {
+		c.rect(lx, ly+i*20+3, lx+24, ly+i*20+7, sr.color)
+		c.text(lx+32, ly+i*20, sr.name, black)
 	}
 	return img
 }
@@ -182,10 +231,53 @@ func niceStep(x float64) float64 {
 	return 10 * p
 }
 
-func writeChart(path string, pts []bwPoint) error {
+func writeChart(path string, pts []bwPoint) error { return writePNG(path, drawChart(pts)) }
+
+func writePNG(path string, img image.Image) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
 	var b bytes.Buffer
-	if err := png.Encode(&b, drawChart(pts)); err != nil {
+	if err := png.Encode(&b, img); err != nil {
 		return fmt.Errorf("chart: %w", err)
 	}
 	return os.WriteFile(path, b.Bytes(), 0o644)
+}
+
+// scalingPNG is the scaling chart's file name, beside the bandwidth chart.
+const scalingPNG = "benchmarks-scaling.png"
+
+// drawScalingChart renders aggregate bandwidth against busy pairs (log2
+// x) beside each count's one-pair baseline and issue 14's targets; a point of
+// clients that never yield (pairs < 0 in pts) is drawn as a marker.
+func drawScalingChart(pts []scalePoint) *image.RGBA {
+	p := plot{title: "AGGREGATE 64 KIB RDMA WRITE, N DEVICE PAIRS OF ONE DAEMON AT ONCE",
+		xLabel: "busy pairs (log2 scale)", yLabel: "GB/S"}
+	agg := series{name: "AGGREGATE", color: seriesColor[0]}
+	base := series{name: "ONE PAIR (BASELINE)", color: seriesColor[2]}
+	tgt := series{name: "TARGET (ISSUE 14)", color: seriesColor[1], marksOnly: true}
+	spin := series{name: "CLIENTS THAT NEVER YIELD", color: orange, marksOnly: true}
+	for _, pt := range pts {
+		if pt.pairs < 0 {
+			spin.xs, spin.ys = append(spin.xs, math.Log2(float64(-pt.pairs))), append(spin.ys, pt.agg)
+			continue
+		}
+		x := math.Log2(float64(pt.pairs))
+		p.ticks = append(p.ticks, tick{x, fmt.Sprint(pt.pairs)})
+		agg.xs, agg.ys = append(agg.xs, x), append(agg.ys, pt.agg)
+		base.xs, base.ys = append(base.xs, x), append(base.ys, pt.one)
+		if t, ok := scalingTargets[pt.pairs]; ok {
+			tgt.xs, tgt.ys = append(tgt.xs, x), append(tgt.ys, t*pt.one)
+		}
+	}
+	for _, sr := range []series{agg, base, tgt, spin} {
+		if len(sr.xs) > 0 {
+			p.series = append(p.series, sr)
+		}
+	}
+	return p.draw()
+}
+
+func writeScalingChart(path string, pts []scalePoint) error {
+	return writePNG(path, drawScalingChart(pts))
 }

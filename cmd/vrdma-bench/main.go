@@ -1,17 +1,21 @@
 // Command vrdma-bench is `make bench`: it runs vrdma's benchmark suite on
 // the host through virtio-user front-ends on in-process daemons (no QEMU),
-// prints the tables and writes docs/benchmarks.md and the bandwidth chart
-// docs/benchmarks-bw.png. Every figure stands beside a baseline measured in
-// the same run (memcpy, mlock, pin-all, a bare control round trip, a
-// two-goroutine queue hand-off, one device pair) because the machines are
-// shared and noisy: the ratios are judged, absolute numbers are printed.
+// prints the tables and writes docs/benchmarks.md, the bandwidth chart
+// docs/benchmarks-bw.png and the scaling chart docs/benchmarks-scaling.png
+// (aggregate bandwidth against busy device pairs). Every figure stands
+// beside a baseline measured in the same run (memcpy, mlock, pin-all, a
+// bare control round trip, a two-goroutine queue hand-off, one device pair,
+// a victim pair alone) because the machines are shared and noisy: the
+// ratios are judged, absolute numbers are printed.
 //
 // Usage:
 //
 //	vrdma-bench [--out docs/benchmarks.md] [--png docs/benchmarks-bw.png]
 //	            [--row-time 300ms] [--repeats 3] [--quick] [--micro FILE]
-//	            [--vmtest bin/vrdma-vmtest] [--cpuprofile FILE]
+//	            [--vmtest bin/vrdma-vmtest] [--cpuprofile FILE] [--trace FILE]
 //	            [--density 500,1000,2000,5000,10000] [--density-idle 10s]
+//	            [--only SECTIONS] [--pairs 1,2,4,8,32,128] [--spin-clients]
+//	            [--engine-threads N]
 package main
 
 import (
@@ -25,6 +29,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"time"
@@ -42,6 +47,8 @@ func main() {
 
 type options struct {
 	out, png, micro, vmtest, cpuprofile string
+	trace                               string // runtime/trace output (go tool trace)
+	threads                             int    // --engine-threads
 	only                                string
 	loadStart                           string
 	s                                   settings
@@ -54,16 +61,23 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.SetOutput(stderr)
 	var o options
 	var quick bool
+	var pairs string
+	var threads int
 	fs.StringVar(&o.out, "out", "docs/benchmarks.md", "markdown report to write (empty: none)")
-	fs.StringVar(&o.png, "png", "docs/benchmarks-bw.png", "bandwidth chart to write (empty: none)")
+	fs.StringVar(&o.png, "png", "docs/benchmarks-bw.png", "bandwidth chart to write; the scaling chart goes beside it as "+
+		scalingPNG+" (empty: no charts)")
 	fs.StringVar(&o.micro, "micro", "", "go test -bench output to include (optional)")
 	fs.StringVar(&o.vmtest, "vmtest", "bin/vrdma-vmtest", "vrdma-vmtest binary for the spin-up section")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run")
-	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,reg,startup,control,scaling,density)")
+	fs.StringVar(&o.trace, "trace", "", "write an execution trace of the whole run (go tool trace FILE)")
+	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,reg,startup,control,scaling,iso,density)")
 	fs.DurationVar(&o.s.rowTime, "row-time", 500*time.Millisecond, "time box of one repeat of a row")
 	fs.IntVar(&o.s.repeats, "repeats", 3, "repeats per row (the median is reported)")
 	fs.BoolVar(&quick, "quick", false, "small sizes and guests, for a smoke test")
 	fs.StringVar(&o.density, "density", "500,1000,2000,5000,10000", "device counts of the density section (those that do not fit the machine are replaced by the largest that does)")
+	fs.BoolVar(&o.s.spin, "spin-clients", false, "the scaling and isolation sections' clients busy-poll their CQs without ever yielding (as the single-pair sections' do)")
+	fs.IntVar(&threads, "engine-threads", 0, "engine workers of the rigs' daemons, as vrdmad's --engine-threads (0: the default pool, GOMAXPROCS workers)")
+	fs.StringVar(&pairs, "pairs", "", "pair counts of the scaling section, from 1 (default 1,2,4,8,32,128; --quick 1,2,4)")
 	fs.DurationVar(&o.densityIdle, "density-idle", 10*time.Second, "how long the density section measures the idle daemon's CPU")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -77,13 +91,24 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	o.s.sizes = []uint64{64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20}
 	o.s.guestMems = []uint64{1 << 30, 4 << 30, 16 << 30}
 	o.s.regSize = 1 << 30
-	o.s.pairs = []int{1, 2, 4, 8}
+	o.s.pairs = []int{1, 2, 4, 8, 32, 128}
 	if quick {
 		o.s.sizes = []uint64{64, 4 << 10, 64 << 10}
 		o.s.guestMems = []uint64{64 << 20, 128 << 20}
 		o.s.regSize = 16 << 20
-		o.s.pairs = []int{1, 2}
+		o.s.pairs = []int{1, 2, 4}
 		o.density = "" // density_test.go measures it (the section takes minutes)
+	}
+	if threads < 0 {
+		return o, fmt.Errorf("--engine-threads %d: want 0 (the default) or more", threads)
+	}
+	o.threads = threads
+	if pairs != "" {
+		ps, err := parseCounts(pairs)
+		if err != nil || ps[0] != 1 {
+			return o, fmt.Errorf("--pairs %q: want pair counts starting at 1 (the baseline), comma-separated", pairs)
+		}
+		o.s.pairs = ps
 	}
 	return o, nil
 }
@@ -109,6 +134,9 @@ func run(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := setEngineThreads(o.threads); err != nil {
+		return err
+	}
 	if o.cpuprofile != "" {
 		f, err := os.Create(o.cpuprofile)
 		if err != nil {
@@ -120,9 +148,20 @@ func run(args []string, stdout io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if o.trace != "" {
+		f, err := os.Create(o.trace)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := trace.Start(f); err != nil {
+			return err
+		}
+		defer trace.Stop()
+	}
 	start := time.Now()
 	o.loadStart = loadavg()
-	secs, pts, err := suite(o, stdout)
+	secs, pts, scale, err := suite(o, stdout)
 	if err != nil {
 		return err
 	}
@@ -130,6 +169,11 @@ func run(args []string, stdout io.Writer) error {
 	writeText(stdout, secs)
 	if o.png != "" && len(pts) > 0 {
 		if err := writeChart(o.png, pts); err != nil {
+			return err
+		}
+	}
+	if o.png != "" && len(scale) > 0 {
+		if err := writeScalingChart(filepath.Join(filepath.Dir(o.png), scalingPNG), scale); err != nil {
 			return err
 		}
 	}
@@ -170,20 +214,18 @@ func progress(w io.Writer, format string, a ...any) {
 }
 
 // suite runs every section.
-func suite(o options, w io.Writer) ([]section, []bwPoint, error) {
+func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scalePoint, err error) {
 	s := o.s
-	var secs []section
-	var pts []bwPoint
 	main, err := newRig(memmap.PinConfig{CacheBytes: 2 * s.regSize})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer main.close()
 	bufBytes := int(depth * s.sizes[len(s.sizes)-1])
 	var p *pair
 	if o.want("bw") || o.want("rate") || o.want("lat") || o.want("control") {
 		if p, err = openPair(main, bufBytes); err != nil {
-			return nil, nil, fmt.Errorf("pair: %w", err)
+			return nil, nil, nil, fmt.Errorf("pair: %w", err)
 		}
 		defer p.close()
 	}
@@ -191,7 +233,7 @@ func suite(o options, w io.Writer) ([]section, []bwPoint, error) {
 	if o.want("bw") {
 		progress(w, "bandwidth, %d sizes", len(s.sizes))
 		if pts, err = bandwidth(s, p); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		secs = append(secs, bwSection(pts))
 	}
@@ -205,7 +247,7 @@ func suite(o options, w io.Writer) ([]section, []bwPoint, error) {
 		}{{"64 B WRITE", abi.WROpRDMAWrite}, {"64 B SEND", abi.WROpSend}} {
 			r, err := msgRate(s, p, op.op)
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s rate: %w", op.name, err)
+				return nil, nil, nil, fmt.Errorf("%s rate: %w", op.name, err)
 			}
 			rows = append(rows, row{name: op.name, figure: r / 1e6, unit: "Mops/s", baseName: "goroutine queue hand-off",
 				baseline: base / 1e6, baseUnit: "Mops/s", target: "≥ 2 Mops/s", met: boolp(r >= 2e6)})
@@ -228,7 +270,7 @@ func suite(o options, w io.Writer) ([]section, []bwPoint, error) {
 		}{{"64 B WRITE", abi.WROpRDMAWrite}, {"64 B SEND", abi.WROpSend}} {
 			p50, p99, err := latencies(s, p, op.op)
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s latency: %w", op.name, err)
+				return nil, nil, nil, fmt.Errorf("%s latency: %w", op.name, err)
 			}
 			rows = append(rows,
 				row{name: op.name + " p50", figure: p50, unit: "µs", baseName: "hand-off round trip p50", baseline: base,
@@ -242,7 +284,7 @@ func suite(o options, w io.Writer) ([]section, []bwPoint, error) {
 		progress(w, "control path")
 		cr, err := control(s, p)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		secs = append(secs, controlSection(cr))
 	}
@@ -254,7 +296,7 @@ func suite(o options, w io.Writer) ([]section, []bwPoint, error) {
 		progress(w, "registration of %s", sizeName(s.regSize))
 		rr, err := registration(s, main)
 		if err != nil {
-			return nil, nil, fmt.Errorf("registration: %w", err)
+			return nil, nil, nil, fmt.Errorf("registration: %w", err)
 		}
 		secs = append(secs, regSection(s, rr))
 	}
@@ -262,15 +304,23 @@ func suite(o options, w io.Writer) ([]section, []bwPoint, error) {
 		progress(w, "start-up")
 		sec, err := startupSection(s, w)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		secs = append(secs, sec)
 	}
 	if o.want("scaling") {
 		progress(w, "scaling")
-		sec, err := scalingSection(s)
+		sec, sp, err := scalingSection(s)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
+		}
+		secs, scale = append(secs, sec), sp
+	}
+	if o.want("iso") {
+		progress(w, "isolation")
+		sec, err := isolationSection(s)
+		if err != nil {
+			return nil, nil, nil, err
 		}
 		secs = append(secs, sec)
 	}
@@ -278,12 +328,12 @@ func suite(o options, w io.Writer) ([]section, []bwPoint, error) {
 		progress(w, "density")
 		sec, err := densitySection(o, w)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		secs = append(secs, sec)
 	}
 	secs = append(secs, spinupSection(o), microSection(o))
-	return secs, pts, nil
+	return secs, pts, scale, nil
 }
 
 // spinupSection runs `vrdma-vmtest spinup --json` when it exists, QEMU

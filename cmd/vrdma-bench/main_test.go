@@ -151,10 +151,23 @@ func TestQuickSuite(t *testing.T) {
 	}
 	doc := string(b)
 	for _, want := range []string{"do not edit", "## Bandwidth", "## Message rate", "## Latency", "## Control path",
-		"## Registration", "## Start-up", "## Scaling", "## Spin-up", "Not measured in this run"} {
+		"## Registration", "## Start-up", "## Scaling", "## Isolation", "## Spin-up", "Not measured in this run"} {
 		if !strings.Contains(doc, want) {
 			t.Errorf("report lacks %q", want)
 		}
+	}
+	// The scaling rig gives back every descriptor and pin it took.
+	if i := strings.Index(doc, "Problem:"); i >= 0 {
+		t.Errorf("report names a problem: %s", doc[i:min(len(doc), i+300)])
+	}
+	for _, want := range []string{"benchmarks-scaling.png", "Jain's fairness index", "clients that never yield",
+		"victim p99 beside a 64 B WRITE flood", "victim p99 beside a 4 MiB READ flood", "engine"} {
+		if !strings.Contains(doc, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, scalingPNG)); err != nil {
+		t.Errorf("scaling chart: %v", err)
 	}
 	rows := 0
 	for _, l := range strings.Split(doc, "\n") {

@@ -26,6 +26,7 @@ type settings struct {
 	guestMems []uint64 // start-up guest sizes
 	regSize   uint64   // REG_MR cold/cached size
 	pairs     []int    // scaling
+	spin      bool     // clients never yield (--spin-clients)
 }
 
 // repeat runs f s.repeats times and returns the median of its results.
@@ -428,36 +429,4 @@ func control(s settings, p *pair) (r controlResult, err error) {
 		return r, fmt.Errorf("reg mr 4 KiB: %w", err)
 	}
 	return r, nil
-}
-
-// scaling measures aggregate 64 KiB WRITE bandwidth of the first n pairs
-// streaming at once.
-func scaling(s settings, ps []*pair, n int) (float64, error) {
-	for _, p := range ps[:n] {
-		p.setSize(64 << 10)
-	}
-	return s.repeat(func() (float64, error) {
-		var wg sync.WaitGroup
-		bytes := make([]float64, n)
-		errs := make([]error, n)
-		start := time.Now()
-		for i, p := range ps[:n] {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ops, _, err := p.stream(abi.WROpRDMAWrite, s.rowTime)
-				bytes[i], errs[i] = float64(ops)*float64(p.size), err
-			}()
-		}
-		wg.Wait()
-		dt := time.Since(start).Seconds()
-		if err := errors.Join(errs...); err != nil {
-			return 0, err
-		}
-		var sum float64
-		for _, b := range bytes {
-			sum += b
-		}
-		return sum / dt / 1e9, nil
-	})
 }

@@ -79,8 +79,8 @@ func (r row) cells() []string {
 	if x := r.ratio(); x != 0 {
 		ratio = fmt.Sprintf("%.2f×", x)
 	}
-	return []string{r.name, fmtNum(r.figure) + " " + r.unit,
-		r.baseName + ": " + fmtNum(r.baseline) + " " + r.baseUnit, ratio, r.target, met}
+	return []string{r.name, strings.TrimSpace(fmtNum(r.figure) + " " + r.unit),
+		strings.TrimSpace(r.baseName + ": " + fmtNum(r.baseline) + " " + r.baseUnit), ratio, r.target, met}
 }
 
 var header = []string{"Measurement", "Figure", "Baseline (same run)", "Ratio", "Target", "Met"}

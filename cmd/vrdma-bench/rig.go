@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -42,7 +43,7 @@ func newRig(pin memmap.PinConfig) (*rig, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &rig{d: daemon.New(logrus.NewEntry(l), daemon.Config{Pin: pin}), dir: dir}, nil
+	return &rig{d: daemon.New(logrus.NewEntry(l), daemonConfig(pin)), dir: dir}, nil
 }
 
 // device adds a device and returns its socket.
@@ -142,6 +143,19 @@ type pair struct {
 	wc    []verbs.WC
 	// receives posted on b and completed, across measurements
 	recvs, recvd uint64
+	// yield makes a poll of the client's CQs that found nothing yield the
+	// processor (runtime.Gosched), as the host time-slices a guest's vCPU;
+	// otherwise the client busy-polls without yielding (perftest's loop on
+	// a core of its own). The sections with more client goroutines than
+	// cores set it (clientYield).
+	yield bool
+}
+
+// idle is what the client does after a poll of its CQs found nothing.
+func (p *pair) idle() {
+	if p.yield {
+		runtime.Gosched()
+	}
 }
 
 // openPair opens two devices of r with bufBytes of registered memory each
@@ -155,6 +169,13 @@ func openPair(r *rig, bufBytes int) (*pair, error) {
 	if err != nil {
 		return nil, err
 	}
+	return connectPair(s1, s2, bufBytes)
+}
+
+// connectPair opens the devices at sockets s1 and s2 with bufBytes of
+// registered memory each and connects them.
+func connectPair(s1, s2 string, bufBytes int) (*pair, error) {
+	var err error
 	p := &pair{wrs: make([]verbs.SendWR, depth), sges: make([]abi.SGE, depth),
 		rwr: make([]verbs.RecvWR, rxDepth), rsge: make([]abi.SGE, rxDepth), wc: make([]verbs.WC, 2*depth)}
 	for i := range p.wrs {
@@ -264,6 +285,13 @@ func (p *pair) reap() (int, int, error) {
 // operations completed and the time taken. A SEND is done when both its
 // completions (requester and receiver) were seen.
 func (p *pair) stream(op int, d time.Duration) (uint64, time.Duration, error) {
+	end := time.Now().Add(d)
+	return p.streamWhile(op, func() bool { return time.Now().Before(end) })
+}
+
+// streamWhile is stream posting for as long as more, which it calls every
+// few polls, returns true; it then waits for what is in flight.
+func (p *pair) streamWhile(op int, more func() bool) (uint64, time.Duration, error) {
 	var posted, sent, recvd uint64
 	send := op == abi.WROpSend
 	if err := p.topUp(); err != nil {
@@ -276,12 +304,11 @@ func (p *pair) stream(op int, d time.Duration) (uint64, time.Duration, error) {
 		return sent
 	}
 	start := time.Now()
-	end := start.Add(d)
 	last := start
 	posting := true
 	for spins := 0; ; spins++ {
 		if spins&15 == 0 && posting {
-			posting = time.Now().Before(end)
+			posting = more()
 		}
 		if !posting && done() == posted {
 			break
@@ -306,9 +333,12 @@ func (p *pair) stream(op int, d time.Duration) (uint64, time.Duration, error) {
 		recvd += uint64(m)
 		if n+m > 0 {
 			last = time.Now()
-		} else if spins&1023 == 0 && time.Since(last) > stall {
+			continue
+		}
+		if spins&1023 == 0 && time.Since(last) > stall {
 			return 0, 0, fmt.Errorf("no completion for %v (posted %d, done %d)", stall, posted, done())
 		}
+		p.idle()
 	}
 	return done(), time.Since(start), nil
 }
@@ -345,6 +375,9 @@ func (p *pair) latency(op int, d time.Duration, maxSamples int) ([]time.Duration
 			gotA, gotB = gotA || n > 0, gotB || m > 0
 			if spins&1023 == 1023 && time.Since(t0) > stall {
 				return nil, fmt.Errorf("no completion for %v", stall)
+			}
+			if n+m == 0 {
+				p.idle()
 			}
 		}
 		lat = append(lat, dt)

@@ -64,7 +64,8 @@ func bwSection(pts []bwPoint) section {
 
 func rateSection(rows []row) section {
 	return section{title: "Message rate (64 B, engine busy-polling)",
-		intro: "64 operations in flight on one QP, one engine goroutine for the doorbell queue. SEND counts an " +
+		intro: "64 operations in flight on one QP; " + engineDesc() + "; the client busy-polls its CQs (it and " +
+			"the engine are the only busy goroutines). SEND counts an " +
 			"operation when both the sender's and the receiver's completions were reaped (the receiver keeps " +
 			"128 receives posted and reposts them 32 or more at a time, as perftest's rx_depth above its " +
 			"tx_depth). Baseline: a two-goroutine shared-memory queue (producer " +
@@ -181,47 +182,6 @@ func startupSection(s settings, w io.Writer) (section, error) {
 		}
 	}
 	sec.notes = append(sec.notes, verdict(sec.rows, startupMiss))
-	return sec, nil
-}
-
-func scalingSection(s settings) (section, error) {
-	sec := section{title: "Scaling: aggregate 64 KiB WRITE bandwidth over device pairs",
-		intro: "N pairs of devices in one daemon, each pair streaming 64 KiB WRITEs (64 in flight) from its own " +
-			"goroutine at once; each device has its own engine goroutine. Baseline: one pair in the same run. " +
-			"On a machine with C cores, N pairs need 2N busy goroutines (client + engine), so the aggregate " +
-			"cannot grow past about C/2 pairs."}
-	r, err := newRig(mmPin(false))
-	if err != nil {
-		return sec, err
-	}
-	defer r.close()
-	maxN := s.pairs[len(s.pairs)-1]
-	ps := make([]*pair, 0, maxN)
-	defer func() {
-		for _, p := range ps {
-			p.close()
-		}
-	}()
-	for range maxN {
-		p, err := openPair(r, depth*64<<10)
-		if err != nil {
-			return sec, err
-		}
-		ps = append(ps, p)
-	}
-	var one float64
-	for _, n := range s.pairs {
-		bw, err := scaling(s, ps, n)
-		if err != nil {
-			return sec, fmt.Errorf("scaling %d: %w", n, err)
-		}
-		if n == 1 {
-			one = bw
-		}
-		sec.rows = append(sec.rows, row{name: fmt.Sprintf("%d pair(s)", n), figure: bw, unit: "GB/s",
-			baseName: "1 pair", baseline: one, baseUnit: "GB/s"})
-	}
-	sec.notes = append(sec.notes, "No target: the table shows how the aggregate grows with pairs on this machine.")
 	return sec, nil
 }
 

@@ -7,27 +7,30 @@
 //
 // Until this package, each doorbell queue had its own engine goroutine: it
 // ran the queue's QPs while there was work and then kept polling for a
-// spin window (up to 50 µs, adaptive) before it slept. One busy pair of
-// devices used two goroutines (the client's and the engine's) and moved
-// 21.6 GB/s of 64 KiB WRITEs on this 2-core machine; two pairs moved 0.48×
-// that in all, four 0.24×, eight 0.09×. The aggregate fell as 1/N, not
-// to a plateau, because of how N engines and N clients shared two Go Ps:
+// spin window (up to 50 µs, adaptive) before it slept. `make bench` showed
+// the aggregate of N busy pairs of devices at 0.48× one pair's bandwidth
+// with 2 pairs, 0.24× with 4 and 0.09× with 8. An execution trace of that
+// benchmark (vrdma-bench --only scaling --spin-clients --trace, read with
+// go tool trace) found the cause in the benchmark's clients, not the
+// engine: they are virtio-user front-ends in the daemon's own process and
+// busy-polled their CQs without ever blocking, so each held a Go P until
+// the runtime's preemption after 10 ms, while the engine goroutines waited
+// runnable for up to 55 ms (0.83 s of waiting in a 1 s row at 4 pairs). A
+// guest's vCPU is a host thread the kernel time-slices; the clients now
+// yield when their CQ is empty, as such a vCPU does, and with them the
+// per-queue goroutines held 1.1–1.3× one pair at 2–8 pairs, 0.55–0.97× at
+// 32 and 0.55–0.86× at 128 (the run-to-run range on this 2-core machine).
 //
-//   - Nothing bounded the goroutines that wanted a processor: N engine
-//     goroutines, each spinning through its window with runtime.Gosched
-//     between looks, and N clients. An engine that had work waited behind
-//     every spinning engine and client in the run queue, and each of those
-//     took its turn whether or not it had anything to do; the share of
-//     processor time spent on useful copies fell with every busy queue.
-//   - A goroutine that never blocks (a client busy-polling its CQ, like
-//     perftest) keeps its P until the runtime preempts it after 10 ms. With
-//     more busy goroutines than Ps, an engine whose client had just posted
-//     could wait whole 10 ms slices to run, and its client then spun on an
-//     empty CQ for its own slice.
-//
-// The engine's work has the shape an RNIC's scheduler has: many queues,
-// few engines. So the design is an RNIC's: a fixed number of workers, a
-// run queue of queues with work, and a visit of bounded size per turn.
+// What the per-queue design could not give is what a shared engine must:
+// at 128 pairs the pairs' shares were unequal (Jain's index 0.73–0.985),
+// nothing bounded how many queues spun at once or let an operator give one
+// tenant more or less of the engine, and the engine's concurrency was the
+// number of busy queues, not the cores the daemon is given. The work has
+// the shape an RNIC's scheduler has: many queues, few engines. So the
+// design is an RNIC's: a fixed number of workers, a run queue of queues
+// with work, and a turn of bounded size per visit. With it (same rig,
+// 2 workers): 1.1× at 8 pairs, 0.83× at 32, 0.68× at 128, Jain's index
+// ≥ 0.99 at every N.
 //
 // # Design
 //
