@@ -1,0 +1,250 @@
+package rc
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vrdma/vrdma/backend/rdma/roce"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
+)
+
+// Counters count what a QP did and what it refused, by reason.
+type Counters struct {
+	RxRequests  uint64 // in-sequence requests executed
+	RxResponses uint64 // ACKs, NAKs and responses that advanced the requester
+	TxPackets   uint64 // packets sent (retransmissions included)
+	Retransmits uint64 // packets sent again (go-back-N)
+	Timeouts    uint64 // retransmit timer expiries
+	SeqNAKsSent uint64 // PSN sequence error NAKs sent
+	SeqNAKsRecv uint64 // PSN sequence error NAKs received
+	RNRNAKsSent uint64
+	RNRNAKsRecv uint64
+	Duplicates  uint64 // duplicate requests answered (re-ACK, READ again, atomic replay)
+	OutOfSeq    uint64 // requests beyond the expected PSN (dropped, NAKed once)
+	DropStale   uint64 // responses for nothing outstanding, or out of order
+	DropInvalid uint64 // packets against the protocol (wrong opcode, length, PMTU)
+	DropState   uint64 // packets to a QP in the error state
+	NAKsSent    uint64 // invalid request, remote access and operational error NAKs
+}
+
+// counters are the atomics behind Counters (read without the QP lock).
+type counters struct {
+	rxRequests, rxResponses, txPackets, retransmits, timeouts      atomic.Uint64
+	seqNAKsSent, seqNAKsRecv, rnrNAKsSent, rnrNAKsRecv, duplicates atomic.Uint64
+	outOfSeq, dropStale, dropInvalid, dropState, naksSent          atomic.Uint64
+}
+
+// QP is the RC transport of one connected queue pair: requester, responder
+// and completer. Its methods are safe for concurrent use; all of them take
+// q.mu, and call Host and Port with it held.
+type QP struct {
+	cfg  Config // immutable after New
+	host Host   // immutable
+	port Port   // immutable
+
+	ctr counters
+
+	mu     sync.Mutex
+	err    bool      // protected by mu: the QP is in the error state
+	closed bool      // protected by mu
+	pkt    []byte    // protected by mu: the packet being built
+	data   []byte    // protected by mu: gathered payload
+	req    requester // protected by mu
+	resp   responder // protected by mu
+}
+
+// New returns a connected QP (in RTS). host and port must not be nil.
+func New(cfg Config, host Host, port Port) (*QP, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	if host == nil || port == nil {
+		return nil, fmt.Errorf("%w: nil host or port", ErrConfig)
+	}
+	q := &QP{
+		cfg:  cfg,
+		host: host,
+		port: port,
+		pkt:  make([]byte, 0, roce.BTHLen+roce.RETHLen+roce.ImmDtLen+roce.MaxPayload+roce.ICRCLen+8),
+		data: make([]byte, roce.MaxPayload),
+	}
+	q.req.init(&q.cfg)
+	q.resp.init(&q.cfg)
+	return q, nil
+}
+
+// QPN returns the local QP number.
+func (q *QP) QPN() uint32 { return q.cfg.QPN }
+
+// DestQPN returns the peer's QP number.
+func (q *QP) DestQPN() uint32 { return q.cfg.DestQPN }
+
+// Counters returns a snapshot of the QP's counters.
+func (q *QP) Counters() Counters {
+	c := &q.ctr
+	return Counters{
+		RxRequests: c.rxRequests.Load(), RxResponses: c.rxResponses.Load(), TxPackets: c.txPackets.Load(),
+		Retransmits: c.retransmits.Load(), Timeouts: c.timeouts.Load(), SeqNAKsSent: c.seqNAKsSent.Load(),
+		SeqNAKsRecv: c.seqNAKsRecv.Load(), RNRNAKsSent: c.rnrNAKsSent.Load(), RNRNAKsRecv: c.rnrNAKsRecv.Load(),
+		Duplicates: c.duplicates.Load(), OutOfSeq: c.outOfSeq.Load(), DropStale: c.dropStale.Load(),
+		DropInvalid: c.dropInvalid.Load(), DropState: c.dropState.Load(), NAKsSent: c.naksSent.Load(),
+	}
+}
+
+// Err reports whether the QP is in the error state.
+func (q *QP) Err() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.err
+}
+
+// Post queues a send work request and starts sending it. It returns
+// ErrQueueFull, ErrState or a *WRError without queueing anything.
+func (q *QP) Post(wr SendWR) error {
+	if !wr.Opcode.Valid() {
+		return &WRError{ID: wr.ID, Reason: "opcode " + wr.Opcode.String()}
+	}
+	switch {
+	case wr.Length > abi.MaxMsgSize:
+		return &WRError{ID: wr.ID, Reason: fmt.Sprintf("length %d beyond %d", wr.Length, abi.MaxMsgSize)}
+	case wr.Opcode.isAtomic() && (wr.Length != 8 || wr.RemoteAddr%8 != 0):
+		return &WRError{ID: wr.ID, Reason: fmt.Sprintf("atomic of %d bytes at %#x, want 8 aligned", wr.Length, wr.RemoteAddr)}
+	case wr.Length > 0 && wr.Local == nil:
+		return &WRError{ID: wr.ID, Reason: "no local buffer"}
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.err || q.closed {
+		return ErrState
+	}
+	if !q.req.push(wr) {
+		return ErrQueueFull
+	}
+	q.pumpLocked()
+	return nil
+}
+
+// Receive handles one packet for this QP, parsed by roce.Parse and with a
+// verified ICRC. p.Payload may be reused once Receive returns. Replies are
+// queued on the Port; the caller calls Flush after a batch of packets, so
+// that ACKs are coalesced.
+func (q *QP) Receive(p *roce.Packet) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.err || q.closed {
+		q.ctr.dropState.Add(1)
+		return
+	}
+	// The default partition only (what rxe and vrdma send): P_Key
+	// 0xffff, or 0x7fff from a limited member.
+	if err := p.CheckPMTU(q.cfg.PMTU); err != nil || p.BTH.PKey&0x7fff != 0x7fff {
+		q.ctr.dropInvalid.Add(1)
+		return
+	}
+	switch op := p.BTH.Opcode; {
+	case isResponse(op):
+		q.complete(p)
+	default:
+		q.respond(p)
+	}
+	if !q.err {
+		q.pumpLocked()
+	}
+}
+
+// Flush sends the coalesced ACK, if any, and flushes the Port.
+func (q *QP) Flush() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.err && !q.closed && q.resp.jobs.n == 0 {
+		q.sendPendingAck()
+	}
+	q.port.Flush()
+}
+
+// Pump sends up to Config.Burst packets of pending work (READ responses,
+// then requests) and calls Port.Wake when more remains.
+func (q *QP) Pump() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !q.err && !q.closed {
+		q.pumpLocked()
+	}
+}
+
+// Tick runs the timers: the retransmit timeout and the end of an RNR wait.
+// The owner calls it periodically (a fraction of Config.Timeout).
+func (q *QP) Tick() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.err || q.closed {
+		return
+	}
+	q.tick(q.cfg.Clock())
+	if !q.err {
+		q.pumpLocked()
+	}
+}
+
+// Close moves the QP to the error state: the outstanding send work
+// requests complete with WCWRFlushErr and nothing is sent any more. It is
+// idempotent.
+func (q *QP) Close() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return
+	}
+	q.closed = true
+	q.fail(abi.WCWRFlushErr)
+}
+
+// pumpLocked sends up to Burst packets and wakes the owner if more remain.
+func (q *QP) pumpLocked() {
+	budget := q.cfg.Burst
+	budget -= q.resp.pump(q, budget)
+	if budget > 0 {
+		budget -= q.req.pump(q, budget)
+	}
+	if budget <= 0 {
+		q.port.Wake()
+	}
+	q.port.Flush()
+}
+
+// fail puts the QP in the error state: the head work request, if any
+// unfinished, completes with status (unless status is WCWRFlushErr) and
+// every other one with WCWRFlushErr.
+func (q *QP) fail(status abi.WCStatus) {
+	if q.err {
+		return
+	}
+	q.err = true
+	q.req.flush(q, status)
+	q.resp.reset()
+}
+
+// emit encodes p into the QP's packet buffer and hands it to the Port.
+func (q *QP) emit(p *roce.Packet) {
+	b, err := p.Append(q.pkt[:0])
+	if err != nil {
+		// A bug of this package, not of the peer: count and drop.
+		q.ctr.dropInvalid.Add(1)
+		return
+	}
+	q.pkt = b[:0]
+	q.ctr.txPackets.Add(1)
+	q.port.Send(b)
+}
+
+func (q *QP) bth(op roce.Opcode, psn roce.PSN) roce.BTH {
+	return roce.BTH{Opcode: op, PKey: 0xffff, DestQP: q.cfg.DestQPN, PSN: psn}
+}
+
+func (q *QP) now() time.Time { return q.cfg.Clock() }
+
+func isResponse(op roce.Opcode) bool {
+	return op >= roce.OpReadResponseFirst && op <= roce.OpAtomicAcknowledge
+}

@@ -1,0 +1,310 @@
+package udp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+
+	"github.com/vrdma/vrdma/backend/rdma/roce"
+	"github.com/vrdma/vrdma/backend/rdma/roce/rc"
+)
+
+// Sentinels.
+var (
+	// ErrConfig: a Config Listen does not accept.
+	ErrConfig = errors.New("udp: invalid config")
+	// ErrQPN: the QPN is in use (NewQP) or unknown.
+	ErrQPN = errors.New("udp: QPN in use")
+	// ErrClosed: the endpoint was closed.
+	ErrClosed = errors.New("udp: endpoint closed")
+)
+
+// Defaults.
+const (
+	DefaultBatch  = 64
+	DefaultTick   = time.Millisecond
+	DefaultMaxQPs = 4096
+	DefaultBuffer = 4 << 20
+	// bufSize holds the largest packet with IPv6 headers' worth of slack:
+	// a datagram that does not fit is truncated and dropped.
+	bufSize = roce.BTHLen + roce.RETHLen + roce.ImmDtLen + roce.MaxPayload + roce.ICRCLen + 64
+)
+
+// Config configures an Endpoint.
+type Config struct {
+	// Addr is the host address to bind, IPv4 or IPv6 (not unspecified:
+	// the ICRC covers the destination address, so the endpoint must know
+	// it).
+	Addr netip.Addr
+	// Port is the UDP port (0: roce.UDPPort, 4791). Packets leave from
+	// it too.
+	Port uint16
+	// RecoverIPv4ID accepts an IPv4 packet whose ICRC is wrong for ID 0
+	// but right for some ID (roce.RecoverIPv4ID): what Linux rxe sends.
+	// It checks 16 of the ICRC's 32 bits for such packets.
+	RecoverIPv4ID bool
+	// Batch is the datagrams per sendmmsg and recvmmsg (0: 64).
+	Batch int
+	// Tick is the period of the QPs' timers (0: 1 ms).
+	Tick time.Duration
+	// MaxQPs bounds the QPs (0: 4096).
+	MaxQPs int
+	// SocketBuffer sets SO_RCVBUF and SO_SNDBUF (0: 4 MiB).
+	SocketBuffer int
+	// Logger gets warnings (rate-limited); nil discards.
+	Logger *logrus.Entry
+}
+
+// Counters count the endpoint's datagrams. Every received datagram ends in
+// exactly one of RxDelivered, RxTruncated, RxMalformed, RxICRC,
+// RxUnknownQP and RxWrongPeer; RxRecoveredID counts, besides, the IPv4
+// packets whose ICRC matched only with a recovered ID.
+type Counters struct {
+	RxDatagrams   uint64
+	RxDelivered   uint64 // handed to a QP
+	RxTruncated   uint64 // larger than a packet can be
+	RxMalformed   uint64 // refused by roce.Parse
+	RxICRC        uint64 // ICRC mismatch
+	RxRecoveredID uint64 // IPv4 accepted with a recovered ID
+	RxUnknownQP   uint64
+	RxWrongPeer   uint64 // from an address that is not the QP's peer
+	TxDatagrams   uint64
+	TxErrors      uint64 // datagrams the kernel refused (dropped)
+	TxCalls       uint64 // sendmmsg calls
+	RxCalls       uint64 // recvmmsg calls
+}
+
+type counters struct {
+	rxDatagrams, rxDelivered, rxTruncated, rxMalformed, rxICRC, rxRecoveredID atomic.Uint64
+	rxUnknownQP, rxWrongPeer, txDatagrams, txErrors, txCalls, rxCalls         atomic.Uint64
+}
+
+// qpEntry is a QP and its port; immutable once in the table, but mark,
+// which only the receive goroutine touches.
+type qpEntry struct {
+	qp   *rc.QP
+	peer netip.Addr // the only source address accepted
+	mark uint64
+}
+
+// Endpoint is one bound UDP socket and the QPs reached through it.
+type Endpoint struct {
+	cfg   Config // immutable, defaults filled in
+	log   *logrus.Entry
+	conn  *net.UDPConn
+	raw   syscall.RawConn
+	local netip.AddrPort
+
+	ctr counters
+
+	tableMu sync.Mutex                          // serialises writers of table
+	table   atomic.Pointer[map[uint32]*qpEntry] // copy on write
+
+	txMu sync.Mutex // protects tx, txN
+	tx   *batch
+	txN  int
+
+	rx      *batch     // the receive goroutine's
+	touched []*qpEntry // the receive goroutine's
+
+	ready  chan *port
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// Listen binds cfg.Addr and starts the endpoint's goroutines: one
+// receiving, one running the QPs' timers, one sending what QPs could not
+// send at once. The socket is created in the caller's network namespace.
+func Listen(cfg Config) (*Endpoint, error) {
+	if !cfg.Addr.IsValid() || cfg.Addr.IsUnspecified() {
+		return nil, fmt.Errorf("%w: address %v", ErrConfig, cfg.Addr)
+	}
+	cfg.Addr = cfg.Addr.Unmap()
+	if cfg.Port == 0 {
+		cfg.Port = roce.UDPPort
+	}
+	if cfg.Batch == 0 {
+		cfg.Batch = DefaultBatch
+	}
+	if cfg.Tick == 0 {
+		cfg.Tick = DefaultTick
+	}
+	if cfg.MaxQPs == 0 {
+		cfg.MaxQPs = DefaultMaxQPs
+	}
+	if cfg.SocketBuffer == 0 {
+		cfg.SocketBuffer = DefaultBuffer
+	}
+	if cfg.Batch < 1 || cfg.Batch > 1024 || cfg.Tick < 0 || cfg.MaxQPs < 1 || cfg.SocketBuffer < 0 {
+		return nil, fmt.Errorf("%w: batch %d, tick %v, max QPs %d", ErrConfig, cfg.Batch, cfg.Tick, cfg.MaxQPs)
+	}
+	log := cfg.Logger
+	if log == nil {
+		l := logrus.New()
+		l.SetOutput(nopWriter{})
+		log = logrus.NewEntry(l)
+	}
+	network := "udp4"
+	if cfg.Addr.Is6() {
+		network = "udp6"
+	}
+	conn, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(cfg.Addr, cfg.Port)))
+	if err != nil {
+		return nil, fmt.Errorf("udp: bind %v: %w", cfg.Addr, err)
+	}
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("udp: raw conn: %w", err)
+	}
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		// DF on every datagram and, for IPv4, ID 0 (docs/wire.md § 7).
+		if cfg.Addr.Is4() {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
+		} else {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
+		}
+		if serr != nil {
+			serr = fmt.Errorf("udp: set path MTU discovery: %w", serr)
+			return
+		}
+		// Best effort: the *FORCE options need CAP_NET_ADMIN; the
+		// others are capped at net.core.rmem_max and wmem_max.
+		for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
+			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], cfg.SocketBuffer) != nil {
+				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], cfg.SocketBuffer)
+			}
+		}
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	e := &Endpoint{
+		cfg: cfg, log: log, conn: conn, raw: raw,
+		local:   conn.LocalAddr().(*net.UDPAddr).AddrPort(),
+		tx:      newBatch(cfg.Batch, bufSize),
+		rx:      newBatch(cfg.Batch, bufSize),
+		touched: make([]*qpEntry, 0, cfg.Batch),
+		ready:   make(chan *port, cfg.MaxQPs),
+	}
+	e.local = netip.AddrPortFrom(e.local.Addr().Unmap(), e.local.Port())
+	empty := map[uint32]*qpEntry{}
+	e.table.Store(&empty)
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.wg.Add(3)
+	go e.receive()
+	go e.timers()
+	go e.pumps()
+	return e, nil
+}
+
+type nopWriter struct{}
+
+func (nopWriter) Write(p []byte) (int, error) { return len(p), nil }
+
+// LocalAddr returns the bound address and port.
+func (e *Endpoint) LocalAddr() netip.AddrPort { return e.local }
+
+// Counters returns a snapshot of the endpoint's counters.
+func (e *Endpoint) Counters() Counters {
+	c := &e.ctr
+	return Counters{
+		RxDatagrams: c.rxDatagrams.Load(), RxDelivered: c.rxDelivered.Load(), RxTruncated: c.rxTruncated.Load(),
+		RxMalformed: c.rxMalformed.Load(), RxICRC: c.rxICRC.Load(), RxRecoveredID: c.rxRecoveredID.Load(),
+		RxUnknownQP: c.rxUnknownQP.Load(), RxWrongPeer: c.rxWrongPeer.Load(), TxDatagrams: c.txDatagrams.Load(),
+		TxErrors: c.txErrors.Load(), TxCalls: c.txCalls.Load(), RxCalls: c.rxCalls.Load(),
+	}
+}
+
+// NewQP creates a connected QP (rc.New) whose packets go to peer (port 0:
+// roce.UDPPort) and registers it under cfg.QPN. peer must be of the
+// endpoint's address family.
+func (e *Endpoint) NewQP(cfg rc.Config, peer netip.AddrPort, host rc.Host) (*rc.QP, error) {
+	peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
+	if peer.Port() == 0 {
+		peer = netip.AddrPortFrom(peer.Addr(), roce.UDPPort)
+	}
+	if !peer.Addr().IsValid() || peer.Addr().Is4() != e.cfg.Addr.Is4() {
+		return nil, fmt.Errorf("%w: peer %v for an endpoint on %v", ErrConfig, peer, e.cfg.Addr)
+	}
+	p := &port{e: e, peer: peer, ip: roce.IPHeader{Src: e.cfg.Addr, Dst: peer.Addr(), FlagsFragment: roce.IPv4DF}}
+	qp, err := rc.New(cfg, host, p)
+	if err != nil {
+		return nil, fmt.Errorf("udp: new QP %#x: %w", cfg.QPN, err)
+	}
+	p.qp = qp
+	e.tableMu.Lock()
+	defer e.tableMu.Unlock()
+	if e.ctx.Err() != nil {
+		return nil, ErrClosed
+	}
+	old := *e.table.Load()
+	if _, ok := old[cfg.QPN]; ok {
+		return nil, fmt.Errorf("%w: %#x", ErrQPN, cfg.QPN)
+	}
+	if len(old) >= e.cfg.MaxQPs {
+		return nil, fmt.Errorf("%w: %d QPs", ErrConfig, len(old))
+	}
+	m := make(map[uint32]*qpEntry, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[cfg.QPN] = &qpEntry{qp: qp, peer: peer.Addr()}
+	e.table.Store(&m)
+	return qp, nil
+}
+
+// RemoveQP closes the QP (rc.QP.Close: its work requests are flushed) and
+// forgets it; later packets for it count as RxUnknownQP.
+func (e *Endpoint) RemoveQP(qpn uint32) error {
+	e.tableMu.Lock()
+	old := *e.table.Load()
+	ent, ok := old[qpn]
+	if !ok {
+		e.tableMu.Unlock()
+		return fmt.Errorf("%w: %#x unknown", ErrQPN, qpn)
+	}
+	m := make(map[uint32]*qpEntry, len(old))
+	for k, v := range old {
+		if k != qpn {
+			m[k] = v
+		}
+	}
+	e.table.Store(&m)
+	e.tableMu.Unlock()
+	ent.qp.Close()
+	return nil
+}
+
+// Close stops the goroutines, closes the socket and every QP. It is
+// idempotent.
+func (e *Endpoint) Close() error {
+	var err error
+	e.once.Do(func() {
+		e.tableMu.Lock()
+		e.cancel()
+		e.tableMu.Unlock()
+		err = e.conn.Close()
+		e.wg.Wait()
+		for _, ent := range *e.table.Load() {
+			ent.qp.Close()
+		}
+	})
+	return err
+}

@@ -1,0 +1,238 @@
+package udp
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vrdma/vrdma/backend/rdma/roce"
+	"github.com/vrdma/vrdma/backend/rdma/roce/rc"
+)
+
+// port is a QP's rc.Port: it seals the QP's packets for its peer and
+// queues them in the endpoint's send batch.
+type port struct {
+	e      *Endpoint      // immutable
+	peer   netip.AddrPort // immutable
+	ip     roce.IPHeader  // immutable: what the ICRC covers of the IP header
+	qp     *rc.QP         // set once before the port is used
+	queued atomic.Bool    // in e.ready
+}
+
+var _ rc.Port = (*port)(nil)
+
+func (p *port) Send(pkt []byte) { p.e.send(p, pkt) }
+func (p *port) Flush()          { p.e.flush() }
+
+func (p *port) Wake() {
+	if p.queued.CompareAndSwap(false, true) {
+		select {
+		case p.e.ready <- p:
+		default: // cannot happen: ready holds MaxQPs and a port once
+			p.queued.Store(false)
+		}
+	}
+}
+
+// send seals pkt and queues it; a full batch leaves at once.
+func (e *Endpoint) send(p *port, pkt []byte) {
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
+	if len(pkt) > bufSize {
+		e.ctr.txErrors.Add(1)
+		return
+	}
+	i := e.txN
+	b := e.tx.bufs[i][:len(pkt)]
+	copy(b, pkt)
+	if err := roce.Seal(p.ip, e.local.Port(), p.peer.Port(), b); err != nil {
+		e.ctr.txErrors.Add(1)
+		return
+	}
+	e.tx.setSend(i, len(pkt), p.peer)
+	e.txN++
+	if e.txN == len(e.tx.hdrs) {
+		e.flushLocked()
+	}
+}
+
+func (e *Endpoint) flush() {
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
+	e.flushLocked()
+}
+
+// flushLocked sends the queued datagrams with as few sendmmsg calls as the
+// kernel allows, waiting while the socket buffer is full. A datagram the
+// kernel refuses (EMSGSIZE above the path MTU, an unreachable network) is
+// dropped and counted: the protocol recovers it as a loss.
+// Precondition: txMu held.
+func (e *Endpoint) flushLocked() {
+	off := 0
+	for off < e.txN {
+		var n int
+		var errno unix.Errno
+		err := e.raw.Write(func(fd uintptr) bool {
+			for {
+				n, errno = mmsg(unix.SYS_SENDMMSG, fd, e.tx.hdrs[off:e.txN])
+				if errno != unix.EINTR {
+					return errno != unix.EAGAIN
+				}
+			}
+		})
+		if err != nil {
+			e.ctr.txErrors.Add(uint64(e.txN - off))
+			break
+		}
+		e.ctr.txCalls.Add(1)
+		if errno != 0 {
+			e.ctr.txErrors.Add(1)
+			e.warn("sendmmsg", errno)
+			off++
+			continue
+		}
+		e.ctr.txDatagrams.Add(uint64(n))
+		off += n
+	}
+	e.txN = 0
+}
+
+var lastWarn atomic.Int64
+
+// warn logs at most one warning a second for the whole process.
+func (e *Endpoint) warn(op string, err error) {
+	now := time.Now().UnixNano()
+	if last := lastWarn.Load(); now-last > int64(time.Second) && lastWarn.CompareAndSwap(last, now) {
+		e.log.WithField("addr", e.local).WithError(err).Warn("udp: " + op)
+	}
+}
+
+// receive is the receive goroutine: recvmmsg, then each datagram to its
+// QP; the QPs it touched flush their coalesced ACKs after the batch.
+func (e *Endpoint) receive() {
+	defer e.wg.Done()
+	var gen uint64
+	for {
+		var n int
+		var errno unix.Errno
+		err := e.raw.Read(func(fd uintptr) bool {
+			for i := range e.rx.hdrs {
+				e.rx.resetRecv(i)
+			}
+			for {
+				n, errno = mmsg(unix.SYS_RECVMMSG, fd, e.rx.hdrs)
+				if errno != unix.EINTR {
+					return errno != unix.EAGAIN
+				}
+			}
+		})
+		if err != nil {
+			return // closed
+		}
+		if errno != 0 {
+			e.warn("recvmmsg", errno)
+			continue
+		}
+		e.ctr.rxCalls.Add(1)
+		gen++
+		for i := range n {
+			e.handle(i, gen)
+		}
+		for i, ent := range e.touched {
+			ent.qp.Flush()
+			e.touched[i] = nil
+		}
+		e.touched = e.touched[:0]
+	}
+}
+
+// handle checks datagram i of the receive batch and hands it to its QP.
+func (e *Endpoint) handle(i int, gen uint64) {
+	e.ctr.rxDatagrams.Add(1)
+	h := &e.rx.hdrs[i]
+	if h.Hdr.Flags&unix.MSG_TRUNC != 0 || int(h.Len) > len(e.rx.bufs[i]) {
+		e.ctr.rxTruncated.Add(1)
+		return
+	}
+	b := e.rx.bufs[i][:h.Len]
+	p, err := roce.Parse(b)
+	if err != nil {
+		e.ctr.rxMalformed.Add(1)
+		return
+	}
+	src := e.rx.source(i)
+	// The ICRC, without roce.Verify's error value (an allocation per
+	// packet from rxe). With ID recovery one CRC pass does both: the ID
+	// is 0 when the packet is vrdma's.
+	ip := roce.IPHeader{Src: src.Addr(), Dst: e.cfg.Addr, FlagsFragment: roce.IPv4DF}
+	if !ip.Valid() {
+		e.ctr.rxICRC.Add(1)
+		return
+	}
+	if ip.Is4() && e.cfg.RecoverIPv4ID {
+		id, ok := roce.RecoverIPv4ID(ip, src.Port(), e.local.Port(), b)
+		if !ok {
+			e.ctr.rxICRC.Add(1)
+			return
+		}
+		if id != 0 {
+			e.ctr.rxRecoveredID.Add(1)
+		}
+	} else {
+		end := len(b) - roce.ICRCLen
+		if roce.ICRC(ip, src.Port(), e.local.Port(), b[:end]) != binary.LittleEndian.Uint32(b[end:]) {
+			e.ctr.rxICRC.Add(1)
+			return
+		}
+	}
+	ent := (*e.table.Load())[p.BTH.DestQP]
+	if ent == nil {
+		e.ctr.rxUnknownQP.Add(1)
+		return
+	}
+	if src.Addr() != ent.peer {
+		e.ctr.rxWrongPeer.Add(1)
+		return
+	}
+	e.ctr.rxDelivered.Add(1)
+	ent.qp.Receive(&p)
+	if ent.mark != gen {
+		ent.mark = gen
+		e.touched = append(e.touched, ent)
+	}
+}
+
+// timers runs every QP's timers each Tick.
+func (e *Endpoint) timers() {
+	defer e.wg.Done()
+	t := time.NewTicker(e.cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case <-t.C:
+			for _, ent := range *e.table.Load() {
+				ent.qp.Tick()
+			}
+		}
+	}
+}
+
+// pumps sends, for the QPs that asked (Port.Wake), what they could not
+// send within one burst.
+func (e *Endpoint) pumps() {
+	defer e.wg.Done()
+	for {
+		select {
+		case <-e.ctx.Done():
+			return
+		case p := <-e.ready:
+			p.queued.Store(false)
+			p.qp.Pump()
+		}
+	}
+}
