@@ -148,19 +148,30 @@ func (q *QP) progress(next roce.PSN) {
 	}
 }
 
+// responseHead takes a READ response or atomic ACK at psn as the ACK of
+// everything before it and returns the head work request, which it must
+// answer; nil when the QP failed or nothing is outstanding (counted).
+func (q *QP) responseHead(psn roce.PSN) *swqe {
+	r := &q.req
+	q.ackThrough(psn.Add(uint32(roce.PSNMask)))
+	if q.err {
+		return nil
+	}
+	if r.head == r.tail {
+		q.ctr.dropStale.Add(1)
+		return nil
+	}
+	return r.at(r.head)
+}
+
 // readResponse places one READ response packet, in PSN order.
 func (q *QP) readResponse(p *roce.Packet) {
 	r := &q.req
 	psn := p.BTH.PSN
-	q.ackThrough(psn.Add(uint32(roce.PSNMask)))
-	if q.err {
+	w := q.responseHead(psn)
+	if w == nil {
 		return
 	}
-	if r.head == r.tail {
-		q.ctr.dropStale.Add(1)
-		return
-	}
-	w := r.at(r.head)
 	pmtu := uint32(q.cfg.PMTU)
 	if !w.started || w.wr.Opcode != WRRDMARead || w.done || psn != w.psn.Add(w.got/pmtu) {
 		q.ctr.dropStale.Add(1)
@@ -193,15 +204,10 @@ func (q *QP) readResponse(p *roce.Packet) {
 func (q *QP) atomicAck(p *roce.Packet) {
 	r := &q.req
 	psn := p.BTH.PSN
-	q.ackThrough(psn.Add(uint32(roce.PSNMask)))
-	if q.err {
+	w := q.responseHead(psn)
+	if w == nil {
 		return
 	}
-	if r.head == r.tail {
-		q.ctr.dropStale.Add(1)
-		return
-	}
-	w := r.at(r.head)
 	if !w.started || !w.wr.Opcode.isAtomic() || w.done || psn != w.psn {
 		q.ctr.dropStale.Add(1)
 		return
