@@ -112,6 +112,7 @@ func (db *doorbell) visit(b *sched.Budget) sched.Next {
 func (db *doorbell) poll(q *backend.Queue, b *sched.Budget) sched.Next {
 	d := db.d
 	if q.Stopping() {
+		db.polling = false // a restarted ring starts with the flags clear
 		return sched.Next{}
 	}
 	if !db.polling {

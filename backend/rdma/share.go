@@ -32,6 +32,10 @@ type Share struct {
 // MaxWeight bounds Share.Weight.
 const MaxWeight = 1000
 
+// MinBytesPerSec is the least non-zero Share.MaxBytesPerSec: a bucket must
+// refill a page.
+const MinBytesPerSec = 4096
+
 // ErrBadShare is wrapped by the errors of Share.Check.
 var ErrBadShare = errors.New("bad share")
 
@@ -40,8 +44,8 @@ func (s Share) Check() error {
 	if s.Weight > MaxWeight {
 		return fmt.Errorf("%w: weight %d above %d", ErrBadShare, s.Weight, MaxWeight)
 	}
-	if s.MaxBytesPerSec != 0 && s.MaxBytesPerSec < 4096 {
-		return fmt.Errorf("%w: max_bytes_per_s %d below 4096", ErrBadShare, s.MaxBytesPerSec)
+	if s.MaxBytesPerSec != 0 && s.MaxBytesPerSec < MinBytesPerSec {
+		return fmt.Errorf("%w: max_bytes_per_s %d below %d", ErrBadShare, s.MaxBytesPerSec, MinBytesPerSec)
 	}
 	return nil
 }
@@ -64,6 +68,7 @@ func (d *Device) SetShare(s Share) error {
 	d.mu.Lock()
 	for _, db := range d.doorbells {
 		db.task.SetWeight(s.weight())
+		db.task.Wake() // a queue waiting for its bound's tokens looks again
 	}
 	d.mu.Unlock()
 	return nil

@@ -20,10 +20,6 @@ import (
 // is saved in the state file first: a change that cannot be saved is not
 // made.
 
-// minBytesPerSec is the least non-zero max_bytes_per_s (rdma.Share.Check
-// refuses less: a bucket must hold a page).
-const minBytesPerSec = 4096
-
 // checkShare checks the fields p sets and applies them to cur. On error
 // the share is zero and the error a *RequestError naming the field.
 func checkShare(p SharePatch, cur rdma.Share) (rdma.Share, error) {
@@ -35,8 +31,8 @@ func checkShare(p SharePatch, cur rdma.Share) (rdma.Share, error) {
 		s.Weight = *p.Weight
 	}
 	if p.MaxBytesPerSec != nil {
-		if b := *p.MaxBytesPerSec; b != 0 && b < minBytesPerSec {
-			return rdma.Share{}, reqErr("share.max_bytes_per_s", "%d below %d (0: no bound)", b, minBytesPerSec)
+		if b := *p.MaxBytesPerSec; b != 0 && b < rdma.MinBytesPerSec {
+			return rdma.Share{}, reqErr("share.max_bytes_per_s", "%d below %d (0: no bound)", b, rdma.MinBytesPerSec)
 		}
 		s.MaxBytesPerSec = *p.MaxBytesPerSec
 	}
