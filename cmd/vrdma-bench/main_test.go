@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"image"
 	"image/png"
 	"io"
 	"os"
@@ -77,18 +78,7 @@ func TestChart(t *testing.T) {
 	if err := writeChart(p, pts); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b := img.Bounds(); b.Dx() != chartW || b.Dy() != chartH {
-		t.Fatalf("got %v, want %dx%d", b, chartW, chartH)
-	}
+	img := readChart(t, p)
 	// Each series' colour must appear (lines and markers were drawn).
 	for i, c := range seriesColor {
 		found := false
@@ -204,4 +194,22 @@ func TestCarryCompareRxe(t *testing.T) {
 	if got := string(carryCompareRxe(nil, []byte("# new\n"))); got != "# new\n" {
 		t.Fatalf("without an old page: %q", got)
 	}
+}
+
+// readChart decodes the PNG at p and checks its size.
+func readChart(t *testing.T, p string) image.Image {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := img.Bounds(); b.Dx() != chartW || b.Dy() != chartH {
+		t.Fatalf("got %v, want %dx%d", b, chartW, chartH)
+	}
+	return img
 }

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"image/png"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -101,18 +99,7 @@ func TestScalingChart(t *testing.T) {
 	if err := writeScalingChart(p, pts); err != nil {
 		t.Fatal(err)
 	}
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	img, err := png.Decode(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b := img.Bounds(); b.Dx() != chartW || b.Dy() != chartH {
-		t.Fatalf("got %v, want %dx%d", b, chartW, chartH)
-	}
+	img := readChart(t, p)
 	for _, c := range append(seriesColor[:3:3], orange) {
 		found := false
 		for y := 0; y < chartH && !found; y++ {
