@@ -473,6 +473,24 @@ func (d *Device) destroyAH(h uint32) error {
 	return nil
 }
 
+// GIDEntry is a filled entry of the port's GID table.
+type GIDEntry struct {
+	Index int
+	GID   [16]byte
+}
+
+// GIDs returns the filled entries of the port's GID table in index order:
+// entry 0, the port GID, and those the driver added (ADD_GID).
+func (d *Device) GIDs() []GIDEntry {
+	var out []GIDEntry
+	for i := range abi.GIDTableLen {
+		if g, ok := d.eng.GIDAt(i); ok {
+			out = append(out, GIDEntry{Index: i, GID: g})
+		}
+	}
+	return out
+}
+
 func (d *Device) hasGID(index uint32) bool {
 	_, ok := d.eng.GIDAt(int(index))
 	return ok

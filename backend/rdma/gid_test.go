@@ -3,8 +3,10 @@ package rdma
 import (
 	"errors"
 	"fmt"
-	"github.com/vrdma/vrdma/backend/rdma/engine"
+	"slices"
 	"testing"
+
+	"github.com/vrdma/vrdma/backend/rdma/engine"
 
 	"golang.org/x/sys/unix"
 
@@ -173,5 +175,30 @@ func TestQPNumbers24Bits(t *testing.T) {
 		} else {
 			e.NewHandle(engine.KindMR, 32) // other objects advance the sequence
 		}
+	}
+}
+
+// GIDs lists the filled entries: the port GID, then what ADD_GID wrote,
+// until DEL_GID empties it.
+func TestGIDsList(t *testing.T) {
+	a, ta, done := attached(t)
+	defer done()
+	gid := [16]byte{10: 0xff, 11: 0xff, 12: 10, 13: 11, 14: 0, 15: 7}
+	want := []GIDEntry{{0, a.conf.PortGID}}
+	if got := a.GIDs(); !slices.Equal(got, want) {
+		t.Fatalf("GIDs after reset: %v, want %v", got, want)
+	}
+	if _, st := a.command(abi.CmdAddGID, abi.Marshal(&abi.GIDEntry{PortNum: 1, Index: 3, GID: gid, GIDType: abi.GIDTypeRoCEv2}), ta); st != abi.StatusOK {
+		t.Fatalf("ADD_GID: %v", st)
+	}
+	want = append(want, GIDEntry{3, gid})
+	if got := a.GIDs(); !slices.Equal(got, want) {
+		t.Fatalf("GIDs after ADD_GID 3: %v, want %v", got, want)
+	}
+	if _, st := a.command(abi.CmdDelGID, abi.Marshal(&abi.GIDReq{PortNum: 1, Index: 3}), ta); st != abi.StatusOK {
+		t.Fatalf("DEL_GID: %v", st)
+	}
+	if got := a.GIDs(); !slices.Equal(got, want[:1]) {
+		t.Fatalf("GIDs after DEL_GID 3: %v, want %v", got, want[:1])
 	}
 }

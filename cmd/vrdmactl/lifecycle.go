@@ -357,6 +357,11 @@ func showInfo(out io.Writer, d controlapi.DeviceInfo) error {
 		{"max_qps", fmt.Sprint(d.Limits.MaxQPs)}, {"max_cqs", fmt.Sprint(d.Limits.MaxCQs)}, {"max_mrs", fmt.Sprint(d.Limits.MaxMRs)},
 		{"max_pinned", pinnedLimit(d.Limits.MaxPinnedBytes)},
 	}
+	for _, g := range d.GIDs {
+		if g.Index != 0 { // entry 0 is the "gid" row
+			rows = append(rows, [2]string{fmt.Sprintf("gid[%d]", g.Index), g.GID})
+		}
+	}
 	rows = append(rows, shareRows(d.Share)...)
 	rows = append(rows, [][2]string{
 		{"pinned", units.FormatBytes(d.PinnedBytes)}, {"map_cache", units.FormatBytes(d.CachedBytes)},

@@ -52,6 +52,17 @@ type DeviceInfo struct {
 	// Share is the device's part of the engine now. Its weight is the
 	// one in effect (1 when none was set).
 	Share Share `json:"share"`
+	// GIDs are the filled entries of the device's GID table now: index 0
+	// is the port GID (the "gid" field), the others the guest's driver
+	// added (the RoCE GIDs of its interfaces' addresses).
+	GIDs []GIDEntry `json:"gids"`
+}
+
+// GIDEntry is one filled entry of a device's GID table.
+type GIDEntry struct {
+	Index int `json:"index"`
+	// GID in IPv6 notation (an IPv4-mapped GID as ::ffff:a.b.c.d).
+	GID string `json:"gid"`
 }
 
 // Share is a device's part of the daemon's engine when devices compete

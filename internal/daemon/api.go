@@ -72,7 +72,17 @@ func (dv *ServedDevice) Info() DeviceInfo {
 		NumQueues:   dv.Dev.NumQueues(),
 		Persisted:   dv.persist,
 		Share:       shareInfo(dv.Dev.Share()),
+		GIDs:        gidEntries(dv.Dev.GIDs()),
 	}
+}
+
+// gidEntries is a GID table as the control API shows it: never null.
+func gidEntries(gs []rdma.GIDEntry) []controlapi.GIDEntry {
+	out := make([]controlapi.GIDEntry, 0, len(gs))
+	for _, g := range gs {
+		out = append(out, controlapi.GIDEntry{Index: g.Index, GID: netip.AddrFrom16(g.GID).String()})
+	}
+	return out
 }
 
 // Bounds of what POST /v1/devices accepts.

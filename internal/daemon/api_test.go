@@ -86,6 +86,9 @@ func TestAddShowRemove(t *testing.T) {
 	}
 	if code, out := call(t, h, "GET", "/v1/devices/vm1", ""); code != http.StatusOK || out["uuid"] != dv.Dev.UUID().String() {
 		t.Errorf("GET: got %d %v, want 200 with uuid %s", code, out, dv.Dev.UUID())
+	} else if gids, _ := out["gids"].([]any); len(gids) != 1 ||
+		gids[0].(map[string]any)["index"] != float64(0) || gids[0].(map[string]any)["gid"] != out["gid"] {
+		t.Errorf("GET: gids %v, want entry 0 alone, the port GID %v", out["gids"], out["gid"])
 	}
 	if code, out := call(t, h, "GET", "/v1/health", ""); code != http.StatusOK || out["devices"] != float64(1) {
 		t.Errorf("health: got %d %v, want 200 with 1 device", code, out)
