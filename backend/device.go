@@ -59,6 +59,16 @@ type KickReceiver interface {
 	Kicked(q *Queue) bool
 }
 
+// Interrupter is implemented by a Device some of whose queues never
+// interrupt the driver (vrdma's doorbell queues carry no buffers, so
+// nothing is ever pushed to their used rings): the session checks the call
+// eventfd the front-end sends for such a queue and closes it at once, one
+// descriptor less per queue. Interrupts must be a fixed property of the
+// queue index.
+type Interrupter interface {
+	Interrupts(queue int) bool
+}
+
 // Host is what the session offers a device.
 type Host interface {
 	// Memory is the guest memory of the connected front-end.

@@ -94,10 +94,14 @@
 // Measured with `vrdma-bench --only density` (vrdmad with N = 500…1660
 // rdma devices, one doorbell queue, QEMU-order virtio-user front-ends in
 // other processes; per device, over an empty vrdmad). A connected device
-// holds 12 descriptors: its listening socket (1, also while nobody is
-// connected), the vhost-user connection (1), the backend channel (1), and a
-// kick, a call and an error eventfd for each of its 3 rings (9). The memory
-// region's fd, the 13th until memmap.MapRegion closed it once mapped, is
+// holds 11 descriptors: its listening socket (1, also while nobody is
+// connected), the vhost-user connection (1), the backend channel (1), a
+// kick and an error eventfd for each of its 3 rings (6), and a call
+// eventfd for the control and event queues (2). The doorbell queue's call
+// eventfd, the 12th until the session checked and closed it (the device is
+// an Interrupter: nothing is ever pushed to a doorbell queue), is not
+// needed; neither is the memory region's fd, the 13th until
+// memmap.MapRegion closed it once mapped, which is
 // not needed after mmap (pins are mlocks of the mapping, a truncated file
 // is a SIGBUS that memmap.Guard contains, INFLIGHT_SHMFD is not offered, a
 // reconnecting front-end sends its fds again). It runs 5 goroutines: the

@@ -436,6 +436,13 @@ func (s *session) setVringFile(m *vu.Message) error {
 			return fmt.Errorf("ring %d: kick set before size and addresses", index)
 		}
 	case vu.SetVringCall:
+		if e != nil && !s.interrupts(int(index)) {
+			// Checked above, and not kept: the device never interrupts
+			// this queue (Interrupter), and the descriptor would be one
+			// more per queue for nothing.
+			e.Close()
+			e = nil
+		}
 		r.q.mu.Lock()
 		old := r.call
 		r.call = e
@@ -449,6 +456,13 @@ func (s *session) setVringFile(m *vu.Message) error {
 		old.Close()
 	}
 	return nil
+}
+
+// interrupts reports whether the device may interrupt the driver on queue
+// i (Interrupter; true for a device that does not say).
+func (s *session) interrupts(i int) bool {
+	in, ok := s.dev.(Interrupter)
+	return !ok || in.Interrupts(i)
 }
 
 func (s *session) setVringEnable(p []byte) error {

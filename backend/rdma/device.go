@@ -301,9 +301,14 @@ func (d *Device) Features() uint64 {
 	return virtio.FeatureVersion1 | virtio.FeatureIndirectDesc | virtio.FeatureEventIdx
 }
 
-func (d *Device) NumQueues() int    { return abi.FirstDoorbellQueue + d.cfg.DoorbellQueues }
-func (d *Device) MaxQueueSize() int { return d.cfg.MaxQueueSize }
-func (d *Device) ConfigSize() int   { return abi.ConfigSize }
+func (d *Device) NumQueues() int { return abi.FirstDoorbellQueue + d.cfg.DoorbellQueues }
+
+// Interrupts implements backend.Interrupter: only the control and event
+// queues carry buffers the device returns; a doorbell queue's used ring
+// only holds the engine's NO_NOTIFY flag.
+func (d *Device) Interrupts(queue int) bool { return queue < abi.FirstDoorbellQueue }
+func (d *Device) MaxQueueSize() int         { return d.cfg.MaxQueueSize }
+func (d *Device) ConfigSize() int           { return abi.ConfigSize }
 
 func (d *Device) ReadConfig(off int, buf []byte) error {
 	if off < 0 || off > len(d.raw) || len(buf) > len(d.raw)-off {

@@ -32,13 +32,14 @@ import (
 
 // Descriptors the daemon holds per device, as backend/doc.go ("Cost of a
 // device") counts them: the listening socket, and while a front-end is
-// connected its vhost-user socket, its backend channel and a kick, a call
-// and an error eventfd per virtqueue (control, event, one doorbell queue).
+// connected its vhost-user socket, its backend channel, a kick and an
+// error eventfd per virtqueue (control, event, one doorbell queue) and a
+// call eventfd per queue that interrupts (not the doorbell queue).
 // Memory-region descriptors are closed once mapped.
 const (
 	densityListenFds = 1
 	densityQueues    = abi.FirstDoorbellQueue + 1
-	densityDeviceFds = densityListenFds + 2 + 3*densityQueues // 12
+	densityDeviceFds = densityListenFds + 2 + 2*densityQueues + abi.FirstDoorbellQueue // 11
 )
 
 const (
@@ -529,6 +530,6 @@ func densityTable(base densityBase, runs []densityRun) string {
 }
 
 const densityMiss = "What bounds N is descriptors, then internal/daemon.MaxDevices, before memory or CPU: a connected " +
-	"device holds 12 descriptors (backend/doc.go, \"Cost of a device\"), so 10,000 devices need about 120,000 " +
+	"device holds 11 descriptors (backend/doc.go, \"Cost of a device\"), so 10,000 devices need about 110,000 " +
 	"(vrdmad.service sets LimitNOFILE=1048576; a shell's hard limit may be far lower), and one vrdmad serves at most " +
 	"internal/daemon.MaxDevices devices."

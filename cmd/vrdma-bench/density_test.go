@@ -81,8 +81,8 @@ func TestDensityFit(t *testing.T) {
 		want  bool
 	}{
 		{1000, 20000, true},
-		{1660, 20000, true},
-		{1661, 20000, false},
+		{1811, 20000, true},
+		{1812, 20000, false},
 		{10000, 20000, false},
 		{10000, 1 << 20, true},
 	}
@@ -91,8 +91,8 @@ func TestDensityFit(t *testing.T) {
 			t.Errorf("fitsFds(%d, limit %d): got %v, want %v", tt.n, tt.limit, got, tt.want)
 		}
 	}
-	if got := largestFit(11, densityDeviceFds, 20000); got != 1660 {
-		t.Errorf("largestFit(limit 20000): got %d, want 1660", got)
+	if got := largestFit(11, densityDeviceFds, 20000); got != 1811 {
+		t.Errorf("largestFit(limit 20000): got %d, want 1811", got)
 	}
 	if got := largestFit(11, densityDeviceFds, 1<<20); got != daemon.MaxDevices {
 		t.Errorf("largestFit(limit 1<<20): got %d, want daemon.MaxDevices (%d)", got, daemon.MaxDevices)

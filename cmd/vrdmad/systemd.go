@@ -182,9 +182,10 @@ func watchdog(ctx context.Context, log *logrus.Entry, d *daemon.Daemon) {
 }
 
 // raiseNofile lifts the soft RLIMIT_NOFILE to the hard limit: a connected
-// device holds 12 descriptors (its listening and connected sockets, the
-// backend channel, and a kick, call and error eventfd per queue; memory
-// regions are closed once mapped: backend/doc.go, "Cost of a device"). (The Go runtime raises it too at start-up;
+// device holds 11 descriptors (its listening and connected sockets, the
+// backend channel, a kick and an error eventfd per queue, a call eventfd
+// per queue that interrupts; memory regions are closed once mapped:
+// backend/doc.go, "Cost of a device"). (The Go runtime raises it too at start-up;
 // this makes the limit vrdmad runs with explicit in its log.)
 func raiseNofile(log *logrus.Entry) {
 	var lim unix.Rlimit
