@@ -201,18 +201,17 @@ const (
 		"producer index are already published once per 16 WQEs or 16 KiB. What would close it: a client " +
 		"that blocks on a CQ event instead of spinning when cores are oversubscribed, and engine goroutines " +
 		"locked to a dedicated core (runtime.LockOSThread + CPU affinity)."
-	rateMiss = "Profile (`vrdma-bench --only rate --cpuprofile`): the engine goroutine (`handleDoorbell` → " +
-		"`Poll` → `step`, the responder half in `respond`) and the client goroutine (`stream`: `PostSend`, " +
+	rateMiss = "Profile (`vrdma-bench --only rate --cpuprofile`): an engine worker (`sched.(*Pool).visit` → " +
+		"`PollBudget` → `step`, the responder half in `respond`) and the client goroutine (`stream`: `PostSend`, " +
 		"`CQ.Poll`, for SEND also the receiver's CQ and `PostRecv` reposts) each take about one core, so " +
-		"the figure is whatever the two cores give them: on a quiet run of this machine 4–5 Mops/s WRITE and " +
-		"1.4–3.3 SEND from run to run, with other load as little as half that (the hand-off baseline drops " +
-		"with it). SEND does twice the client work per operation (two completions, a receive reposted), " +
-		"each batch of receives reposted notifies the receiver's idle doorbell queue (an eventfd write, as " +
-		"the spec asks whatever the QP's state; reposting 32 or more at a time took `PostRecv` from 11 % of " +
-		"the profile to 2 %), and the engine writes the receiver's CQE and rq_ci per WQE; " +
-		"the sender's sq_ci and CQ are already published once per 16 WQEs. What would close it on a shared " +
-		"2-core machine: the same batching for the responder's rq_ci and receive CQ, receive posts that " +
-		"notify only a QP in ERR (a spec change), and an engine on a dedicated core."
+		"the figure is whatever the two cores give them: on quiet runs of this machine 3.2–5 Mops/s WRITE and " +
+		"1.9–3.5 SEND from run to run, with other load as little as half that (the hand-off baseline drops " +
+		"with it). SEND does twice the client work per operation (two completions, a receive reposted; " +
+		"receive posts ring no doorbell while the QP's rq_notify is 0), and the engine writes the receiver's " +
+		"CQE, its pi and rq_ci per WQE, while the sender's sq_ci and CQ are published once per 16 WQEs. What " +
+		"would close it on a shared 2-core machine: the same batching for the responder's rq_ci and receive " +
+		"CQ (rq_ci stored before any pi that shows its completion), and an engine on a dedicated core " +
+		"(vrdmad --engine-cpus)."
 	latMiss = "The p99 (milliseconds) is the Go scheduler's time slice: with more runnable busy-pollers than " +
 		"cores the engine or the client waits for a whole slice. The p50 follows the same effect plus the " +
 		"engine's switch from polling to sleeping after its spin window (50 µs), after which a doorbell costs " +
