@@ -267,3 +267,32 @@ func TestPinnedWorkers(t *testing.T) {
 		t.Fatal("pinning to CPU 1000 succeeded")
 	}
 }
+
+// Kick runs the turns on the caller's goroutine when nothing is queued (no
+// hand-off), and queues the task for a worker otherwise.
+func TestKickRunsInlineWhenIdle(t *testing.T) {
+	p := newPool(t, Config{Workers: 1, Spin: -1})
+	var visits atomic.Int32
+	k := newTask(t, p, func(b *Budget) Next {
+		return Next{More: visits.Add(1) < 3}
+	})
+	k.Kick()
+	if n := visits.Load(); n != 3 {
+		t.Fatalf("%d visits when Kick returned, want all 3 run by Kick itself", n)
+	}
+
+	// A queued task: Kick hands over instead.
+	block := make(chan struct{})
+	busy := newTask(t, p, func(b *Budget) Next { <-block; return Next{} })
+	busy.Wake() // the only worker takes it and blocks
+	eventually(t, "the worker busy", func() bool { return p.Stats().Visits >= 3 && p.Stats().Queued == 0 })
+	other := newTask(t, p, func(b *Budget) Next { return Next{} })
+	other.Wake() // queued behind the busy worker
+	visits.Store(0)
+	k.Kick()
+	if n := visits.Load(); n != 0 {
+		t.Fatalf("Kick ran %d turns itself while a task was queued", n)
+	}
+	close(block)
+	eventually(t, "the kicked task's turns on the worker", func() bool { return visits.Load() == 3 })
+}
