@@ -161,8 +161,11 @@ func (n *notifier) wait(t *testing.T, c *child, want string, timeout time.Durati
 				return m
 			}
 		case <-c.exited:
-			// A message sent just before the exit may still be queued
-			// (select picks either ready case at random): drain them.
+			// A message sent just before the exit is in the socket's
+			// queue (a unix datagram is queued by the send), but the
+			// reader may not have taken it yet, and select picks either
+			// ready case at random: drain for a moment.
+			grace := time.After(time.Second)
 			for more := true; more; {
 				select {
 				case m, ok := <-n.msgs:
@@ -170,7 +173,7 @@ func (n *notifier) wait(t *testing.T, c *child, want string, timeout time.Durati
 						return m
 					}
 					more = ok
-				default:
+				case <-grace:
 					more = false
 				}
 			}
