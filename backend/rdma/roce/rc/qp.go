@@ -40,23 +40,39 @@ type counters struct {
 // and completer. Its methods are safe for concurrent use; all of them take
 // q.mu, and call Host and Port with it held.
 type QP struct {
-	cfg  Config // immutable after New
-	host Host   // immutable
-	port Port   // immutable
+	// cfg is immutable after New but for the requester's fields, which
+	// Start sets under mu (QPN, DestQPN and PMTU never change).
+	cfg  Config
+	host Host // immutable
+	port Port // immutable
 
 	ctr counters
 
-	mu     sync.Mutex
-	err    bool      // protected by mu: the QP is in the error state
-	closed bool      // protected by mu
-	pkt    []byte    // protected by mu: the packet being built
-	data   []byte    // protected by mu: gathered payload
-	req    requester // protected by mu
-	resp   responder // protected by mu
+	mu      sync.Mutex
+	err     bool      // protected by mu: the QP is in the error state
+	closed  bool      // protected by mu
+	started bool      // protected by mu: Start ran (RTS); Post works
+	pkt     []byte    // protected by mu: the packet being built
+	data    []byte    // protected by mu: gathered payload
+	req     requester // protected by mu
+	resp    responder // protected by mu
 }
 
 // New returns a connected QP (in RTS). host and port must not be nil.
 func New(cfg Config, host Host, port Port) (*QP, error) {
+	q, err := NewRTR(cfg, host, port)
+	if err == nil {
+		q.started = true
+	}
+	return q, err
+}
+
+// NewRTR returns a connected QP in RTR: its responder answers requests at
+// once, while its requester waits for Start (Post fails with ErrState
+// until then). This is MODIFY_QP's order: INIT→RTR gives the responder's
+// attributes, RTR→RTS the requester's (Config.SQPSN, Timeout, RetryCnt,
+// RNRRetry, MaxRdAtomic), which NewRTR takes as placeholders.
+func NewRTR(cfg Config, host Host, port Port) (*QP, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
@@ -73,6 +89,27 @@ func New(cfg Config, host Host, port Port) (*QP, error) {
 	q.req.init(&q.cfg)
 	q.resp.init(&q.cfg)
 	return q, nil
+}
+
+// Start moves a QP made by NewRTR to RTS: the requester takes cfg's
+// SQPSN, Timeout, RetryCnt, RNRRetry and MaxRdAtomic (the other fields are
+// ignored) and Post works from then on. It fails with ErrConfig for
+// invalid values and ErrState once the QP is closed, in error or started.
+func (q *QP) Start(cfg Config) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.err || q.closed || q.started {
+		return ErrState
+	}
+	c := q.cfg
+	c.SQPSN, c.Timeout, c.RetryCnt, c.RNRRetry, c.MaxRdAtomic = cfg.SQPSN, cfg.Timeout, cfg.RetryCnt, cfg.RNRRetry, cfg.MaxRdAtomic
+	if err := c.fill(); err != nil {
+		return err
+	}
+	q.cfg = c
+	q.req.init(&q.cfg)
+	q.started = true
+	return nil
 }
 
 // QPN returns the local QP number.
@@ -116,7 +153,7 @@ func (q *QP) Post(wr SendWR) error {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.err || q.closed {
+	if q.err || q.closed || !q.started {
 		return ErrState
 	}
 	if !q.req.push(wr) {

@@ -171,6 +171,23 @@ type Host interface {
 	SendDone(c Completion)
 }
 
+// Conn is a connected QP's transport as the engine drives it: *QP (plain
+// RC, what rxe speaks) and the multipath spray transport implement it.
+// The engine makes a Conn at MODIFY_QP INIT→RTR, calls Start at RTR→RTS,
+// posts its send work requests to it and closes it when the QP leaves
+// RTR/RTS or is destroyed; completions come back through the Host.
+type Conn interface {
+	// Start gives the requester its attributes (RTR→RTS); see QP.Start.
+	Start(cfg Config) error
+	// Post queues a send work request; ErrQueueFull means "try again
+	// after a completion", ErrState that the transport failed (the Host
+	// saw the completion that says why).
+	Post(wr SendWR) error
+	// Close flushes what is outstanding (SendDone with WCWRFlushErr) and
+	// stops receiving; it is idempotent.
+	Close()
+}
+
 // Port carries a QP's packets to its peer (package udp implements it).
 // The QP calls it with its lock held.
 type Port interface {

@@ -236,6 +236,34 @@ func (e *Endpoint) Counters() Counters {
 // roce.UDPPort) and registers it under cfg.QPN. peer must be of the
 // endpoint's address family.
 func (e *Endpoint) NewQP(cfg rc.Config, peer netip.AddrPort, host rc.Host) (*rc.QP, error) {
+	return e.newQP(cfg, peer, host, rc.New)
+}
+
+// Conn is an RC QP of an endpoint as the engine drives it (rc.Conn): made
+// in RTR by NewConn, started by Start, and removed from the endpoint by
+// Close.
+type Conn struct {
+	*rc.QP
+	e *Endpoint
+}
+
+var _ rc.Conn = (*Conn)(nil)
+
+// NewConn is NewQP for a QP in RTR (rc.NewRTR): it answers requests at
+// once and sends once Start gave it the requester's attributes.
+func (e *Endpoint) NewConn(cfg rc.Config, peer netip.AddrPort, host rc.Host) (*Conn, error) {
+	qp, err := e.newQP(cfg, peer, host, rc.NewRTR)
+	if err != nil {
+		return nil, err
+	}
+	return &Conn{QP: qp, e: e}, nil
+}
+
+// Close closes the QP and forgets it (RemoveQP).
+func (c *Conn) Close() { _ = c.e.RemoveQP(c.QPN()) }
+
+func (e *Endpoint) newQP(cfg rc.Config, peer netip.AddrPort, host rc.Host,
+	mk func(rc.Config, rc.Host, rc.Port) (*rc.QP, error)) (*rc.QP, error) {
 	peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
 	if peer.Port() == 0 {
 		peer = netip.AddrPortFrom(peer.Addr(), roce.UDPPort)
@@ -244,7 +272,7 @@ func (e *Endpoint) NewQP(cfg rc.Config, peer netip.AddrPort, host rc.Host) (*rc.
 		return nil, fmt.Errorf("%w: peer %v for an endpoint on %v", ErrConfig, peer, e.cfg.Addr)
 	}
 	p := &port{e: e, peer: peer, ip: roce.IPHeader{Src: e.cfg.Addr, Dst: peer.Addr(), FlagsFragment: roce.IPv4DF}}
-	qp, err := rc.New(cfg, host, p)
+	qp, err := mk(cfg, host, p)
 	if err != nil {
 		return nil, fmt.Errorf("udp: new QP %#x: %w", cfg.QPN, err)
 	}

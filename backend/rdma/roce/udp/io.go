@@ -3,6 +3,7 @@ package udp
 import (
 	"encoding/binary"
 	"net/netip"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -114,6 +115,7 @@ func (e *Endpoint) warn(op string, err error) {
 // QP; the QPs it touched flush their coalesced ACKs after the batch.
 func (e *Endpoint) receive() {
 	defer e.wg.Done()
+	faultsPanic()
 	var gen uint64
 	for {
 		var n int
@@ -148,6 +150,13 @@ func (e *Endpoint) receive() {
 		e.touched = e.touched[:0]
 	}
 }
+
+// faultsPanic makes a memory fault on the calling goroutine a panic
+// instead of the end of the process: the QPs' Hosts touch guest memory,
+// which a front-end can make fault (it shrinks the file behind it), and
+// recover such faults themselves (memmap.FaultAddr). It never unsets it: the
+// endpoint's goroutines do nothing else.
+func faultsPanic() { debug.SetPanicOnFault(true) }
 
 // handle checks datagram i of the receive batch and hands it to its QP.
 func (e *Endpoint) handle(i int, gen uint64) {
@@ -208,6 +217,7 @@ func (e *Endpoint) handle(i int, gen uint64) {
 // timers runs every QP's timers each Tick.
 func (e *Endpoint) timers() {
 	defer e.wg.Done()
+	faultsPanic()
 	t := time.NewTicker(e.cfg.Tick)
 	defer t.Stop()
 	for {
@@ -226,6 +236,7 @@ func (e *Endpoint) timers() {
 // send within one burst.
 func (e *Endpoint) pumps() {
 	defer e.wg.Done()
+	faultsPanic()
 	for {
 		select {
 		case <-e.ctx.Done():
