@@ -12,10 +12,33 @@
 // (no intermediate buffer, no allocation per WQE), writes CQEs and raises
 // events (CQ_COMPLETION, CQ_ERROR, QP_FATAL) through an EventSink.
 //
+// # Other hosts
+//
+// A fabric may have a Network (Fabric.SetNetwork; package roce/udp carries
+// it as RoCEv2). The GIDs of the host addresses it sends from are every
+// device's network GIDs (entries 1, 2, … of its table, shared by all
+// devices rather than owned, or a device's own: RNIC.SetNetGIDs). At
+// INIT→RTR a dgid that no device of the fabric owns, from an sgid_index
+// naming a network GID, connects the QP through the Network: a transport
+// (rc.Conn; network.go) made in RTR, started at RTR→RTS, closed when the
+// QP flushes (ERR: its outstanding WQEs complete first, with WR_FLUSH_ERR),
+// resets or is destroyed (nothing completes then). The requester's pass
+// posts such a QP's WQEs to the transport instead of running them: the WQE
+// is copied (SGEs checked, MRs resolved, inline bytes kept), sq_ci
+// advances, and the completion comes later from the transport's goroutine
+// (SendDone), in posting order; a WQE that fails its local checks while
+// others are outstanding waits for them, so completions keep that order.
+// Incoming requests reach the QP through the same object (rc.Host): keys
+// are checked against the QP's PD and access flags as on this host,
+// receive WQEs are consumed under rqMu, and every guest-memory access
+// acquires the device's table and contains faults itself (containFault).
+// QP numbers are unique on the fabric, because a peer on the network names
+// a QP by number alone.
+//
 // Non-goals: the control commands and their validation (backend/rdma),
 // doorbell-queue notification suppression and the worker loop (the caller
-// of Poll), UD QPs, real network transports, PSNs and retransmission (the
-// fabric is lossless: timeout and retry_cnt are informational).
+// of Poll), UD QPs, the wire protocol (roce/rc, roce/udp). On this host the
+// fabric is lossless: timeout and retry_cnt are informational there.
 //
 // # Execution model
 //
@@ -100,10 +123,11 @@
 // Acquire top to bottom; hold at most one lock of each level:
 //
 //	QP.sqMu     (a QP's requester side: its engine pass, Modify→RESET, RemoveQP)
+//	transport   (a network QP's rc.Conn lock: its goroutines call the Host with it)
 //	QP.rqMu     (a QP's responder side; may be another QP than the sqMu holder's)
 //	QP.mu       (state and attributes)
 //	CQ.mu
-//	RNIC.mu, Fabric.mu (leaves: nothing is acquired while holding them)
+//	RNIC.mu, Fabric.mu (leaves but for Fabric.qpnMu, taken under RNIC.mu)
 //
 // A requester holds its own sqMu and then the peer QP's rqMu; nobody waits
 // for an sqMu while holding an rqMu, so two engines sending to each other

@@ -140,7 +140,7 @@ func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64, b *Budget) (work
 	q.kickWaiter(rec)
 	for budget := pollBudget; budget > 0 && !b.spent(); {
 		q.mu.Lock()
-		st, dead, lost, lostEnd, haveEnd := q.attr.QPState, q.dead, q.lostPeer, q.lostEnd, q.lostHaveEnd
+		st, dead, lost, lostEnd, haveEnd, nq := q.attr.QPState, q.dead, q.lostPeer, q.lostEnd, q.lostHaveEnd, q.net
 		q.lostPeer = false
 		q.mu.Unlock()
 		if dead {
@@ -162,7 +162,7 @@ func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64, b *Budget) (work
 			if q.rnrWait != 0 && now < q.rnrWait && !q.rnrKick.Swap(false) {
 				return worked, q.rnrWait
 			}
-			n := q.step(t, rec, now)
+			n := q.step(t, rec, now, nq)
 			worked = true
 			budget--
 			b.Ops--
@@ -173,6 +173,11 @@ func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64, b *Budget) (work
 				q.publish(t, rec)
 			}
 		case abi.QPSErr:
+			if nq != nil {
+				// Outstanding network WQEs complete (flushed) before
+				// the ones still in the ring.
+				nq.close(false)
+			}
 			if lost {
 				q.retryExc = true
 				q.retryEnd = lostEnd
@@ -205,7 +210,7 @@ func (q *QP) scratchBuf() *scratch {
 // the WQE stays at the head, held in the scratch. It returns the bytes the
 // WQE moved.
 // Precondition: sqMu held; rec is the QP's record on t.
-func (q *QP) step(t *memmap.Table, rec []byte, now int64) (moved uint64) {
+func (q *QP) step(t *memmap.Table, rec []byte, now int64, nq *netQP) (moved uint64) {
 	sc := q.scratchBuf()
 	ok := true
 	if !sc.held {
@@ -219,7 +224,21 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64) (moved uint64) {
 	}
 	w := &sc.w
 	o := outcome{status: abi.WCLocQPOpErr}
-	if ok {
+	switch {
+	case nq != nil:
+		var posted bool
+		if o, posted = q.postNet(nq, w, sc, ok, now); posted {
+			sc.held = false
+			q.rnrTries, q.rnrWait = 0, 0
+			q.rnrKick.Store(false)
+			q.sqCI++ // stored into the record by publish
+			return o.n
+		}
+		if o.rnr {
+			sc.held = true
+			return 0
+		}
+	case ok:
 		if o = q.run(t, w, sc, now); o.rnr {
 			sc.held = true
 			return
@@ -251,38 +270,80 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64) (moved uint64) {
 	return moved
 }
 
-// run executes a validated send WQE whose SGEs are in sc.lsge: it checks
-// the local side, builds the request and hands it to the responder.
-func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
-	d := q.Dev
+// checkLocal checks the local side of a validated send WQE whose SGEs are
+// in sc.lsge: "the lkey must name an MR of this device in the QP's PD, and
+// [addr, addr+length) must lie within the MR; an SGE the device writes
+// into needs LOCAL_WRITE. Otherwise the WQE completes with LOC_PROT_ERR."
+// It returns the SGEs with their MRs and the message length, or the
+// failed outcome (st not WCSuccess).
+func (q *QP) checkLocal(w *sendWQE, sc *scratch) (lsge []abi.SGE, lmr []*MR, total uint64, st abi.WCStatus) {
 	op := w.opcode
 	atomic := op == abi.WROpAtomicCmpSwp || op == abi.WROpAtomicFetchAdd
 	writesLocal := op == abi.WROpRDMARead || atomic
-	inline := w.flags&abi.WRFlagInline != 0
-
-	// Local SGEs: "the lkey must name an MR of this device in the QP's PD,
-	// and [addr, addr+length) must lie within the MR; an SGE the device
-	// writes into needs LOCAL_WRITE. Otherwise the WQE completes with
-	// LOC_PROT_ERR."
-	var total uint64
 	nsge := int(w.numSGE)
-	if inline {
+	if w.flags&abi.WRFlagInline != 0 {
 		nsge = 0
 		total = uint64(w.inlineLen)
 	}
-	lsge, lmr := sc.lsge[:nsge], sc.lmr[:nsge]
+	lsge, lmr = sc.lsge[:nsge], sc.lmr[:nsge]
 	for i := range lsge {
 		s := &lsge[i]
-		mr := sc.keys.mr(d, s.LKey)
+		mr := sc.keys.mr(q.Dev, s.LKey)
 		if mr == nil || mr.PD != q.PD || !mr.Contains(s.Addr, uint64(s.Length)) ||
 			(writesLocal && mr.Access&abi.AccessLocalWrite == 0) {
-			return failed(abi.WCLocProtErr)
+			return nil, nil, 0, abi.WCLocProtErr
 		}
 		lmr[i] = mr
 		total += uint64(s.Length)
 	}
 	if total > abi.MaxMsgSize || (atomic && total != 8) {
-		return failed(abi.WCLocLenErr)
+		return nil, nil, 0, abi.WCLocLenErr
+	}
+	return lsge, lmr, total, abi.WCSuccess
+}
+
+// netHold is how long a WQE a network QP could not post waits at the head
+// when no completion kicks it first (a bound, not the expected wait).
+const netHold = int64(time.Millisecond)
+
+// postNet runs the head send WQE of a network QP (decoded: ok false if it
+// did not validate): posted (its completion comes from the transport;
+// o.n is its length), held at the head (o.rnr: the transport is full, or
+// the WQE fails locally and must complete after the outstanding ones), or
+// failed (o.status). Precondition: sqMu held.
+func (q *QP) postNet(nq *netQP, w *sendWQE, sc *scratch, ok bool, now int64) (o outcome, posted bool) {
+	var lsge []abi.SGE
+	var lmr []*MR
+	var total uint64
+	st := abi.WCLocQPOpErr
+	if ok {
+		lsge, lmr, total, st = q.checkLocal(w, sc)
+	}
+	if st == abi.WCSuccess && !nq.post(w, sc, lsge, lmr, total) {
+		return outcome{n: total}, true
+	}
+	if st == abi.WCSuccess || nq.outstanding() {
+		// Completions keep posting order: a local failure waits for
+		// the completions before it.
+		if st != abi.WCSuccess {
+			nq.waiting.Store(true)
+			if !nq.outstanding() {
+				nq.waiting.Store(false)
+				return failed(st), false
+			}
+		}
+		q.rnrWait = now + netHold
+		return outcome{rnr: true}, false
+	}
+	return failed(st), false
+}
+
+// run executes a validated send WQE whose SGEs are in sc.lsge: it checks
+// the local side, builds the request and hands it to the responder.
+func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
+	lsge, lmr, total, st := q.checkLocal(w, sc)
+	if st != abi.WCSuccess {
+		return failed(st)
 	}
 
 	// The responder: a QP that does not exist or is not in RTR/RTS is

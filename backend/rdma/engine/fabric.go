@@ -40,15 +40,109 @@ type gidSlot struct {
 // at most one device. The tables live here, under the fabric's lock, so a
 // lookup and a table change never race. The zero value is not usable; call
 // NewFabric.
+//
+// A fabric may also reach other hosts through a Network (SetNetwork). The
+// GIDs of the host addresses it sends from are network GIDs: every device
+// has them in its table (entries 1, 2, … after a reset), they are shared
+// rather than owned, and a dgid that no device owns is a peer on the
+// network. A QP connected over the network is found by its QP number
+// alone, so the fabric keeps QP numbers unique among its devices.
 type Fabric struct {
 	mu      sync.RWMutex
 	byGID   map[[16]byte]*RNIC // protected by mu
 	members map[*RNIC]struct{} // registered devices (protected by mu)
+	net     Network            // protected by mu; nil: this host only
+	netGIDs [][16]byte         // protected by mu; immutable slices
+
+	qpnMu sync.Mutex       // a leaf, taken under RNIC.mu
+	qpns  map[uint32]*RNIC // QP numbers in use (protected by qpnMu)
 }
 
 // NewFabric returns an empty fabric.
 func NewFabric() *Fabric {
-	return &Fabric{byGID: make(map[[16]byte]*RNIC), members: make(map[*RNIC]struct{})}
+	return &Fabric{byGID: make(map[[16]byte]*RNIC), members: make(map[*RNIC]struct{}),
+		qpns: make(map[uint32]*RNIC)}
+}
+
+// SetNetwork gives the fabric its network and the GIDs of the host
+// addresses that network sends from (IPv4-mapped or IPv6; at most
+// abi.GIDTableLen−1 are used). Devices registered afterwards, and devices
+// reset afterwards, have them at entries 1, 2, … of their tables.
+func (f *Fabric) SetNetwork(n Network, gids [][16]byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.net = n
+	f.netGIDs = append([][16]byte(nil), gids...)
+}
+
+// network returns the fabric's network, or nil.
+func (f *Fabric) network() Network {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.net
+}
+
+// netGIDsOf returns d's network GIDs: its own (RNIC.SetNetGIDs) or else the
+// fabric's. Precondition: f.mu held.
+func (f *Fabric) netGIDsOf(d *RNIC) [][16]byte {
+	if d.netGIDs != nil {
+		return d.netGIDs
+	}
+	return f.netGIDs
+}
+
+// isNetGIDLocked reports whether gid is one of d's network GIDs.
+// Precondition: f.mu held.
+func (f *Fabric) isNetGIDLocked(d *RNIC, gid [16]byte) bool {
+	for _, g := range f.netGIDsOf(d) {
+		if g == gid {
+			return true
+		}
+	}
+	return false
+}
+
+// resetTableLocked writes d's table as after a reset: the port GID at 0
+// (empty if another device owns it), the network GIDs after it.
+// Precondition: f.mu held, every entry of d empty.
+func (f *Fabric) resetTableLocked(d *RNIC) {
+	if o, ok := f.byGID[d.gid]; !ok || o == d {
+		f.setLocked(d, 0, d.gid)
+	}
+	for i, g := range f.netGIDsOf(d) {
+		if i+1 >= len(d.gids) {
+			break
+		}
+		f.setLocked(d, i+1, g)
+	}
+}
+
+// claimQPN records that d's QP num exists; false if another device's does.
+func (f *Fabric) claimQPN(d *RNIC, num uint32) bool {
+	f.qpnMu.Lock()
+	defer f.qpnMu.Unlock()
+	if o, ok := f.qpns[num]; ok && o != d {
+		return false
+	}
+	f.qpns[num] = d
+	return true
+}
+
+// qpnTaken reports whether another device than d has a QP num.
+func (f *Fabric) qpnTaken(d *RNIC, num uint32) bool {
+	f.qpnMu.Lock()
+	defer f.qpnMu.Unlock()
+	o, ok := f.qpns[num]
+	return ok && o != d
+}
+
+// releaseQPN forgets d's QP num.
+func (f *Fabric) releaseQPN(d *RNIC, num uint32) {
+	f.qpnMu.Lock()
+	defer f.qpnMu.Unlock()
+	if f.qpns[num] == d {
+		delete(f.qpns, num)
+	}
 }
 
 // Register adds d with its GID table reset: entry 0 holds d's port GID. It
@@ -64,8 +158,8 @@ func (f *Fabric) Register(d *RNIC) error {
 		return &GIDError{GID: d.gid, Err: ErrGIDTaken}
 	}
 	f.members[d] = struct{}{}
-	d.gids = [abi.GIDTableLen]gidSlot{{gid: d.gid, valid: true}}
-	f.byGID[d.gid] = d
+	d.gids = [abi.GIDTableLen]gidSlot{}
+	f.resetTableLocked(d)
 	return nil
 }
 
@@ -91,16 +185,12 @@ func (f *Fabric) ResetGIDs(d *RNIC) {
 	if _, ok := f.members[d]; !ok {
 		return
 	}
-	for i := 1; i < len(d.gids); i++ {
+	for i := range d.gids {
 		f.clearLocked(d, i)
 	}
-	if o, ok := f.byGID[d.gid]; ok && o != d {
-		// Another device took the port GID while d's entry 0 was
-		// rewritten: entry 0 stays empty rather than shared.
-		f.clearLocked(d, 0)
-		return
-	}
-	f.setLocked(d, 0, d.gid)
+	// Another device may have taken the port GID while d's entry 0 was
+	// rewritten: entry 0 then stays empty rather than shared.
+	f.resetTableLocked(d)
 }
 
 // SetGID writes entry index of d's table (ADD_GID). It fails with
@@ -112,7 +202,7 @@ func (f *Fabric) SetGID(d *RNIC, index int, gid [16]byte) error {
 	if _, ok := f.members[d]; !ok || index < 0 || index >= len(d.gids) {
 		return ErrGIDIndex
 	}
-	if o, ok := f.byGID[gid]; ok && o != d {
+	if o, ok := f.byGID[gid]; ok && o != d && !f.isNetGIDLocked(d, gid) {
 		return &GIDError{GID: gid, Err: ErrGIDTaken}
 	}
 	f.clearLocked(d, index)
@@ -142,11 +232,22 @@ func (f *Fabric) GIDAt(d *RNIC, index int) ([16]byte, bool) {
 	return d.gids[index].gid, true
 }
 
-// setLocked puts gid into entry i of d (empty). Precondition: f.mu held,
-// gid free or d's.
+// setLocked puts gid into entry i of d (empty). A network GID is shared,
+// not owned: it stays out of byGID. Precondition: f.mu held, gid free or
+// d's or a network GID of d.
 func (f *Fabric) setLocked(d *RNIC, i int, gid [16]byte) {
 	d.gids[i] = gidSlot{gid: gid, valid: true}
-	f.byGID[gid] = d
+	if !f.isNetGIDLocked(d, gid) {
+		f.byGID[gid] = d
+	}
+}
+
+// IsNetGID reports whether gid is one of d's network GIDs: a host address
+// the fabric's network sends from.
+func (f *Fabric) IsNetGID(d *RNIC, gid [16]byte) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.net != nil && f.isNetGIDLocked(d, gid)
 }
 
 // clearLocked empties entry i of d, and forgets the GID when no other entry

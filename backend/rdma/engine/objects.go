@@ -25,7 +25,7 @@ type extent struct {
 	len uint64
 }
 
-// MR is a registered memory region. Immutable after NewMR.
+// MR is a registered memory region. Immutable after AddMR.
 type MR struct {
 	Key       uint32 // lkey and rkey
 	PD        uint32
@@ -34,6 +34,7 @@ type MR struct {
 	Length    uint64
 	PageShift uint // log2 of the size of the registered pages
 
+	dev     *RNIC    // the owner, set by AddMR before the MR is reachable
 	extents []extent // the MR's bytes as contiguous guest-physical runs
 }
 
@@ -197,6 +198,7 @@ type QP struct {
 	mu          sync.Mutex
 	attr        abi.QPAttr // current attributes; attr.QPState is the state (protected by mu)
 	peer        *RNIC      // resolved at INIT→RTR (protected by mu)
+	net         *netQP     // connected over the network at INIT→RTR, else nil (protected by mu)
 	dead        bool       // destroyed (protected by mu)
 	lostPeer    bool       // the peer device was reset: outstanding sends end with RETRY_EXC_ERR (protected by mu)
 	lostEnd     uint32     // sq_pi when the peer was lost, if lostHaveEnd (protected by mu)

@@ -1,6 +1,9 @@
 package engine
 
 import (
+	"errors"
+
+	"github.com/vrdma/vrdma/backend/rdma/roce/rc"
 	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
@@ -78,13 +81,40 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 	}
 
 	// Resolve the peer before taking q.mu (the fabric lock is a leaf).
-	// sgid_index must name an entry of the device's GID table.
+	// sgid_index must name an entry of the device's GID table. A dgid no
+	// device of this host owns, from a network GID, is a peer on the
+	// network: the transport is made here, before the transition (it
+	// needs no lock of the QP), and closed again if the transition fails.
 	var peer *RNIC
+	var nq *netQP
 	if m&abi.QPAttrAV != 0 && q.Dev != nil && q.Dev.fabric != nil {
-		if _, ok := q.Dev.GIDAt(int(a.SGIDIndex)); !ok {
+		sgid, ok := q.Dev.GIDAt(int(a.SGIDIndex))
+		if !ok {
 			return abi.StatusInvalid
 		}
-		peer = q.Dev.fabric.Lookup(a.DGID)
+		f := q.Dev.fabric
+		peer = f.Lookup(a.DGID)
+		if n := f.network(); peer == nil && n != nil && to == abi.QPSRTR && f.IsNetGID(q.Dev, sgid) && q.State() == abi.QPSInit {
+			nq = newNetQP(q)
+			conn, err := n.Connect(sgid, a.DGID, q.rcConfig(&a), nq)
+			if err != nil {
+				q.Dev.log.WithError(err).WithField("qp", q.Num).Warn("MODIFY_QP: cannot connect over the network")
+				return abi.StatusBusy
+			}
+			nq.conn = conn
+		}
+	}
+	// RTR→RTS starts a network QP's requester first: the engine may run
+	// the QP's WQEs as soon as it sees RTS.
+	if to == abi.QPSRTS {
+		q.mu.Lock()
+		from, cur := q.attr.QPState, q.net
+		q.mu.Unlock()
+		if from == abi.QPSRTR && cur != nil {
+			if err := cur.conn.Start(rtsConfig(&a)); err != nil && !errors.Is(err, rc.ErrState) {
+				return abi.StatusInvalid
+			}
+		}
 	}
 
 	st, toErr := func() (abi.Status, bool) {
@@ -114,16 +144,22 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 		if m&tr.required != tr.required || m&^(tr.required|tr.optional) != 0 {
 			return abi.StatusInvalid, false
 		}
-		if m&abi.QPAttrAV != 0 && peer == nil {
+		if m&abi.QPAttrAV != 0 && peer == nil && nq == nil {
 			return abi.StatusNotFound, false
 		}
 		q.apply(&a)
 		if m&abi.QPAttrAV != 0 {
 			q.peer = peer
+			if nq != nil {
+				q.net, nq = nq, nil
+			}
 		}
 		q.attr.QPState = to
 		return abi.StatusOK, false
 	}()
+	if nq != nil {
+		nq.close(true) // the transition failed
+	}
 	if toErr && q.Dev != nil {
 		q.Dev.wakeQueue(q.DoorbellQueue)
 	}
@@ -194,6 +230,7 @@ func (q *QP) reset(mask uint32) abi.Status {
 	}
 	q.sqMu.Lock()
 	defer q.sqMu.Unlock()
+	q.closeNet()
 	q.rqMu.Lock()
 	defer q.rqMu.Unlock()
 	q.mu.Lock()
@@ -227,6 +264,19 @@ func (q *QP) reset(mask uint32) abi.Status {
 	abi.StoreUint32(rec, abi.QPRecordSQCI, q.sqCI)
 	abi.StoreUint32(rec, abi.QPRecordRQCI, q.rqCI)
 	return abi.StatusOK
+}
+
+// closeNet detaches and closes the QP's network transport, if any,
+// without completing what it held (RESET, destroy). Precondition: sqMu
+// held, rqMu and mu not.
+func (q *QP) closeNet() {
+	q.mu.Lock()
+	nq := q.net
+	q.net = nil
+	q.mu.Unlock()
+	if nq != nil {
+		nq.close(true)
+	}
 }
 
 // toErr moves the QP to ERR (unless destroyed or already there), posts a

@@ -69,7 +69,8 @@ func (d *RNIC) NewHandle(k Kind, bits uint) uint32 {
 		}
 		rand.Read(b[:])
 		h := seq<<8 | uint32(b[0])
-		if h != 0 && !d.takenLocked(k, h) {
+		// QP numbers are unique on the fabric too (see Fabric).
+		if h != 0 && !d.takenLocked(k, h) && (k != KindQP || d.fabric == nil || !d.fabric.qpnTaken(d, h)) {
 			return h
 		}
 	}
@@ -177,6 +178,7 @@ func (d *RNIC) AddMR(m *MR) error {
 	if err := d.holdPDLocked(m.PD); err != nil {
 		return err
 	}
+	m.dev = d
 	d.mrs[m.Key] = m
 	return nil
 }
@@ -254,6 +256,12 @@ func (d *RNIC) AddQP(q *QP) error {
 		q.RecvCQ.Users.Add(1)
 	}
 	d.qps[q.Num] = q
+	if d.fabric != nil {
+		// A number taken on another device (only a caller choosing its
+		// own can collide) stays usable on this host; connecting it
+		// over the network then fails.
+		d.fabric.claimQPN(d, q.Num)
+	}
 	old := d.byDBQ[q.DoorbellQueue]
 	list := make([]*QP, len(old), len(old)+1)
 	copy(list, old)
@@ -275,6 +283,9 @@ func (d *RNIC) RemoveQP(num uint32) *QP {
 		return nil
 	}
 	delete(d.qps, num)
+	if d.fabric != nil {
+		d.fabric.releaseQPN(d, num)
+	}
 	d.gen.Add(1)
 	d.releasePDLocked(q.PD)
 	old := d.byDBQ[q.DoorbellQueue]
@@ -293,6 +304,7 @@ func (d *RNIC) RemoveQP(num uint32) *QP {
 
 	q.sqMu.Lock()
 	defer q.sqMu.Unlock()
+	q.closeNet()
 	q.rqMu.Lock()
 	defer q.rqMu.Unlock()
 	q.mu.Lock()

@@ -34,7 +34,8 @@ type RNIC struct {
 	gid    [16]byte      // immutable: the port GID, entry 0 of gids after a reset
 	log    *logrus.Entry // immutable
 
-	gids [abi.GIDTableLen]gidSlot // the GID table (protected by fabric.mu)
+	gids    [abi.GIDTableLen]gidSlot // the GID table (protected by fabric.mu)
+	netGIDs [][16]byte               // the device's own network GIDs, if any (immutable after SetNetGIDs)
 
 	mu     sync.RWMutex
 	mem    *memmap.Memory // protected by mu; nil while detached
@@ -78,6 +79,11 @@ func NewRNIC(f *Fabric, gid [16]byte, log *logrus.Entry) *RNIC {
 		seq:    randomSeq(),
 	}
 }
+
+// SetNetGIDs gives the device network GIDs of its own (the host
+// addresses it may send from), instead of the fabric's. Call it before
+// Fabric.Register; gids must not be empty.
+func (d *RNIC) SetNetGIDs(gids [][16]byte) { d.netGIDs = append([][16]byte(nil), gids...) }
 
 // GID returns the device's GID.
 func (d *RNIC) GID() [16]byte { return d.gid }

@@ -222,7 +222,7 @@ func (q *QP) recvSend(p *roce.Packet, seg roce.Segment, starts bool) bool {
 	r.recvOff += n
 	if seg == roce.SegmentLast || seg == roce.SegmentOnly {
 		imm := p.BTH.Opcode == roce.OpSendLastWithImmediate || p.BTH.Opcode == roce.OpSendOnlyWithImmediate
-		q.host.RecvDone(RecvCompletion{ID: r.recv.ID, Status: abi.WCSuccess, ByteLen: r.recvOff, Imm: p.ImmDt, WithImm: imm})
+		q.host.RecvDone(RecvCompletion{ID: r.recv.ID, Status: abi.WCSuccess, ByteLen: r.recvOff, Imm: p.ImmDt, WithImm: imm, Solicited: p.BTH.SE})
 		r.recv = Recv{}
 	}
 	return true
@@ -276,7 +276,7 @@ func (q *QP) recvWrite(p *roce.Packet, seg roce.Segment, starts bool) bool {
 	r.wLeft -= n
 	if last {
 		if withImm {
-			q.host.RecvDone(RecvCompletion{ID: rv.ID, Status: abi.WCSuccess, ByteLen: r.wTotal, Imm: p.ImmDt, WithImm: true, Write: true})
+			q.host.RecvDone(RecvCompletion{ID: rv.ID, Status: abi.WCSuccess, ByteLen: r.wTotal, Imm: p.ImmDt, WithImm: true, Write: true, Solicited: p.BTH.SE})
 		}
 		r.wRegion = nil
 	}

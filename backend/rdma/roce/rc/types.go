@@ -153,6 +153,9 @@ type RecvCompletion struct {
 	// Write: the receive was consumed by an RDMA WRITE with immediate
 	// (IBV_WC_RECV_RDMA_WITH_IMM); ByteLen is then the WRITE's length.
 	Write bool
+	// Solicited: the message's last packet had the BTH SE bit (a CQ armed
+	// for solicited completions fires).
+	Solicited bool
 }
 
 // Host is what a QP needs from the device it belongs to. Every method is

@@ -1,0 +1,507 @@
+package engine
+
+import (
+	"errors"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+
+	"github.com/vrdma/vrdma/backend/rdma/roce"
+	"github.com/vrdma/vrdma/backend/rdma/roce/rc"
+	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
+)
+
+// Network reaches QPs on other hosts: package roce/udp implements it over
+// UDP 4791 (RoCEv2). The fabric has at most one (Fabric.SetNetwork).
+type Network interface {
+	// Connect makes the transport of a local QP connected from the
+	// host address of GID sgid to QP cfg.DestQPN at the host address of
+	// GID dgid, in RTR (rc.Conn: Start moves it to RTS). host is the
+	// QP's memory, receives and completions.
+	Connect(sgid, dgid [16]byte, cfg rc.Config, host rc.Host) (rc.Conn, error)
+}
+
+// errGuestFault is what a network transport's access to guest memory
+// returns when the memory faulted (the front-end shrank the file behind
+// it): the transport completes the work request in error.
+var errGuestFault = errors.New("guest memory fault")
+
+// containFault, deferred by every method a network transport calls into
+// guest memory with, turns a memory fault into errGuestFault (in *err) and
+// lets any other panic through. The transports' goroutines run with
+// debug.SetPanicOnFault (package udp), the engine's under memmap.Guard.
+func containFault(err *error) {
+	if r := recover(); r != nil {
+		if _, ok := memmap.FaultAddr(r); ok {
+			*err = errGuestFault
+			return
+		}
+		panic(r)
+	}
+}
+
+// netQP is the network side of a QP connected to a peer on another host:
+// the engine's requester posts the QP's send WQEs to conn (post, under
+// sqMu), and conn calls back, from its own goroutines and with its lock
+// held, as the QP's rc.Host: Resolve and the Region methods of *MR for
+// incoming WRITE, READ and atomic requests, TakeRecv and RecvDone for the
+// receive queue, SendDone for completions.
+//
+// A posted WQE lives in slot seq mod len(slots) until its completion:
+// conn holds at most len(slots) (rc.Config.SQSize), so a slot is never
+// reused while conn may still gather from it.
+//
+// Lock order (doc.go): QP.sqMu, then conn's lock, then QP.rqMu, QP.mu,
+// CQ.mu. Nothing calls into conn holding rqMu or mu.
+type netQP struct {
+	q    *QP     // immutable
+	conn rc.Conn // immutable once set by Modify (before the QP reaches RTR)
+
+	slots []netSlot // see above
+	tail  uint64    // next seq to post (protected by q.sqMu)
+	done  atomic.Uint64
+
+	// waiting: the requester stopped on a full transport or on a WQE that
+	// must complete after the outstanding ones; the next completion
+	// kicks it.
+	waiting atomic.Bool
+	// quiet: completions are not written (the QP is being destroyed or
+	// reset: its WQEs are discarded, not completed).
+	quiet  atomic.Bool
+	closed atomic.Bool
+
+	recv recvBuf // the receive conn is filling (one at a time)
+}
+
+// netSlot is one posted send WQE.
+type netSlot struct {
+	wrID      uint64
+	opcode    uint8
+	signaled  bool
+	solicited bool
+	buf       sendBuf
+}
+
+func newNetQP(q *QP) *netQP {
+	n := &netQP{q: q, slots: make([]netSlot, q.SQ.Depth)}
+	for i := range n.slots {
+		n.slots[i].buf.dev = q.Dev
+	}
+	n.recv.dev = q.Dev
+	return n
+}
+
+// outstanding reports whether posted WQEs await their completion.
+func (n *netQP) outstanding() bool { return n.done.Load() != n.tail }
+
+// rcConfig is the transport configuration of QP q for MODIFY_QP INIT→RTR
+// attributes a.
+func (q *QP) rcConfig(a *abi.QPAttr) rc.Config {
+	return rc.Config{
+		QPN: q.Num, DestQPN: a.DestQPNum,
+		RQPSN:           roce.PSN(a.RQPSN),
+		PMTU:            roce.MTU(128 << a.PathMTU),
+		SQSize:          int(q.SQ.Depth),
+		MinRNRTimer:     uint8(a.MinRNRTimer),
+		MaxDestRdAtomic: int(a.MaxDestRdAtomic),
+	}
+}
+
+// rtsConfig is the requester's part of the configuration at RTR→RTS.
+func rtsConfig(a *abi.QPAttr) rc.Config {
+	return rc.Config{
+		SQPSN:       roce.PSN(a.SQPSN),
+		Timeout:     rc.TimeoutDuration(uint8(a.Timeout)),
+		RetryCnt:    int(a.RetryCnt),
+		RNRRetry:    int(a.RNRRetry),
+		MaxRdAtomic: int(a.MaxRdAtomic),
+	}
+}
+
+// post hands the validated WQE w (its local SGEs checked: lsge, lmr, total)
+// to the transport. It returns held when the transport cannot take it now
+// (the WQE stays at the head; a completion kicks the QP), else posted.
+// Precondition: sqMu held.
+func (n *netQP) post(w *sendWQE, sc *scratch, lsge []abi.SGE, lmr []*MR, total uint64) (held bool) {
+	s := &n.slots[n.tail%uint64(len(n.slots))]
+	s.wrID, s.opcode = w.wrID, w.opcode
+	s.signaled = w.flags&abi.WRFlagSignaled != 0 || n.q.SigAll
+	s.solicited = w.flags&abi.WRFlagSolicited != 0
+	b := &s.buf
+	b.sge = append(b.sge[:0], lsge...)
+	b.mr = append(b.mr[:0], lmr...)
+	b.inline = b.inline[:0]
+	if w.flags&abi.WRFlagInline != 0 {
+		b.inline = append(b.inline, sc.wqe[abi.SendWQEHdrSize:abi.SendWQEHdrSize+int(w.inlineLen)]...)
+	}
+	wr := rc.SendWR{
+		ID: n.tail, Opcode: rc.WROpcode(w.opcode), Length: uint32(total),
+		RemoteAddr: w.remoteAddr, RKey: w.rkey,
+		// The WQE holds imm_data as the guest stored the big-endian
+		// word; the transport takes it as a number.
+		Imm:       bits.ReverseBytes32(w.imm),
+		Fence:     w.flags&abi.WRFlagFence != 0,
+		Solicited: s.solicited,
+	}
+	switch w.opcode {
+	case abi.WROpAtomicCmpSwp:
+		wr.Compare, wr.SwapAdd = w.compareAdd, w.swap
+	case abi.WROpAtomicFetchAdd:
+		wr.SwapAdd = w.compareAdd
+	}
+	if total > 0 {
+		wr.Local = b
+	}
+	n.waiting.Store(true) // before Post: a completion racing with a refusal kicks
+	switch err := n.conn.Post(wr); {
+	case err == nil:
+		n.waiting.Store(false)
+		n.tail++
+		return false
+	case errors.Is(err, rc.ErrWR):
+		// Validated above: cannot happen; fail the WQE rather than
+		// hold it forever.
+		n.waiting.Store(false)
+		n.q.toErr(false)
+		return true
+	default:
+		// ErrQueueFull, or ErrState: RTS reached before Start (a race
+		// with MODIFY_QP) or the transport failed (its completion moved
+		// the QP to ERR).
+		return true
+	}
+}
+
+// SendDone completes the posted WQE c.ID (rc.Host; completions arrive in
+// posting order).
+func (n *netQP) SendDone(c rc.Completion) {
+	q := n.q
+	s := &n.slots[c.ID%uint64(len(n.slots))]
+	d := q.Dev
+	if c.Status == abi.WCSuccess {
+		d.ops[s.opcode%uint8(len(d.ops))].Add(1)
+		d.bytesMoved.Add(uint64(c.ByteLen))
+	}
+	if !n.quiet.Load() && (c.Status != abi.WCSuccess || s.signaled) {
+		e := abi.CQE{WRID: s.wrID, Status: c.Status, Opcode: wcOpcode(s.opcode), QPNum: q.Num}
+		if c.Status == abi.WCSuccess {
+			e.ByteLen = c.ByteLen
+		}
+		n.completeOn(q.SendCQ, &e, false)
+	}
+	s.buf.mr = s.buf.mr[:0] // drop the MR references
+	n.done.Store(c.ID + 1)
+	if c.Status != abi.WCSuccess && c.Status != abi.WCWRFlushErr {
+		q.toErr(false)
+	}
+	if n.waiting.Swap(false) {
+		q.rnrKick.Store(true)
+		d.wakeQueue(q.DoorbellQueue)
+	}
+}
+
+// completeOn writes a CQE from a transport goroutine: the device's table
+// is acquired for it, and a fault in the CQ's ring (the front-end's
+// memory) loses the CQE rather than the daemon.
+func (n *netQP) completeOn(c *CQ, e *abi.CQE, solicited bool) {
+	d := n.q.Dev
+	t := d.acquire()
+	if t == nil {
+		return
+	}
+	defer t.Release()
+	var err error
+	func() {
+		defer containFault(&err)
+		d.complete(c, t, e, solicited)
+	}()
+	if err != nil {
+		d.log.WithField("qp", n.q.Num).Warn("completion lost: guest memory fault")
+	}
+}
+
+// Resolve checks an incoming request's rkey (rc.Host): the MR must be of
+// this QP's PD, hold the whole range and allow the access, and so must the
+// QP's access flags.
+func (n *netQP) Resolve(rkey uint32, va uint64, length uint32, access rc.Access) (rc.Region, bool) {
+	q := n.q
+	need := uint32(access)
+	mr := q.Dev.LookupMR(rkey)
+	q.mu.Lock()
+	acc := q.attr.QPAccessFlags
+	q.mu.Unlock()
+	if mr == nil || mr.PD != q.PD || !mr.Contains(va, uint64(length)) || mr.Access&need == 0 || acc&need == 0 {
+		return nil, false
+	}
+	return mr, true
+}
+
+// TakeRecv consumes the head receive WQE (rc.Host): it is copied and
+// checked, rq_ci advances at once, and its completion comes with RecvDone.
+// A WQE that does not decode or names memory the QP may not write is
+// handed over as a receive that fails to scatter (LOC_PROT_ERR).
+func (n *netQP) TakeRecv() (rv rc.Recv, ok bool) {
+	q := n.q
+	t := q.Dev.acquire()
+	if t == nil {
+		return rc.Recv{}, false
+	}
+	defer t.Release()
+	q.rqMu.Lock()
+	defer q.rqMu.Unlock()
+	var err error
+	func() {
+		defer containFault(&err)
+		rv, ok = n.takeRecvLocked(t)
+	}()
+	if err != nil {
+		q.toErr(true)
+		return rc.Recv{}, false
+	}
+	return rv, ok
+}
+
+// takeRecvLocked is TakeRecv under rqMu and the table t.
+func (n *netQP) takeRecvLocked(t *memmap.Table) (rc.Recv, bool) {
+	q := n.q
+	rec, err := t.Slice(q.Record, QPRecordSize(q.RQNotify))
+	if err != nil {
+		return rc.Recv{}, false
+	}
+	pi := abi.LoadUint32(rec, abi.QPRecordRQPI)
+	if pi == q.rqCI || pi-q.rqCI > q.RQ.Depth {
+		return rc.Recv{}, false
+	}
+	slot, err := q.RQ.Slot(t, q.rqCI)
+	if err != nil {
+		return rc.Recv{}, false
+	}
+	b := &n.recv
+	var wqe [abi.PageSize]byte
+	c := copy(wqe[:], slot)
+	var sges [maxRecvSGEs]abi.SGE
+	wrID, ns, ok := decodeRecv(wqe[:c], min(q.MaxRecvSGE, maxRecvSGEs), sges[:])
+	b.sge, b.mr, b.bad = append(b.sge[:0], sges[:ns]...), b.mr[:0], !ok
+	var capacity uint64
+	for i := range b.sge {
+		s := &b.sge[i]
+		mr := q.Dev.LookupMR(s.LKey)
+		if mr == nil || mr.PD != q.PD || !mr.Contains(s.Addr, uint64(s.Length)) || mr.Access&abi.AccessLocalWrite == 0 {
+			b.bad = true
+		}
+		b.mr = append(b.mr, mr)
+		capacity += uint64(s.Length)
+	}
+	q.rqCI++
+	abi.StoreUint32(rec, abi.QPRecordRQCI, q.rqCI)
+	return rc.Recv{ID: wrID, Len: uint32(min(capacity, abi.MaxMsgSize)), Buf: b}, true
+}
+
+// RecvDone completes a receive (rc.Host). An error completion moves the
+// QP to ERR, as the responder's errors do on the same host.
+func (n *netQP) RecvDone(c rc.RecvCompletion) {
+	q := n.q
+	n.recv.mr = n.recv.mr[:0]
+	if n.quiet.Load() {
+		return
+	}
+	q.mu.Lock()
+	src := q.attr.DestQPNum
+	q.mu.Unlock()
+	e := abi.CQE{WRID: c.ID, Status: c.Status, Opcode: abi.WCOpRecv, QPNum: q.Num, SrcQP: src}
+	if c.Status == abi.WCSuccess {
+		e.ByteLen = c.ByteLen
+		if c.WithImm {
+			e.WCFlags, e.ImmData = abi.WCFlagWithImm, bits.ReverseBytes32(c.Imm)
+		}
+		if c.Write {
+			e.Opcode = abi.WCOpRecvRDMAWithImm
+		}
+	}
+	n.completeOn(q.RecvCQ, &e, c.Solicited)
+	if c.Status != abi.WCSuccess {
+		q.toErr(true)
+	}
+}
+
+// close stops the transport. quiet: the QP's WQEs are being discarded
+// (RESET, destroy), so the flushed ones are not completed.
+func (n *netQP) close(quiet bool) {
+	if quiet {
+		n.quiet.Store(true)
+	}
+	if !n.closed.Swap(true) {
+		n.conn.Close()
+	}
+}
+
+// sendBuf is a posted WQE's local memory (rc.Buffer): its checked SGEs and
+// their MRs, or its inline bytes.
+type sendBuf struct {
+	dev    *RNIC
+	sge    []abi.SGE
+	mr     []*MR
+	inline []byte
+}
+
+// Gather copies the message's bytes [off, off+len(dst)) into dst.
+func (b *sendBuf) Gather(off uint32, dst []byte) error {
+	if len(b.inline) > 0 {
+		if uint64(off)+uint64(len(dst)) > uint64(len(b.inline)) {
+			return ErrOutOfRange
+		}
+		copy(dst, b.inline[off:])
+		return nil
+	}
+	if len(b.mr) != len(b.sge) {
+		return ErrOutOfRange
+	}
+	return walkSGEs(b.dev, b.sge, b.mr, off, dst, false)
+}
+
+// Scatter is not used for send buffers but for READ responses and atomic
+// results, which land in the same SGEs.
+func (b *sendBuf) Scatter(off uint32, src []byte) error {
+	if len(b.mr) != len(b.sge) {
+		return ErrOutOfRange
+	}
+	return walkSGEs(b.dev, b.sge, b.mr, off, src, true)
+}
+
+// recvBuf is the receive a SEND fills (rc.Buffer).
+type recvBuf struct {
+	dev *RNIC
+	sge []abi.SGE
+	mr  []*MR
+	bad bool // the WQE failed its checks: every Scatter fails
+}
+
+func (b *recvBuf) Gather(uint32, []byte) error { return ErrOutOfRange }
+
+func (b *recvBuf) Scatter(off uint32, src []byte) error {
+	if b.bad || len(b.mr) != len(b.sge) {
+		return ErrOutOfRange
+	}
+	return walkSGEs(b.dev, b.sge, b.mr, off, src, true)
+}
+
+// sgeCopy carries one walkSGEs copy through MR.Range without a closure
+// per call.
+type sgeCopy struct {
+	buf  []byte
+	into bool // into guest memory
+	fn   func([]byte) error
+}
+
+var sgeCopies = sync.Pool{New: func() any {
+	c := &sgeCopy{}
+	c.fn = c.step
+	return c
+}}
+
+func (c *sgeCopy) step(view []byte) error {
+	var k int
+	if c.into {
+		k = copy(view, c.buf)
+	} else {
+		k = copy(c.buf, view)
+	}
+	c.buf = c.buf[k:]
+	return nil
+}
+
+// walkSGEs copies between buf and the bytes [off, off+len(buf)) of the
+// message laid over sges (into: buf into guest memory). It acquires the
+// device's table for the copy and contains faults.
+func walkSGEs(d *RNIC, sges []abi.SGE, mrs []*MR, off uint32, buf []byte, into bool) (err error) {
+	t := d.acquire()
+	if t == nil {
+		return ErrNoMemory
+	}
+	defer t.Release()
+	defer containFault(&err)
+	c := sgeCopies.Get().(*sgeCopy)
+	defer sgeCopies.Put(c)
+	c.buf, c.into = buf, into
+	skip := uint64(off)
+	for i := range sges {
+		if len(c.buf) == 0 {
+			break
+		}
+		s := &sges[i]
+		l := uint64(s.Length)
+		if skip >= l {
+			skip -= l
+			continue
+		}
+		k := min(l-skip, uint64(len(c.buf)))
+		if err := mrs[i].Range(t, s.Addr+skip, k, c.fn); err != nil {
+			return err
+		}
+		skip = 0
+	}
+	left := len(c.buf)
+	c.buf = nil
+	if left > 0 {
+		return ErrOutOfRange
+	}
+	return nil
+}
+
+// The Region of an incoming request (rc.Region) is the MR that Resolve
+// checked: the transport calls it only inside the range it resolved.
+
+// WriteAt copies src to the MR's bytes at va (an incoming WRITE).
+func (m *MR) WriteAt(va uint64, src []byte) error { return m.copyAt(va, src, true) }
+
+// ReadAt copies the MR's bytes at va into dst (a READ response).
+func (m *MR) ReadAt(va uint64, dst []byte) error { return m.copyAt(va, dst, false) }
+
+func (m *MR) copyAt(va uint64, buf []byte, into bool) (err error) {
+	if m.dev == nil {
+		return ErrNoMemory
+	}
+	t := m.dev.acquire()
+	if t == nil {
+		return ErrNoMemory
+	}
+	defer t.Release()
+	defer containFault(&err)
+	c := sgeCopies.Get().(*sgeCopy)
+	defer sgeCopies.Put(c)
+	c.buf, c.into = buf, into
+	err = m.Range(t, va, uint64(len(buf)), c.fn)
+	c.buf = nil
+	return err
+}
+
+// Atomic runs an incoming atomic on the 8 bytes at va and returns the value
+// they held.
+func (m *MR) Atomic(va uint64, op rc.AtomicOp, compare, swapAdd uint64) (orig uint64, err error) {
+	if m.dev == nil {
+		return 0, ErrNoMemory
+	}
+	t := m.dev.acquire()
+	if t == nil {
+		return 0, ErrNoMemory
+	}
+	defer t.Release()
+	defer containFault(&err)
+	var a atomicOp
+	a.init()
+	a.op, a.compareAdd, a.swap = abi.WROpAtomicFetchAdd, swapAdd, 0
+	if op == rc.AtomicCmpSwp {
+		a.op, a.compareAdd, a.swap = abi.WROpAtomicCmpSwp, compare, swapAdd
+	}
+	if err := m.Range(t, va, 8, a.fn); err != nil {
+		return 0, err
+	}
+	if !a.done {
+		return 0, errAtomicSplit
+	}
+	for i := 7; i >= 0; i-- {
+		orig = orig<<8 | uint64(a.orig[i])
+	}
+	return orig, nil
+}

@@ -1,0 +1,465 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vrdma/vrdma/backend/rdma/roce"
+	"github.com/vrdma/vrdma/backend/rdma/roce/rc"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
+)
+
+// A network between fabrics in memory: rc QPs whose packets a goroutine
+// delivers (parsed, as package udp would after checking the ICRC), and a
+// ticker running their timers. It can drop packets, so that the
+// transport's recovery runs under the engine too.
+type memWire struct {
+	mu   sync.Mutex
+	qps  map[uint32]*rc.QP // by QPN (protected by mu)
+	drop func(n int) bool  // protected by mu: drop the n-th packet
+	sent int               // protected by mu
+	ch   chan []byte
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+func newMemWire(tb testing.TB) *memWire {
+	w := &memWire{qps: make(map[uint32]*rc.QP), ch: make(chan []byte, 4096), stop: make(chan struct{})}
+	w.wg.Add(2)
+	go w.deliver()
+	go w.tick()
+	tb.Cleanup(func() {
+		close(w.stop)
+		w.wg.Wait()
+	})
+	return w
+}
+
+func (w *memWire) qp(qpn uint32) *rc.QP {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.qps[qpn]
+}
+
+func (w *memWire) deliver() {
+	defer w.wg.Done()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case b := <-w.ch:
+			p, err := roce.Parse(b)
+			if err != nil {
+				panic(err)
+			}
+			if q := w.qp(p.BTH.DestQP); q != nil {
+				q.Receive(&p)
+				q.Flush()
+			}
+		}
+	}
+}
+
+func (w *memWire) tick() {
+	defer w.wg.Done()
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+			w.mu.Lock()
+			qs := make([]*rc.QP, 0, len(w.qps))
+			for _, q := range w.qps {
+				qs = append(qs, q)
+			}
+			w.mu.Unlock()
+			for _, q := range qs {
+				q.Tick()
+			}
+		}
+	}
+}
+
+// memNet is one host's side of a memWire (an engine.Network).
+type memNet struct {
+	w      *memWire
+	local  [16]byte
+	mu     sync.Mutex
+	conns  int // protected by mu
+	closed int // protected by mu
+}
+
+type memPort struct {
+	w  *memWire
+	qp *rc.QP
+}
+
+func (p *memPort) Send(pkt []byte) {
+	p.w.mu.Lock()
+	p.w.sent++
+	drop := p.w.drop != nil && p.w.drop(p.w.sent)
+	p.w.mu.Unlock()
+	if !drop {
+		p.w.ch <- bytes.Clone(pkt)
+	}
+}
+func (p *memPort) Flush() {}
+func (p *memPort) Wake()  { go p.qp.Pump() }
+
+type memConn struct {
+	*rc.QP
+	n *memNet
+}
+
+func (c *memConn) Close() {
+	c.n.w.mu.Lock()
+	delete(c.n.w.qps, c.QPN())
+	c.n.w.mu.Unlock()
+	c.n.mu.Lock()
+	c.n.closed++
+	c.n.mu.Unlock()
+	c.QP.Close()
+}
+
+func (n *memNet) Connect(sgid, dgid [16]byte, cfg rc.Config, host rc.Host) (rc.Conn, error) {
+	if sgid != n.local {
+		return nil, ErrGIDIndex
+	}
+	p := &memPort{w: n.w}
+	q, err := rc.NewRTR(cfg, host, p)
+	if err != nil {
+		return nil, err
+	}
+	p.qp = q
+	n.w.mu.Lock()
+	n.w.qps[cfg.QPN] = q
+	n.w.mu.Unlock()
+	n.mu.Lock()
+	n.conns++
+	n.mu.Unlock()
+	return &memConn{QP: q, n: n}, nil
+}
+
+func (n *memNet) counts() (conns, closed int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.conns, n.closed
+}
+
+var (
+	hostA = netip.MustParseAddr("10.0.0.1").As16()
+	hostB = netip.MustParseAddr("10.0.0.2").As16()
+)
+
+// netPair is two nodes on two fabrics (hosts) joined by a memWire, their
+// QPs connected over it from network GID index 1.
+type netPair struct {
+	w          *memWire
+	na, nb     *memNet
+	a, b       *node
+	fa, fb     *Fabric
+	stopEngine chan struct{}
+}
+
+func newNetPair(tb testing.TB, o pairOpts) *netPair {
+	tb.Helper()
+	p := newNetPairIdle(tb, o)
+	// The engines: a driver's doorbell would wake them; here they poll.
+	p.stopEngine = make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-p.stopEngine:
+				return
+			default:
+			}
+			wa, _ := p.a.d.Poll(0, p.a.g.tbl)
+			wb, _ := p.b.d.Poll(0, p.b.g.tbl)
+			if !wa && !wb {
+				time.Sleep(50 * time.Microsecond)
+			}
+		}
+	}()
+	tb.Cleanup(func() {
+		close(p.stopEngine)
+		wg.Wait()
+	})
+	return p
+}
+
+// newNetPairIdle is newNetPair without engines: the test polls.
+func newNetPairIdle(tb testing.TB, o pairOpts) *netPair {
+	tb.Helper()
+	w := newMemWire(tb)
+	p := &netPair{w: w, na: &memNet{w: w, local: hostA}, nb: &memNet{w: w, local: hostB}, fa: NewFabric(), fb: NewFabric()}
+	p.fa.SetNetwork(p.na, [][16]byte{hostA})
+	p.fb.SetNetwork(p.nb, [][16]byte{hostB})
+	p.a = newNode(tb, p.fa, 1, 0x100, o.qp)
+	p.b = newNode(tb, p.fb, 2, 0x200, o.qp)
+	access := o.accessB
+	if access == 0 {
+		access = abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic
+	}
+	minRNR := o.minRNR
+	if minRNR == 0 {
+		minRNR = 1
+	}
+	netConnect(tb, p.a.qp, hostB, p.b.qp.Num, abi.AccessRemoteWrite|abi.AccessRemoteRead|abi.AccessRemoteAtomic, minRNR, o.rnrRetry)
+	netConnect(tb, p.b.qp, hostA, p.a.qp.Num, access, minRNR, o.rnrRetry)
+	return p
+}
+
+// netConnect is connect with the peer's network GID at sgid_index 1.
+func netConnect(tb testing.TB, q *QP, dgid [16]byte, dest, access, minRNR, rnrRetry uint32) {
+	tb.Helper()
+	steps := []abi.QPAttr{
+		{QPN: q.Num, QPState: abi.QPSInit, AttrMask: abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags,
+			PortNum: 1, QPAccessFlags: access},
+		{QPN: q.Num, QPState: abi.QPSRTR, AttrMask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN |
+			abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer,
+			DGID: dgid, SGIDIndex: 1, PathMTU: abi.MTU1024, DestQPNum: dest, MinRNRTimer: minRNR, MaxDestRdAtomic: 16, RQPSN: 0x123},
+		{QPN: q.Num, QPState: abi.QPSRTS, AttrMask: abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt |
+			abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic, RNRRetry: rnrRetry, Timeout: 10, RetryCnt: 7, MaxRdAtomic: 16, SQPSN: 0x123},
+	}
+	for _, s := range steps {
+		if st := q.Modify(s); st != abi.StatusOK {
+			tb.Fatalf("modify %v to %d: got %v, want OK", q, s.QPState, st)
+		}
+	}
+}
+
+// waitCQEs collects CQEs of c until it has n (bounded).
+func (n *node) waitCQEs(tb testing.TB, c *CQ, want int) []abi.CQE {
+	tb.Helper()
+	var got []abi.CQE
+	deadline := time.Now().Add(10 * time.Second)
+	for len(got) < want {
+		got = append(got, n.cqes(tb, c)...)
+		if time.Now().After(deadline) {
+			tb.Fatalf("got %d CQEs %+v, want %d", len(got), got, want)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	return got
+}
+
+// TestNetworkQP: QPs of two devices on two fabrics, connected through a
+// Network, run every verb over the RC transport: data lands where the
+// same-host path puts it, CQEs carry the same fields (imm_data bytes as
+// posted), completions come in posting order, and errors are the same
+// statuses.
+func TestNetworkQP(t *testing.T) {
+	p := newNetPair(t, pairOpts{})
+	a, b := p.a, p.b
+	if c, _ := p.na.counts(); c != 1 {
+		t.Fatalf("a made %d network connections, want 1", c)
+	}
+
+	// WRITE of 5000 bytes (5 packets at MTU 1024) from scattered SGEs.
+	data := pattern(5000, 3)
+	a.g.mrWrite(t, a.mr, mrIOVA, data)
+	a.postSend(t, abi.SendWQE{WRID: 1, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled, RemoteAddr: mrIOVA + 8192, RKey: mrKey},
+		[]abi.SGE{a.sge(0, 3000), a.sge(3000, 2000)}, nil)
+	want1(t, "write", a.waitCQEs(t, a.scq, 1), abi.CQE{WRID: 1, Opcode: abi.WCOpRDMAWrite, QPNum: a.qp.Num, ByteLen: 5000})
+	if got := b.g.mrRead(t, b.mr, mrIOVA+8192, 5000); !bytes.Equal(got, data) {
+		t.Fatal("write: data differs")
+	}
+
+	// READ it back into another place.
+	a.postSend(t, abi.SendWQE{WRID: 2, Opcode: abi.WROpRDMARead, Flags: abi.WRFlagSignaled, RemoteAddr: mrIOVA + 8192, RKey: mrKey},
+		[]abi.SGE{a.sge(20000, 5000)}, nil)
+	want1(t, "read", a.waitCQEs(t, a.scq, 1), abi.CQE{WRID: 2, Opcode: abi.WCOpRDMARead, QPNum: a.qp.Num, ByteLen: 5000})
+	if got := a.g.mrRead(t, a.mr, mrIOVA+20000, 5000); !bytes.Equal(got, data) {
+		t.Fatal("read: data differs")
+	}
+
+	// SEND with immediate (inline) into a posted receive; WRITE with
+	// immediate consuming the next one.
+	b.postRecv(t, 77, []abi.SGE{b.sge(30000, 100)})
+	b.postRecv(t, 78, []abi.SGE{b.sge(31000, 100)})
+	imm := binary.LittleEndian.Uint32([]byte{0xde, 0xad, 0xbe, 0xef})
+	a.postSend(t, abi.SendWQE{WRID: 3, Opcode: abi.WROpSendWithImm, Flags: abi.WRFlagSignaled, ImmData: imm}, nil, []byte("hello, network"))
+	a.postSend(t, abi.SendWQE{WRID: 4, Opcode: abi.WROpRDMAWriteWithImm, Flags: abi.WRFlagSignaled, ImmData: imm,
+		RemoteAddr: mrIOVA + 40000, RKey: mrKey}, []abi.SGE{a.sge(0, 64)}, nil)
+	got := a.waitCQEs(t, a.scq, 2)
+	if got[0].WRID != 3 || got[1].WRID != 4 || got[0].Status != abi.WCSuccess || got[1].Status != abi.WCSuccess {
+		t.Fatalf("send, write_imm: CQEs %+v", got)
+	}
+	rcqes := b.waitCQEs(t, b.rcq, 2)
+	wantR := []abi.CQE{
+		{WRID: 77, Opcode: abi.WCOpRecv, QPNum: b.qp.Num, SrcQP: a.qp.Num, ByteLen: 14, WCFlags: abi.WCFlagWithImm, ImmData: imm},
+		{WRID: 78, Opcode: abi.WCOpRecvRDMAWithImm, QPNum: b.qp.Num, SrcQP: a.qp.Num, ByteLen: 64, WCFlags: abi.WCFlagWithImm, ImmData: imm},
+	}
+	for i := range wantR {
+		if rcqes[i] != wantR[i] {
+			t.Fatalf("receive %d: got %+v, want %+v", i, rcqes[i], wantR[i])
+		}
+	}
+	if got := b.g.mrRead(t, b.mr, mrIOVA+30000, 14); string(got) != "hello, network" {
+		t.Fatalf("send: receive holds %q", got)
+	}
+
+	// FETCH_ADD and CMP_SWP on b's word.
+	b.g.mrWrite(t, b.mr, mrIOVA+48, []byte{5, 0, 0, 0, 0, 0, 0, 0})
+	a.postSend(t, abi.SendWQE{WRID: 5, Opcode: abi.WROpAtomicFetchAdd, Flags: abi.WRFlagSignaled, RemoteAddr: mrIOVA + 48, RKey: mrKey, CompareAdd: 10},
+		[]abi.SGE{a.sge(100, 8)}, nil)
+	a.postSend(t, abi.SendWQE{WRID: 6, Opcode: abi.WROpAtomicCmpSwp, Flags: abi.WRFlagSignaled, RemoteAddr: mrIOVA + 48, RKey: mrKey, CompareAdd: 15, Swap: 99},
+		[]abi.SGE{a.sge(108, 8)}, nil)
+	got = a.waitCQEs(t, a.scq, 2)
+	if got[0].Status != abi.WCSuccess || got[1].Status != abi.WCSuccess || got[0].Opcode != abi.WCOpFetchAdd || got[1].Opcode != abi.WCOpCompSwap {
+		t.Fatalf("atomics: CQEs %+v", got)
+	}
+	orig := a.g.mrRead(t, a.mr, mrIOVA+100, 16)
+	if binary.LittleEndian.Uint64(orig) != 5 || binary.LittleEndian.Uint64(orig[8:]) != 15 {
+		t.Fatalf("atomics returned %d, %d; want 5, 15", binary.LittleEndian.Uint64(orig), binary.LittleEndian.Uint64(orig[8:]))
+	}
+	if v := binary.LittleEndian.Uint64(b.g.mrRead(t, b.mr, mrIOVA+48, 8)); v != 99 {
+		t.Fatalf("remote word is %d, want 99", v)
+	}
+	if s := a.d.Stats(); s.Ops[abi.WROpRDMAWrite] != 1 || s.Ops[abi.WROpRDMARead] != 1 || s.BytesMoved != 5000+5000+14+64+16 {
+		t.Fatalf("stats %+v", s)
+	}
+
+	// A bad rkey: REM_ACCESS_ERR at a, both QPs end in ERR, later WQEs
+	// flush in order.
+	a.postSend(t, abi.SendWQE{WRID: 7, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled, RemoteAddr: mrIOVA, RKey: mrKey + 1},
+		[]abi.SGE{a.sge(0, 16)}, nil)
+	a.postSend(t, abi.SendWQE{WRID: 8, Opcode: abi.WROpSend}, []abi.SGE{a.sge(0, 16)}, nil)
+	got = a.waitCQEs(t, a.scq, 2)
+	if got[0].WRID != 7 || got[0].Status != abi.WCRemAccessErr || got[1].WRID != 8 || got[1].Status != abi.WCWRFlushErr {
+		t.Fatalf("bad rkey: CQEs %+v", got)
+	}
+	if st := a.qp.State(); st != abi.QPSErr {
+		t.Fatalf("a's QP in state %d, want ERR", st)
+	}
+	if _, closed := p.na.counts(); closed != 1 {
+		t.Fatalf("a's transport closed %d times, want 1", closed)
+	}
+}
+
+// TestNetworkQPLoss: with packets dropped the transport retransmits under
+// the engine, and every byte arrives once and in place.
+func TestNetworkQPLoss(t *testing.T) {
+	p := newNetPair(t, pairOpts{})
+	a, b := p.a, p.b
+	p.w.mu.Lock()
+	p.w.drop = func(n int) bool { return n%7 == 3 }
+	p.w.mu.Unlock()
+	data := pattern(mrLen/2, 9)
+	a.g.mrWrite(t, a.mr, mrIOVA, data)
+	const msgs = 8
+	chunk := uint32(len(data) / msgs)
+	for i := range msgs {
+		a.postSend(t, abi.SendWQE{WRID: uint64(i), Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+			RemoteAddr: mrIOVA + uint64(mrLen/2) + uint64(i)*uint64(chunk), RKey: mrKey},
+			[]abi.SGE{a.sge(uint64(i)*uint64(chunk), chunk)}, nil)
+	}
+	got := a.waitCQEs(t, a.scq, msgs)
+	for i, e := range got {
+		if e.WRID != uint64(i) || e.Status != abi.WCSuccess {
+			t.Fatalf("CQE %d: %+v", i, e)
+		}
+	}
+	if !bytes.Equal(b.g.mrRead(t, b.mr, mrIOVA+mrLen/2, uint64(len(data))), data) {
+		t.Fatal("data differs")
+	}
+	if c := p.w.qp(a.qp.Num).Counters(); c.Retransmits == 0 {
+		t.Fatalf("nothing retransmitted: %+v", c)
+	}
+}
+
+// TestNetworkQPResetDestroy: RESET with work outstanding closes the
+// transport without completing anything; destroying a connected QP closes
+// it too; a dgid nobody has, from the port GID, is still NOT_FOUND.
+func TestNetworkQPResetDestroy(t *testing.T) {
+	// b has no receive posted and rnr_retry is 7: a's SEND stays
+	// outstanding in the transport.
+	p := newNetPairIdle(t, pairOpts{rnrRetry: 7})
+	a, b := p.a, p.b
+	a.postSend(t, abi.SendWQE{WRID: 1, Opcode: abi.WROpSend, Flags: abi.WRFlagSignaled}, []abi.SGE{a.sge(0, 16)}, nil)
+	a.d.Poll(0, a.g.tbl) // posted to the transport
+	if st := a.qp.Modify(abi.QPAttr{QPState: abi.QPSReset, AttrMask: abi.QPAttrState}); st != abi.StatusOK {
+		t.Fatalf("reset: %v", st)
+	}
+	if _, closed := p.na.counts(); closed != 1 {
+		t.Fatalf("a's transport closed %d times, want 1", closed)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if got := a.cqes(t, a.scq); len(got) != 0 {
+		t.Fatalf("reset completed %+v", got)
+	}
+	if q := b.d.RemoveQP(b.qp.Num); q == nil {
+		t.Fatal("remove b's QP")
+	}
+	if _, closed := p.nb.counts(); closed != 1 {
+		t.Fatalf("b's transport closed %d times, want 1", closed)
+	}
+	if p.fb.qpnTaken(nil, b.qp.Num) {
+		t.Fatal("b's QP number still claimed")
+	}
+	// From the port GID (index 0) an unknown dgid is not a network peer.
+	connectInit(t, a.qp)
+	st := a.qp.Modify(abi.QPAttr{QPState: abi.QPSRTR, AttrMask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN |
+		abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer, DGID: hostB, SGIDIndex: 0, PathMTU: abi.MTU1024, DestQPNum: 5})
+	if st != abi.StatusNotFound {
+		t.Fatalf("RTR from the port GID to a network GID: %v, want NOT_FOUND", st)
+	}
+}
+
+func connectInit(tb testing.TB, q *QP) {
+	tb.Helper()
+	if st := q.Modify(abi.QPAttr{QPState: abi.QPSInit, AttrMask: abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags,
+		PortNum: 1, QPAccessFlags: abi.AccessRemoteWrite}); st != abi.StatusOK {
+		tb.Fatalf("INIT: %v", st)
+	}
+}
+
+// TestNetworkGIDs: the network GIDs fill entries 1… of every device's
+// table, after a reset too, and are shared: ADD_GID of one on another
+// device is not BUSY, and no device owns it (Lookup finds none).
+func TestNetworkGIDs(t *testing.T) {
+	f := NewFabric()
+	f.SetNetwork(&memNet{}, [][16]byte{hostA, hostB})
+	d1 := NewRNIC(f, [16]byte{0xfe, 0x80, 15: 1}, nil)
+	d2 := NewRNIC(f, [16]byte{0xfe, 0x80, 15: 2}, nil)
+	d2.SetNetGIDs([][16]byte{hostB})
+	for _, d := range []*RNIC{d1, d2} {
+		if err := f.Register(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, want := range [][16]byte{d1.GID(), hostA, hostB} {
+		if g, ok := d1.GIDAt(i); !ok || g != want {
+			t.Fatalf("d1 entry %d: %x %v, want %x", i, g, ok, want)
+		}
+	}
+	if g, ok := d2.GIDAt(1); !ok || g != hostB {
+		t.Fatalf("d2 entry 1: %x %v", g, ok)
+	}
+	if _, ok := d2.GIDAt(2); ok {
+		t.Fatal("d2 has the fabric's network GIDs besides its own")
+	}
+	if err := d2.SetGID(5, hostB); err != nil {
+		t.Fatalf("ADD_GID of a shared network GID: %v", err)
+	}
+	if f.Lookup(hostB) != nil || f.Lookup(hostA) != nil {
+		t.Fatal("a network GID resolves to a device")
+	}
+	d1.SetGID(1, [16]byte{1})
+	d1.ResetGIDs()
+	if g, ok := d1.GIDAt(1); !ok || g != hostA {
+		t.Fatalf("after reset, d1 entry 1: %x %v", g, ok)
+	}
+	if !f.IsNetGID(d1, hostA) || f.IsNetGID(d2, hostA) || !f.IsNetGID(d2, hostB) {
+		t.Fatal("IsNetGID")
+	}
+}
