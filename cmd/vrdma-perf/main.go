@@ -151,7 +151,8 @@ type options struct {
 	guestMem uint64
 	verify   bool
 	json     bool
-	paths    int // --paths: QP paths to spray over (only 1 today)
+	paths    int  // --paths: QP paths to spray over (only 1 today)
+	gidIndex uint // -x: the local GID index (two-process mode)
 
 	// Two-process mode (--socket): host is the server to connect to;
 	// empty, this side is the server.
@@ -180,6 +181,7 @@ var flagDocs = []flagDoc{
 	{[]string{"socket"}, "S"},
 	{[]string{"p", "port"}, "PORT"},
 	{[]string{"paths"}, "N"},
+	{[]string{"x", "gid-index"}, "INDEX"},
 	{[]string{"op"}, "OP"},
 	{[]string{"s", "size"}, "SIZE"},
 	{[]string{"a", "all"}, ""},
@@ -212,6 +214,9 @@ func newFlagSet(o *options, r *rawFlags) *flag.FlagSet {
 	fs.StringVar(&o.socket, "socket", "", "two-process mode: this side's device socket; with a HOST argument the client (measures), without it the server (waits on --port)")
 	for _, n := range []string{"p", "port"} {
 		fs.IntVar(&o.port, n, defaultPort, "two-process mode: the TCP port of the exchange")
+	}
+	for _, n := range []string{"x", "gid-index"} {
+		fs.UintVar(&o.gidIndex, n, 0, "two-process mode: the local GID the QP sends from (perftest's -x): 1 or more is a host address's GID on a vrdmad with --roce-bind, for a peer on another host")
 	}
 	fs.IntVar(&o.paths, "paths", 1, "multipath spray over N paths (1 … 64); N > 1 needs the RoCE transport (issue 16)")
 	fs.StringVar(op, "op", "write", "the test: write, read, send or atomic (bandwidth, as ib_OP_bw; OP_bw is the same) or write_lat, read_lat, send_lat, atomic_lat (latency, as ib_OP_lat)")

@@ -57,7 +57,7 @@ func (o *options) config(budget uint64) perftest.Config {
 	t := float64(perftest.DefaultTimeout) + float64(o.iters)*float64(size)*float64(stallPerByte)
 	return perftest.Config{Op: o.op, Size: size, Iters: o.iters,
 		LatIters: max(1, o.latIters), // perftest's 0 is its default
-		TxDepth:  o.txDepth, Budget: budget, Verify: o.verify,
+		TxDepth:  o.txDepth, Budget: budget, Verify: o.verify, GIDIndex: uint32(o.gidIndex),
 		Timeout: time.Duration(min(t, float64(maxRunTimeout)))}
 }
 
@@ -98,7 +98,7 @@ func twoProc(ctx context.Context, o options, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%s: query port: %w", o.socket, err)
 	}
-	gid, err := c.QueryGID()
+	gid, err := c.QueryGIDAt(uint32(o.gidIndex))
 	if err != nil {
 		return fmt.Errorf("%s: query gid: %w", o.socket, err)
 	}

@@ -5,7 +5,7 @@
 // Usage:
 //
 //	vrdmad --socket [ID=]PATH [--socket …] [--control PATH] [--state-dir DIR]
-//	       [--engine-threads N] [--engine-cpus LIST]
+//	       [--engine-threads N] [--engine-cpus LIST] [--roce-bind ADDR …]
 //	       [--metrics ADDR] [--log-level info] [--log-format text|json]
 //	vrdmad --socket-path=PATH | --fd=FDNUM [flags]
 //	vrdmad --print-capabilities
@@ -36,6 +36,15 @@
 // given. How the devices share the pool (weights, rate bounds) is set per
 // device through the control API (PATCH /v1/devices/{id}).
 //
+// --roce-bind ADDR (repeatable) takes the devices off this host: vrdmad
+// listens on UDP port 4791 of each host address given and carries RC QPs
+// to peers on other hosts as RoCEv2 (docs/wire.md), which Linux rxe
+// speaks too. Every device then has the GID of each address (IPv4-mapped
+// for IPv4) at entries 1, 2, … of its GID table; a QP connected from one
+// of them to a GID no device of this daemon owns goes out on the network.
+// A device added through the control API may name its own addresses
+// (roce_bind).
+//
 // --metrics serves Prometheus metrics on /metrics (see internal/metrics and
 // docs/packaging.md). --help prints the usage on standard output, in a form
 // help2man turns into the manual page.
@@ -58,6 +67,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/backend/rdma/sched"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/internal/metrics"
@@ -139,6 +149,7 @@ type flags struct {
 	allowUIDs    string
 	engineThr    int
 	engineCPUs   string
+	roceBind     stringList
 }
 
 // defaultStateDir is --state-dir's default.
@@ -169,6 +180,7 @@ func newFlags() *flags {
 	fs.StringVar(&f.sockOwner, "socket-owner", "", "owner of the device sockets, `USER[:GROUP]` or :GROUP (QEMU's user or group, e.g. libvirt-qemu:kvm or :kvm)")
 	fs.StringVar(&f.sockMode, "socket-mode", "0600", "permission bits of the device sockets (octal)")
 	fs.StringVar(&f.allowUIDs, "allow-uid", "", "comma-separated uids allowed to connect to device sockets (SO_PEERCRED); empty: anyone who can open them")
+	fs.Var(&f.roceBind, "roce-bind", "carry RDMA traffic to other hosts as RoCEv2 on UDP port 4791 of this host `ADDR`ess (repeatable, IPv4 or IPv6; each address's GID joins every device's GID table)")
 	fs.IntVar(&f.engineThr, "engine-threads", 0, "engine workers serving the doorbell queues of all devices (0: one per CPU of --engine-cpus, else one per CPU vrdmad may use)")
 	fs.StringVar(&f.engineCPUs, "engine-cpus", "", "pin the engine workers to these CPUs, a `LIST` such as 2,3 or 2-5 (worker i on the i-th CPU, round robin); each must be in vrdmad's affinity mask (default: not pinned)")
 	return f
@@ -299,7 +311,22 @@ func run(args []string, stdout io.Writer) error {
 		return fmt.Errorf("--control %s: the socket-activated control socket is %s; give neither or the same path", f.control, inh.control.Addr())
 	}
 
+	roceAddrs, err := udp.ParseHostAddrs(f.roceBind)
+	if err != nil {
+		return fmt.Errorf("--roce-bind: %w", err)
+	}
 	checkMemlock(entry, dcfg)
+	// The RoCE network: its endpoints close after the devices.
+	roceNet := udp.NewNetwork(udp.Config{RecoverIPv4ID: true, Logger: entry.WithField("component", "roce")})
+	defer roceNet.Close()
+	for _, a := range roceAddrs {
+		e, err := roceNet.Listen(a)
+		if err != nil {
+			return fmt.Errorf("--roce-bind %s: %w", a, err)
+		}
+		entry.WithField("roce", e.LocalAddr().String()).Info("RoCEv2 endpoint listening")
+	}
+	dcfg.RoCE, dcfg.RoCEAddrs = roceNet, roceAddrs
 	// One engine pool for every device; closed after the devices.
 	pool, err := sched.New(ecfg)
 	if err != nil {

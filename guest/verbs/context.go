@@ -173,9 +173,14 @@ func (c *Context) QueryPort() (abi.PortAttr, error) {
 }
 
 // QueryGID returns GID 0 of port 1 (QUERY_GID).
-func (c *Context) QueryGID() ([16]byte, error) {
+func (c *Context) QueryGID() ([16]byte, error) { return c.QueryGIDAt(0) }
+
+// QueryGIDAt returns entry index of port 1's GID table (QUERY_GID): all
+// zero for an empty entry. Entries 1, 2, … of a device whose daemon
+// carries RoCE are its host addresses' GIDs (docs/spec.md).
+func (c *Context) QueryGIDAt(index uint32) ([16]byte, error) {
 	var g abi.GID
-	resp, err := c.command(abi.CmdQueryGID, abi.Marshal(&abi.GIDReq{PortNum: 1, Index: 0}), 16)
+	resp, err := c.command(abi.CmdQueryGID, abi.Marshal(&abi.GIDReq{PortNum: 1, Index: index}), 16)
 	if err != nil {
 		return g.Raw, err
 	}

@@ -222,7 +222,29 @@ const (
 // ConnectRC moves the QP RESET → INIT → RTR → RTS towards the peer QP
 // remoteQPN on the device with GID remoteGID, allowing the peer the remote
 // access flags in access — what perftest does after exchanging (GID, QPN).
+// It connects from GID index 0 with a 4096-byte path MTU; ConnectRCOpts
+// chooses.
 func (qp *QP) ConnectRC(remoteGID [16]byte, remoteQPN uint32, access int) error {
+	return qp.ConnectRCOpts(remoteGID, remoteQPN, access, ConnectOpts{})
+}
+
+// ConnectOpts are ConnectRCOpts' choices; zero fields take ConnectRC's.
+type ConnectOpts struct {
+	// SGIDIndex is the local GID the QP sends from (perftest's -x): a
+	// network GID (an entry ≥ 1 on a daemon with RoCE) to reach a peer
+	// on another host.
+	SGIDIndex uint32
+	// PathMTU is an abi.MTU256 … abi.MTU4096 code; 0 means MTU4096. The
+	// device may lower it to what its network link carries.
+	PathMTU uint32
+}
+
+// ConnectRCOpts is ConnectRC with opts.
+func (qp *QP) ConnectRCOpts(remoteGID [16]byte, remoteQPN uint32, access int, opts ConnectOpts) error {
+	mtu := opts.PathMTU
+	if mtu == 0 {
+		mtu = abi.MTU4096
+	}
 	rd := qp.ctx.attr.MaxQPRdAtom
 	steps := []struct {
 		name string
@@ -231,8 +253,8 @@ func (qp *QP) ConnectRC(remoteGID [16]byte, remoteQPN uint32, access int) error 
 	}{
 		{"init", abi.QPAttr{QPState: abi.QPSInit, PKeyIndex: 0, PortNum: 1, QPAccessFlags: uint32(access)},
 			abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags},
-		{"rtr", abi.QPAttr{QPState: abi.QPSRTR, PathMTU: abi.MTU4096, DestQPNum: remoteQPN, RQPSN: 0, MaxDestRdAtomic: rd,
-			MinRNRTimer: DefaultMinRNRTimer, DGID: remoteGID, HopLimit: 1},
+		{"rtr", abi.QPAttr{QPState: abi.QPSRTR, PathMTU: mtu, DestQPNum: remoteQPN, RQPSN: 0, MaxDestRdAtomic: rd,
+			MinRNRTimer: DefaultMinRNRTimer, DGID: remoteGID, SGIDIndex: opts.SGIDIndex, HopLimit: 1},
 			abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer},
 		{"rts", abi.QPAttr{QPState: abi.QPSRTS, SQPSN: 0, Timeout: DefaultTimeout, RetryCnt: DefaultRetryCnt,
 			RNRRetry: DefaultRNRRetry, MaxRdAtomic: rd},

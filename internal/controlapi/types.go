@@ -54,8 +54,13 @@ type DeviceInfo struct {
 	Share Share `json:"share"`
 	// GIDs are the filled entries of the device's GID table now: index 0
 	// is the port GID (the "gid" field), the others the guest's driver
-	// added (the RoCE GIDs of its interfaces' addresses).
+	// added (the RoCE GIDs of its interfaces' addresses) or the GIDs of
+	// the host addresses its RoCE traffic leaves from (roce_bind, vrdmad
+	// --roce-bind: entries 1, 2, …).
 	GIDs []GIDEntry `json:"gids"`
+	// RoCEBind are the device's own host addresses for RoCE (POST's
+	// roce_bind); absent when it uses the daemon's.
+	RoCEBind []string `json:"roce_bind,omitempty"`
 }
 
 // GIDEntry is one filled entry of a device's GID table.
@@ -135,6 +140,11 @@ type AddRequest struct {
 	// Share is the device's initial part of the engine; absent: weight 1,
 	// no bounds. PATCH /v1/devices/{id} changes it later.
 	Share *Share `json:"share,omitempty"`
+	// RoCEBind are host addresses (IPv4 or IPv6, at most 15) the device's
+	// RDMA traffic to other hosts leaves from, as RoCEv2 on UDP 4791,
+	// instead of the daemon's (vrdmad --roce-bind). Their GIDs fill
+	// entries 1, 2, … of the device's GID table.
+	RoCEBind []string `json:"roce_bind,omitempty"`
 }
 
 // Removed is the answer of DELETE /v1/devices/{id}. (The fields are in

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"io"
 	"net"
 	"net/http"
@@ -18,7 +17,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/internal/controlapi"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // The control API's wire types are package controlapi's, which the
@@ -73,7 +74,17 @@ func (dv *ServedDevice) Info() DeviceInfo {
 		Persisted:   dv.persist,
 		Share:       shareInfo(dv.Dev.Share()),
 		GIDs:        gidEntries(dv.Dev.GIDs()),
+		RoCEBind:    addrStrings(dv.roceBind),
 	}
+}
+
+// addrStrings formats addresses; nil for none.
+func addrStrings(as []netip.Addr) []string {
+	var out []string
+	for _, a := range as {
+		out = append(out, a.String())
+	}
+	return out
 }
 
 // gidEntries is a GID table as the control API shows it: never null.
@@ -189,12 +200,26 @@ func requestSpec(r AddRequest) (DeviceSpec, error) {
 			return DeviceSpec{}, err
 		}
 	}
+	bind, err := checkRoCEBind(r.RoCEBind)
+	if err != nil {
+		return DeviceSpec{}, err
+	}
 	return DeviceSpec{
 		ID:        r.ID,
 		Socket:    r.Socket,
 		Device:    rdma.Config{ID: r.ID, UUID: u, DoorbellQueues: r.DoorbellQueues, Limits: lim, Share: share},
 		MaxPinned: maxPinned,
+		RoCEBind:  bind,
 	}, nil
+}
+
+// checkRoCEBind parses roce_bind (udp.ParseHostAddrs).
+func checkRoCEBind(ss []string) ([]netip.Addr, error) {
+	as, err := udp.ParseHostAddrs(ss)
+	if err != nil {
+		return nil, reqErr("roce_bind", "%v", err)
+	}
+	return as, nil
 }
 
 // CheckID reports whether id is a valid device ID, as POST /v1/devices

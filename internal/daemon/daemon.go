@@ -41,6 +41,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"sort"
 	"sync"
@@ -52,6 +53,7 @@ import (
 	"github.com/vrdma/vrdma/backend"
 	"github.com/vrdma/vrdma/backend/rdma"
 	"github.com/vrdma/vrdma/backend/rdma/engine"
+	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/backend/rdma/sched"
 	"github.com/vrdma/vrdma/memmap"
 )
@@ -85,6 +87,9 @@ type DeviceSpec struct {
 	// MaxPinned, when not zero, replaces the daemon's per-device pin quota
 	// (Config.Pin.MaxPinned) for this device.
 	MaxPinned uint64
+	// RoCEBind are the device's own host addresses for RoCE (the
+	// control API's roce_bind); empty: the daemon's (Config.RoCEAddrs).
+	RoCEBind []netip.Addr
 	// Persist keeps the device in the state file (see OpenState), so it
 	// comes back with the same identity when vrdmad restarts. The control
 	// API sets it; devices from the command line have it clear. Without
@@ -100,9 +105,10 @@ type ServedDevice struct {
 	Server    *backend.Server
 	MaxPinned uint64 // immutable; the device's pin quota, 0 for none
 
-	persist bool          // immutable: listed in the state file (Persist, with a state directory)
-	record  AddRequest    // immutable: its state-file record (when persist); the share saved is Dev.Share()
-	done    chan struct{} // closed when Serve returned
+	roceBind []netip.Addr  // immutable: DeviceSpec.RoCEBind
+	persist  bool          // immutable: listed in the state file (Persist, with a state directory)
+	record   AddRequest    // immutable: its state-file record (when persist); the share saved is Dev.Share()
+	done     chan struct{} // closed when Serve returned
 }
 
 // Persisted reports whether the device is kept in the state file.
@@ -129,6 +135,14 @@ type Config struct {
 	// nil means sched.Default(), the process-wide pool. The daemon does
 	// not close it: its owner does, after Close.
 	Pool *sched.Pool
+	// RoCE carries the devices' traffic to other hosts (RoCEv2 over UDP
+	// 4791); nil: devices reach this host's devices only. RoCEAddrs are
+	// the addresses it listens on for every device (vrdmad --roce-bind;
+	// their GIDs fill entries 1, 2, … of each device's table); a device
+	// may name its own (DeviceSpec.RoCEBind), which the daemon opens on
+	// demand. The daemon does not close it: its owner does, after Close.
+	RoCE      *udp.Network
+	RoCEAddrs []netip.Addr
 }
 
 // SocketConfig is how device sockets are created and who may connect.
@@ -158,7 +172,20 @@ type Daemon struct {
 func New(log *logrus.Entry, cfg Config) *Daemon {
 	acct := memmap.NewAccounting(cfg.GlobalMaxPinned)
 	cfg.Pin.Accounting = acct
-	return &Daemon{log: log, cfg: cfg, fabric: engine.NewFabric(), acct: acct, devices: map[string]*ServedDevice{}}
+	f := engine.NewFabric()
+	if cfg.RoCE != nil {
+		f.SetNetwork(cfg.RoCE, addrGIDs(cfg.RoCEAddrs))
+	}
+	return &Daemon{log: log, cfg: cfg, fabric: f, acct: acct, devices: map[string]*ServedDevice{}}
+}
+
+// addrGIDs are the GIDs of host addresses (udp.GID).
+func addrGIDs(as []netip.Addr) [][16]byte {
+	gs := make([][16]byte, len(as))
+	for i, a := range as {
+		gs[i] = udp.GID(a)
+	}
+	return gs
 }
 
 // PinnedBytes is the memory pinned by all devices.
@@ -226,6 +253,17 @@ func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *ServedDevice, err er
 			return nil, err
 		}
 	}
+	if len(spec.RoCEBind) > 0 {
+		if d.cfg.RoCE == nil {
+			return nil, errors.New("roce_bind: this daemon has no RoCE network")
+		}
+		for _, a := range spec.RoCEBind {
+			if _, err := d.cfg.RoCE.Listen(a); err != nil {
+				return nil, fmt.Errorf("roce_bind %s: %w", a, err)
+			}
+		}
+		spec.Device.NetGIDs = addrGIDs(spec.RoCEBind)
+	}
 	spec.Device.ID = spec.ID
 	spec.Device.Fabric = d.fabric
 	spec.Device.Limits = spec.Device.Limits.WithDefaults(d.cfg.Limits)
@@ -261,7 +299,7 @@ func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *ServedDevice, err er
 		return nil, err
 	}
 	dv = &ServedDevice{ID: spec.ID, Dev: dev, Server: srv, MaxPinned: spec.Device.Pin.MaxPinned,
-		persist: spec.Persist && d.state != nil, record: rec, done: make(chan struct{})}
+		persist: spec.Persist && d.state != nil, record: rec, done: make(chan struct{}), roceBind: spec.RoCEBind}
 	d.devices[spec.ID] = dv
 	if dv.persist && save {
 		if err := d.saveLocked(); err != nil {

@@ -346,7 +346,8 @@ func decodeState(b []byte) ([]DeviceSpec, error) {
 // record is the state-file form of a device: the request that recreates
 // it. spec's limits are the request's (before the daemon's defaults).
 func (spec DeviceSpec) record() AddRequest {
-	r := AddRequest{ID: spec.ID, Socket: spec.Socket, DoorbellQueues: spec.Device.DoorbellQueues, Share: shareRecord(spec.Device.Share)}
+	r := AddRequest{ID: spec.ID, Socket: spec.Socket, DoorbellQueues: spec.Device.DoorbellQueues, Share: shareRecord(spec.Device.Share),
+		RoCEBind: addrStrings(spec.RoCEBind)}
 	if u := spec.Device.UUID; u != uuid.Nil {
 		r.UUID = u.String()
 		r.GUID = abi.FormatGUID(abi.GUIDOfUUID(u))

@@ -39,6 +39,10 @@ type Config struct {
 	Verify   bool
 	// Timeout bounds any wait without progress (0: DefaultTimeout).
 	Timeout time.Duration
+	// GIDIndex is the local GID the QP sends from (perftest's -x): a
+	// network GID (index ≥ 1 on a daemon with --roce-bind) to reach a
+	// peer on another host; it is the GID the Endpoint publishes.
+	GIDIndex uint32
 }
 
 func (c *Config) fill() error {
@@ -73,6 +77,10 @@ func (c *Config) fill() error {
 }
 
 // slots is the number of message buffers per side.
+func (c *Config) connectOpts() verbs.ConnectOpts {
+	return verbs.ConnectOpts{SGIDIndex: c.GIDIndex}
+}
+
 func (c *Config) slots() int {
 	return int(max(1, min(uint64(c.TxDepth), c.Budget/c.Size)))
 }
@@ -149,7 +157,7 @@ func NewSide(c *verbs.Context, cfg Config, server bool) (*Side, error) {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	var err error
-	if s.gid, err = c.QueryGID(); err != nil {
+	if s.gid, err = c.QueryGIDAt(cfg.GIDIndex); err != nil {
 		return fail("query gid", err)
 	}
 	if s.pd, err = c.AllocPD(); err != nil {

@@ -89,6 +89,11 @@ type Config struct {
 	StateDir string
 	// Args are further vrdmad arguments, after the ones above.
 	Args []string
+	// NetNS, when set, runs vrdmad in that named network namespace
+	// (through `ip netns exec`, which execs vrdmad in place: the pid,
+	// signals and Pdeathsig are vrdmad's). Its sockets are paths, which
+	// every namespace reaches.
+	NetNS string
 	// LogLevel is vrdmad's --log-level; empty means DefaultLogLevel.
 	LogLevel string
 	// LogLimit bounds the log kept, in bytes; what comes beyond it is
@@ -199,6 +204,16 @@ func launch(cfg Config) (*Proc, error) {
 	args = append(args, cfg.Args...)
 
 	p.cmd = exec.Command(cfg.Binary, args...)
+	if cfg.NetNS != "" {
+		ip, err := exec.LookPath("ip")
+		if err != nil {
+			if p.ownDir {
+				os.RemoveAll(p.dir)
+			}
+			return nil, &Error{Op: "start", Err: fmt.Errorf("NetNS %s: %w", cfg.NetNS, err)}
+		}
+		p.cmd = exec.Command(ip, append([]string{"netns", "exec", cfg.NetNS, cfg.Binary}, args...)...)
+	}
 	p.cmd.Stderr = p.log
 	p.cmd.WaitDelay = waitDelay
 	// Its own process group keeps terminal signals (^C) away from it: the

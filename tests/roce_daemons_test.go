@@ -1,0 +1,136 @@
+package tests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vrdma/vrdma/internal/controlapi"
+	"github.com/vrdma/vrdma/internal/netlab"
+	"github.com/vrdma/vrdma/internal/vrdmadproc"
+)
+
+// TestRoCETwoDaemons takes vrdma off the single host: two vrdmads in two
+// network namespaces joined by a veth, each with --roce-bind on its end,
+// serve one device each; vrdma-perf runs perftest's two-process mode
+// between them (the server in one namespace, the client in the other,
+// exchanging QPN, GID, rkey and buffer over TCP), sending from GID index
+// 1, the host address's GID. Every operation completes with its data
+// verified by both sides, so the RC QPs really ran over RoCEv2 on UDP
+// 4791 between the namespaces. The devices' JSON lists the host address's
+// GID at index 1, and a device added with its own roce_bind has that one
+// instead.
+func TestRoCETwoDaemons(t *testing.T) {
+	vrdmad := needBinary(t, "vrdmad")
+	perf := needBinary(t, "vrdma-perf")
+	lab := netlab.NewT(t)
+	addrA, addrB := netip.MustParseAddr("10.200.91.1"), netip.MustParseAddr("10.200.91.2")
+	nsA, err := lab.AddNS("ra")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsB, err := lab.AddNS("rb")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []func() error{
+		func() error { return lab.Veth(nsA, "va", nsB, "vb") },
+		func() error { return nsA.AddAddr("va", netip.PrefixFrom(addrA, 24)) },
+		func() error { return nsB.AddAddr("vb", netip.PrefixFrom(addrB, 24)) },
+		func() error { return nsA.SetUp("va", true) },
+		func() error { return nsB.SetUp("vb", true) },
+	} {
+		if err := step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func(ns *netlab.NS, addr netip.Addr) *vrdmadproc.Proc {
+		p, err := vrdmadproc.Start(context.Background(), vrdmadproc.Config{Binary: vrdmad, NetNS: ns.Name,
+			Devices: []string{"d0"}, Args: []string{"--roce-bind", addr.String()}, StateDir: vrdmadproc.NoState})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := p.Stop(); err != nil {
+				t.Errorf("vrdmad in %s: %v\n%s", ns.Name, err, p.Log())
+			}
+		})
+		return p
+	}
+	pa, pb := start(nsA, addrA), start(nsB, addrB)
+
+	// The host address's GID is entry 1 of the device's table.
+	devs, err := pa.Devices()
+	if err != nil || len(devs) != 1 {
+		t.Fatalf("devices of A: %v %+v", err, devs)
+	}
+	if g := devs[0].GIDs; len(g) < 2 || g[1].Index != 1 || g[1].GID != "::ffff:"+addrA.String() {
+		t.Fatalf("device GIDs %+v, want entry 1 ::ffff:%s", g, addrA)
+	}
+
+	ops := []struct {
+		op   string
+		size string
+	}{{"write", "64K"}, {"read", "64K"}, {"send", "8K"}, {"atomic", "8"}}
+	for i, o := range ops {
+		port := fmt.Sprint(18600 + i)
+		args := []string{"--socket", "", "--op", o.op, "-s", o.size, "-n", "200", "-x", "1", "--verify", "--json", "-p", port}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		srvArgs := append([]string(nil), args...)
+		srvArgs[1] = pb.Socket("d0")
+		srv := nsB.Command(ctx, perf, srvArgs...)
+		var srvOut, srvErr bytes.Buffer
+		srv.Stdout, srv.Stderr = &srvOut, &srvErr
+		if err := srv.Start(); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		cliArgs := append([]string(nil), args...)
+		cliArgs[1] = pa.Socket("d0")
+		cli := nsA.Command(ctx, perf, append(cliArgs, addrB.String())...)
+		out, cerr := cli.Output()
+		serr := srv.Wait()
+		cancel()
+		if cerr != nil || serr != nil {
+			var stderr string
+			if ee, ok := cerr.(*exec.ExitError); ok {
+				stderr = string(ee.Stderr)
+			}
+			t.Fatalf("%s: client %v: %s%s\nserver %v: %s%s\nvrdmad A:\n%s\nvrdmad B:\n%s", o.op, cerr, out, stderr,
+				serr, srvOut.String(), srvErr.String(), pa.Log(), pb.Log())
+		}
+		var res struct {
+			Verified bool    `json:"verified"`
+			GBytes   float64 `json:"gbytes_per_s"`
+		}
+		line := strings.TrimSpace(string(out))
+		if i := strings.LastIndexByte(line, '\n'); i >= 0 {
+			line = line[i+1:]
+		}
+		if err := json.Unmarshal([]byte(line), &res); err != nil || !res.Verified {
+			t.Fatalf("%s: client result %q (%v): not verified", o.op, out, err)
+		}
+		t.Logf("%s over RoCEv2 between namespaces: %s", o.op, line)
+	}
+
+	// Per device: roce_bind names the device's own addresses.
+	extra := netip.MustParseAddr("10.200.91.11")
+	if err := nsA.AddAddr("va", netip.PrefixFrom(extra, 24)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	info, err := pa.AddDevice(ctx, controlapi.AddRequest{ID: "d1", Socket: pa.Dir() + "/d1.sock", RoCEBind: []string{extra.String()}})
+	if err != nil {
+		t.Fatalf("add a device with roce_bind: %v\n%s", err, pa.Log())
+	}
+	if g := info.GIDs; len(g) != 2 || g[1].GID != "::ffff:"+extra.String() || len(info.RoCEBind) != 1 || info.RoCEBind[0] != extra.String() {
+		t.Fatalf("device with roce_bind: gids %+v, roce_bind %v", info.GIDs, info.RoCEBind)
+	}
+}
