@@ -72,6 +72,10 @@ type netQP struct {
 	closed atomic.Bool
 
 	recv recvBuf // the receive conn is filling (one at a time)
+	// recvOpen: conn took the receive recvID and has not completed it
+	// (written under conn's lock; read after Close returned).
+	recvOpen bool
+	recvID   uint64
 }
 
 // netSlot is one posted send WQE.
@@ -295,6 +299,7 @@ func (n *netQP) takeRecvLocked(t *memmap.Table) (rc.Recv, bool) {
 	}
 	q.rqCI++
 	abi.StoreUint32(rec, abi.QPRecordRQCI, q.rqCI)
+	n.recvOpen, n.recvID = true, wrID
 	return rc.Recv{ID: wrID, Len: uint32(min(capacity, abi.MaxMsgSize)), Buf: b}, true
 }
 
@@ -303,6 +308,7 @@ func (n *netQP) takeRecvLocked(t *memmap.Table) (rc.Recv, bool) {
 func (n *netQP) RecvDone(c rc.RecvCompletion) {
 	q := n.q
 	n.recv.mr = n.recv.mr[:0]
+	n.recvOpen = false
 	if n.quiet.Load() {
 		return
 	}
@@ -325,14 +331,26 @@ func (n *netQP) RecvDone(c rc.RecvCompletion) {
 	}
 }
 
+// Failed moves the QP to ERR when its transport failed by itself
+// (rc.Failer): fatal for a request it refused, which raises QP_FATAL as
+// a responder error does on one host.
+func (n *netQP) Failed(fatal bool) { n.q.toErr(fatal) }
+
 // close stops the transport. quiet: the QP's WQEs are being discarded
 // (RESET, destroy), so the flushed ones are not completed.
 func (n *netQP) close(quiet bool) {
 	if quiet {
 		n.quiet.Store(true)
 	}
-	if !n.closed.Swap(true) {
-		n.conn.Close()
+	if n.closed.Swap(true) {
+		return
+	}
+	n.conn.Close()
+	if n.recvOpen {
+		// A message was arriving into this receive: it was consumed
+		// (rq_ci advanced), so it completes, flushed, before the ones
+		// still in the ring.
+		n.RecvDone(rc.RecvCompletion{ID: n.recvID, Status: abi.WCWRFlushErr})
 	}
 }
 

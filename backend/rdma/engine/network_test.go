@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net/netip"
+	"runtime/debug"
 	"sync"
 	"testing"
 	"time"
@@ -47,6 +48,8 @@ func (w *memWire) qp(qpn uint32) *rc.QP {
 
 func (w *memWire) deliver() {
 	defer w.wg.Done()
+	debug.SetPanicOnFault(true) // as package udp's goroutines
+
 	for {
 		select {
 		case <-w.stop:
@@ -66,6 +69,7 @@ func (w *memWire) deliver() {
 
 func (w *memWire) tick() {
 	defer w.wg.Done()
+	debug.SetPanicOnFault(true)
 	t := time.NewTicker(time.Millisecond)
 	defer t.Stop()
 	for {
@@ -198,13 +202,23 @@ func newNetPair(tb testing.TB, o pairOpts) *netPair {
 
 // newNetPairIdle is newNetPair without engines: the test polls.
 func newNetPairIdle(tb testing.TB, o pairOpts) *netPair {
+	return newNetPairOn(tb, o, nil)
+}
+
+// newNetPairOn is newNetPairIdle with b on guest bg (nil: a fresh one),
+// its MR in bg's second region.
+func newNetPairOn(tb testing.TB, o pairOpts, bg *cutGuest) *netPair {
 	tb.Helper()
 	w := newMemWire(tb)
 	p := &netPair{w: w, na: &memNet{w: w, local: hostA}, nb: &memNet{w: w, local: hostB}, fa: NewFabric(), fb: NewFabric()}
 	p.fa.SetNetwork(p.na, [][16]byte{hostA})
 	p.fb.SetNetwork(p.nb, [][16]byte{hostB})
 	p.a = newNode(tb, p.fa, 1, 0x100, o.qp)
-	p.b = newNode(tb, p.fb, 2, 0x200, o.qp)
+	if bg != nil {
+		p.b = newNodeOn(tb, p.fb, bg, 2, 0x200)
+	} else {
+		p.b = newNode(tb, p.fb, 2, 0x200, o.qp)
+	}
 	access := o.accessB
 	if access == 0 {
 		access = abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic
@@ -461,5 +475,50 @@ func TestNetworkGIDs(t *testing.T) {
 	}
 	if !f.IsNetGID(d1, hostA) || f.IsNetGID(d2, hostA) || !f.IsNetGID(d2, hostB) {
 		t.Fatal("IsNetGID")
+	}
+}
+
+// TestNetworkPeerMemoryFault: the responder's memory vanishes (its
+// front-end shrank the file) while requests arrive from the network. The
+// transport's goroutine contains the fault (no crash): the requester gets
+// an error completion, the responder QP ends in ERR, and both engines keep
+// serving.
+func TestNetworkPeerMemoryFault(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		op   uint8
+		want abi.WCStatus
+	}{
+		// REM_OP_ERR, as on one host (fault.go): the keys were good,
+		// the memory failed.
+		{"write", abi.WROpRDMAWrite, abi.WCRemOpErr},
+		{"read", abi.WROpRDMARead, abi.WCRemOpErr},
+		{"atomic", abi.WROpAtomicFetchAdd, abi.WCRemOpErr},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bg := newCutGuest(t, 8<<20)
+			p := newNetPairOn(t, pairOpts{}, bg)
+			a := p.a
+			bg.cut(t, 1)
+			a.postSend(t, abi.SendWQE{WRID: 9, Opcode: tc.op, Flags: abi.WRFlagSignaled, RemoteAddr: mrIOVA + 64, RKey: mrKey, CompareAdd: 1},
+				[]abi.SGE{a.sge(0, 8)}, nil)
+			var got []abi.CQE
+			for deadline := time.Now().Add(10 * time.Second); len(got) == 0; {
+				if err := guardedPoll(a.d, a.g.tbl); err != nil {
+					t.Fatalf("fault escaped: %v", err)
+				}
+				got = a.cqes(t, a.scq)
+				if time.Now().After(deadline) {
+					t.Fatal("no completion")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if got[0].WRID != 9 || got[0].Status != tc.want {
+				t.Fatalf("CQE %+v, want status %v", got[0], tc.want)
+			}
+			if st := p.b.qp.State(); st != abi.QPSErr {
+				t.Fatalf("responder QP in state %d, want ERR", st)
+			}
+		})
 	}
 }

@@ -259,6 +259,9 @@ func (q *QP) fail(status abi.WCStatus) {
 		return
 	}
 	q.err = true
+	if f, ok := q.host.(Failer); ok && !q.closed {
+		f.Failed(q.resp.fatal)
+	}
 	q.req.flush(q, status)
 	q.resp.reset()
 }

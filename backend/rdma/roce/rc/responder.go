@@ -65,6 +65,7 @@ type pendingAck struct {
 
 // responder is the receive side's state; all of it is protected by QP.mu.
 type responder struct {
+	fatal   bool     // the QP failed on a request it refused (nakFatal)
 	epsn    roce.PSN // expected PSN
 	msn     uint32   // messages completed, 24 bits
 	nakSent bool     // a sequence or RNR NAK for epsn was sent
@@ -268,7 +269,8 @@ func (q *QP) recvWrite(p *roce.Packet, seg roce.Segment, starts bool) bool {
 	r.in = msgWrite
 	if n > 0 {
 		if err := r.wRegion.WriteAt(r.wVA, p.Payload); err != nil {
-			q.nakFatal(p, roce.NAKRemoteAccessError)
+			// The range was checked (Resolve): the memory failed.
+			q.nakFatal(p, roce.NAKRemoteOperationalError)
 			return false
 		}
 	}
@@ -438,6 +440,7 @@ func (q *QP) nakFatal(p *roce.Packet, code roce.NAKCode) {
 	a.AETH = roce.AETH{Syndrome: roce.NAKSyndrome(code), MSN: q.resp.msn}
 	q.emit(&a)
 	q.port.Flush()
+	q.resp.fatal = true
 	q.fail(abi.WCWRFlushErr)
 }
 

@@ -174,6 +174,15 @@ type Host interface {
 	SendDone(c Completion)
 }
 
+// Failer is a Host that is told when the QP enters the error state on its
+// own — a request it refused with a fatal NAK (fatal true: the engine
+// raises QP_FATAL, as for a responder error on one host), retries run out,
+// a fatal NAK received — but not when the owner closed it. Failed is
+// called with the QP's lock held, before the flushed completions.
+type Failer interface {
+	Failed(fatal bool)
+}
+
 // Conn is a connected QP's transport as the engine drives it: *QP (plain
 // RC, what rxe speaks) and the multipath spray transport implement it.
 // The engine makes a Conn at MODIFY_QP INIT→RTR, calls Start at RTR→RTS,
