@@ -5,12 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/vrdma/vrdma/backend/rdma/roce"
 	"github.com/vrdma/vrdma/internal/controlapi"
 	"github.com/vrdma/vrdma/internal/netlab"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
@@ -50,9 +52,10 @@ func TestRoCETwoDaemons(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	start := func(ns *netlab.NS, addr netip.Addr) *vrdmadproc.Proc {
+	metricsA := t.TempDir() + "/metrics.sock"
+	start := func(ns *netlab.NS, addr netip.Addr, extra ...string) *vrdmadproc.Proc {
 		p, err := vrdmadproc.Start(context.Background(), vrdmadproc.Config{Binary: vrdmad, NetNS: ns.Name,
-			Devices: []string{"d0"}, Args: []string{"--roce-bind", addr.String()}, StateDir: vrdmadproc.NoState})
+			Devices: []string{"d0"}, Args: append([]string{"--roce-bind", addr.String()}, extra...), StateDir: vrdmadproc.NoState})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,7 +66,7 @@ func TestRoCETwoDaemons(t *testing.T) {
 		})
 		return p
 	}
-	pa, pb := start(nsA, addrA), start(nsB, addrB)
+	pa, pb := start(nsA, addrA, "--metrics", "unix:"+metricsA), start(nsB, addrB)
 
 	// The host address's GID is entry 1 of the device's table.
 	devs, err := pa.Devices()
@@ -72,6 +75,24 @@ func TestRoCETwoDaemons(t *testing.T) {
 	}
 	if g := devs[0].GIDs; len(g) < 2 || g[1].Index != 1 || g[1].GID != "::ffff:"+addrA.String() {
 		t.Fatalf("device GIDs %+v, want entry 1 ::ffff:%s", g, addrA)
+	}
+
+	// Hostile datagrams first: counted by reason and dropped, and the
+	// daemon serves the runs below as if nothing had happened.
+	if err := nsB.Do(func() error {
+		c, err := nsB.ListenUDP(netip.AddrPortFrom(addrB, 0))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for _, d := range hostileRoCE(t, c.LocalAddr().(*net.UDPAddr).AddrPort(), addrA) {
+			if _, err := c.WriteToUDPAddrPort(d, netip.AddrPortFrom(addrA, 4791)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 
 	ops := []struct {
@@ -119,6 +140,22 @@ func TestRoCETwoDaemons(t *testing.T) {
 		t.Logf("%s over RoCEv2 between namespaces: %s", o.op, line)
 	}
 
+	// The endpoint counted the hostile datagrams by reason, and the
+	// runs' packets as delivered.
+	m := scrapeUnix(t, metricsA)
+	for _, want := range []string{
+		`vrdma_roce_rx_dropped_total{address="10.200.91.1",reason="icrc"} 1`,
+		`vrdma_roce_rx_dropped_total{address="10.200.91.1",reason="malformed"} 2`,
+		`vrdma_roce_rx_dropped_total{address="10.200.91.1",reason="unknown_qp"} 1`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s:\n%s", want, grepLines(m, "vrdma_roce_"))
+		}
+	}
+	if !strings.Contains(m, `vrdma_roce_rx_delivered_total{address="10.200.91.1"}`) || strings.Contains(m, `vrdma_roce_rx_delivered_total{address="10.200.91.1"} 0`) {
+		t.Errorf("no delivered packets counted:\n%s", grepLines(m, "vrdma_roce_"))
+	}
+
 	// Per device: roce_bind names the device's own addresses.
 	extra := netip.MustParseAddr("10.200.91.11")
 	if err := nsA.AddAddr("va", netip.PrefixFrom(extra, 24)); err != nil {
@@ -133,4 +170,26 @@ func TestRoCETwoDaemons(t *testing.T) {
 	if g := info.GIDs; len(g) != 2 || g[1].GID != "::ffff:"+extra.String() || len(info.RoCEBind) != 1 || info.RoCEBind[0] != extra.String() {
 		t.Fatalf("device with roce_bind: gids %+v, roce_bind %v", info.GIDs, info.RoCEBind)
 	}
+}
+
+// hostileRoCE returns datagrams from src to dst's port 4791 that vrdmad
+// must drop: a bad ICRC, a truncated BTH, a length that is no multiple of
+// four, and a well-sealed packet to a QP number nobody has.
+func hostileRoCE(t *testing.T, src netip.AddrPort, dst netip.Addr) [][]byte {
+	t.Helper()
+	ip := roce.IPHeader{Src: src.Addr(), Dst: dst, FlagsFragment: roce.IPv4DF}
+	seal := func(p roce.Packet) []byte {
+		b, err := p.Append(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := roce.Seal(ip, src.Port(), 4791, b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	unknown := roce.Packet{BTH: roce.BTH{Opcode: roce.OpSendOnly, PKey: 0xffff, DestQP: 0xfffffe, PSN: 1}, Payload: make([]byte, 16)}
+	badICRC := seal(unknown)
+	badICRC[len(badICRC)-1] ^= 0xff
+	return [][]byte{badICRC, seal(unknown)[:8], append(seal(unknown), 0, 0), seal(unknown)}
 }

@@ -188,6 +188,9 @@ func addrGIDs(as []netip.Addr) [][16]byte {
 	return gs
 }
 
+// RoCE is the daemon's RoCEv2 network (Config.RoCE), or nil.
+func (d *Daemon) RoCE() *udp.Network { return d.cfg.RoCE }
+
 // PinnedBytes is the memory pinned by all devices.
 func (d *Daemon) PinnedBytes() uint64 { return d.acct.Pinned() }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/vrdma/vrdma/backend"
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
@@ -44,6 +45,24 @@ type Snapshot struct {
 	// EngineThreads is the number of engine workers the devices share;
 	// zero means unknown and is not exported.
 	EngineThreads int
+	// RoCE are the daemon's RoCEv2 endpoints (vrdmad --roce-bind, a
+	// device's roce_bind), one per host address.
+	RoCE []RoCEEndpoint
+}
+
+// RoCEEndpoint is one RoCEv2 endpoint's counters; Addr is the value of
+// the address label.
+type RoCEEndpoint struct {
+	Addr     string
+	Counters udp.Counters
+}
+
+// RoCEDropReasons are the values of vrdma_roce_rx_dropped_total's reason
+// label: why a datagram reached no QP.
+var RoCEDropReasons = [...]string{"truncated", "malformed", "icrc", "unknown_qp", "wrong_peer"}
+
+func roceDrops(c *udp.Counters) [len(RoCEDropReasons)]uint64 {
+	return [...]uint64{c.RxTruncated, c.RxMalformed, c.RxICRC, c.RxUnknownQP, c.RxWrongPeer}
 }
 
 // Source is what a Collector reads at scrape time. Implementations must be
@@ -78,7 +97,14 @@ func (s DaemonSource) Snapshot() Snapshot {
 			Share: dv.Dev.Share(),
 		})
 	}
-	return Snapshot{Devices: out, PinnedBytes: s.D.PinnedBytes(), PinnedLimitBytes: s.GlobalMaxPinned, EngineThreads: s.D.EngineThreads()}
+	var roce []RoCEEndpoint
+	if n := s.D.RoCE(); n != nil {
+		for _, e := range n.Endpoints() {
+			roce = append(roce, RoCEEndpoint{Addr: e.LocalAddr().Addr().String(), Counters: e.Counters()})
+		}
+	}
+	return Snapshot{Devices: out, PinnedBytes: s.D.PinnedBytes(), PinnedLimitBytes: s.GlobalMaxPinned, EngineThreads: s.D.EngineThreads(),
+		RoCE: roce}
 }
 
 // Opcodes names the send opcodes, indexed as rdma.Stats.Engine.Ops is
@@ -149,16 +175,17 @@ var ResourceTypes = [5]string{"pd", "mr", "cq", "qp", "ah"}
 type Collector struct {
 	src Source // immutable
 
-	pinned, cacheBytes, cacheHits, cacheMisses, cacheEvictions *prometheus.Desc
-	resources, bytesMoved, ops, wcErrors                       *prometheus.Desc
-	sessions, refused, messages, connected                     *prometheus.Desc
-	ringErrors, protoErrors, interrupts, memTables             *prometheus.Desc
-	commands, commandErrors, eventsLost, eventsDropped         *prometheus.Desc
-	resourceLimit, pinnedLimit                                 *prometheus.Desc
-	shareWeight, rateLimitBytes, rateLimitOps                  *prometheus.Desc
-	devices, globalPinned, globalPinnedLimit, buildInfo        *prometheus.Desc
-	engineThreads                                              *prometheus.Desc
-	build                                                      BuildInfo
+	pinned, cacheBytes, cacheHits, cacheMisses, cacheEvictions              *prometheus.Desc
+	resources, bytesMoved, ops, wcErrors                                    *prometheus.Desc
+	sessions, refused, messages, connected                                  *prometheus.Desc
+	ringErrors, protoErrors, interrupts, memTables                          *prometheus.Desc
+	commands, commandErrors, eventsLost, eventsDropped                      *prometheus.Desc
+	resourceLimit, pinnedLimit                                              *prometheus.Desc
+	shareWeight, rateLimitBytes, rateLimitOps                               *prometheus.Desc
+	devices, globalPinned, globalPinnedLimit, buildInfo                     *prometheus.Desc
+	engineThreads                                                           *prometheus.Desc
+	build                                                                   BuildInfo
+	roceRx, roceDelivered, roceDropped, roceRecovered, roceTx, roceTxErrors *prometheus.Desc
 }
 
 // BuildInfo labels vrdma_build_info.
@@ -210,6 +237,17 @@ func NewCollector(src Source, bi BuildInfo) *Collector {
 		globalPinnedLimit: prometheus.NewDesc("vrdma_global_pinned_limit_bytes",
 			"Bound on the bytes pinned by all devices together (--global-max-pinned); absent when there is none.", nil, nil),
 		engineThreads: prometheus.NewDesc("vrdma_engine_threads", "Engine workers serving the doorbell queues of all devices (--engine-threads).", nil, nil),
+		roceRx: prometheus.NewDesc("vrdma_roce_rx_datagrams_total", "UDP datagrams received by a RoCEv2 endpoint (one per host address).",
+			[]string{"address"}, nil),
+		roceDelivered: prometheus.NewDesc("vrdma_roce_rx_delivered_total", "Received RoCEv2 packets handed to a QP.",
+			[]string{"address"}, nil),
+		roceDropped: prometheus.NewDesc("vrdma_roce_rx_dropped_total", "Received datagrams dropped before any QP saw them, by reason.",
+			[]string{"address", "reason"}, nil),
+		roceRecovered: prometheus.NewDesc("vrdma_roce_rx_recovered_ipv4_id_total",
+			"IPv4 RoCEv2 packets whose ICRC matched only with their sender's IP identification (Linux rxe's).", []string{"address"}, nil),
+		roceTx: prometheus.NewDesc("vrdma_roce_tx_datagrams_total", "RoCEv2 packets sent.", []string{"address"}, nil),
+		roceTxErrors: prometheus.NewDesc("vrdma_roce_tx_errors_total", "RoCEv2 packets the socket refused (lost; the transport recovers them).",
+			[]string{"address"}, nil),
 		buildInfo: prometheus.NewDesc("vrdma_build_info", "Always 1; the labels describe the running build.",
 			[]string{"version", "revision", "goversion", "goos", "goarch"}, nil),
 		build: bi.withDefaults(),
@@ -240,6 +278,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.resourceLimit, c.pinnedLimit,
 		c.shareWeight, c.rateLimitBytes, c.rateLimitOps,
 		c.devices, c.globalPinned, c.globalPinnedLimit, c.buildInfo, c.engineThreads,
+		c.roceRx, c.roceDelivered, c.roceDropped, c.roceRecovered, c.roceTx, c.roceTxErrors,
 	} {
 		ch <- d
 	}
@@ -266,6 +305,21 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if snap.EngineThreads != 0 {
 		ch <- prometheus.MustNewConstMetric(c.engineThreads, prometheus.GaugeValue, float64(snap.EngineThreads))
+	}
+	for i := range snap.RoCE {
+		e := &snap.RoCE[i]
+		k := &e.Counters
+		counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append([]string{e.Addr}, labels...)...)
+		}
+		counter(c.roceRx, k.RxDatagrams)
+		counter(c.roceDelivered, k.RxDelivered)
+		for j, v := range roceDrops(k) {
+			counter(c.roceDropped, v, RoCEDropReasons[j])
+		}
+		counter(c.roceRecovered, k.RxRecoveredID)
+		counter(c.roceTx, k.TxDatagrams)
+		counter(c.roceTxErrors, k.TxErrors)
 	}
 	b := c.build
 	ch <- prometheus.MustNewConstMetric(c.buildInfo, prometheus.GaugeValue, 1, b.Version, b.Revision, b.GoVersion, runtime.GOOS, runtime.GOARCH)

@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/internal/daemon"
 )
 
@@ -46,7 +47,8 @@ func TestLint(t *testing.T) {
 		{ID: "vm1", Connected: true, Limits: Limits{Resources: [5]uint32{1, 2, 3, 4, 5}, PinnedBytes: 1 << 30},
 			Share: rdma.Share{Weight: 2, MaxBytesPerSec: 1 << 30, MaxOpsPerSec: 1000}},
 		{ID: "vm2"},
-	}, pinned: 1 << 20, limit: 1 << 34, threads: 2}
+	}, pinned: 1 << 20, limit: 1 << 34, threads: 2,
+		roce: []RoCEEndpoint{{Addr: "192.0.2.1", Counters: udp.Counters{RxDatagrams: 10, RxDelivered: 7, RxICRC: 2, RxUnknownQP: 1, TxDatagrams: 9}}}}
 	h, err := Handler(src, WithVersion("1.2.3"))
 	if err != nil {
 		t.Fatal(err)
@@ -61,9 +63,16 @@ func TestLint(t *testing.T) {
 	for _, p := range problems {
 		t.Errorf("%s: %s", p.Metric, p.Text)
 	}
-	for _, name := range []string{"vrdma_build_info", "vrdma_resource_limit", "vrdma_pinned_limit_bytes", "vrdma_global_pinned_limit_bytes"} {
+	for _, name := range []string{"vrdma_build_info", "vrdma_resource_limit", "vrdma_pinned_limit_bytes", "vrdma_global_pinned_limit_bytes",
+		"vrdma_roce_rx_datagrams_total", "vrdma_roce_rx_dropped_total", "vrdma_roce_tx_errors_total"} {
 		if !bytes.Contains(body, []byte("\n# HELP "+name+" ")) {
 			t.Errorf("scrape lacks %s with help text", name)
+		}
+	}
+	for _, series := range []string{`vrdma_roce_rx_dropped_total{address="192.0.2.1",reason="icrc"} 2`,
+		`vrdma_roce_rx_dropped_total{address="192.0.2.1",reason="unknown_qp"} 1`, `vrdma_roce_rx_delivered_total{address="192.0.2.1"} 7`} {
+		if !bytes.Contains(body, []byte(series)) {
+			t.Errorf("scrape lacks %s", series)
 		}
 	}
 }

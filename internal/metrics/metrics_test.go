@@ -38,12 +38,14 @@ type fakeSource struct {
 	pinned  uint64
 	limit   uint64
 	threads int
+	roce    []RoCEEndpoint
 }
 
 func (f *fakeSource) Snapshot() Snapshot {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return Snapshot{Devices: append([]DeviceStats(nil), f.devs...), PinnedBytes: f.pinned, PinnedLimitBytes: f.limit, EngineThreads: f.threads}
+	return Snapshot{Devices: append([]DeviceStats(nil), f.devs...), PinnedBytes: f.pinned, PinnedLimitBytes: f.limit, EngineThreads: f.threads,
+		RoCE: f.roce}
 }
 
 // scrape serves h with httptest and returns the parsed families.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -219,16 +220,29 @@ func launch(cfg Config) (*Proc, error) {
 	// Its own process group keeps terminal signals (^C) away from it: the
 	// caller stops it (Stop, Kill), after what depends on it.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
+	// Pdeathsig fires when the forking thread ends, not the process: a
+	// goroutine locked to its thread forks vrdmad and waits for it, so
+	// that thread lives exactly as long as vrdmad. (A thread the runtime
+	// hands to another goroutine may end under it: one that leaves a
+	// locked network namespace switch, netlab's Do, does.)
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := p.cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		p.waitErr = p.cmd.Wait()
+		close(p.exited)
+	}()
+	if err := <-started; err != nil {
 		if p.ownDir {
 			os.RemoveAll(p.dir)
 		}
 		return nil, &Error{Op: "start", Err: err}
 	}
-	go func() {
-		p.waitErr = p.cmd.Wait()
-		close(p.exited)
-	}()
 	return p, nil
 }
 
