@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -52,6 +53,8 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 	mac := fs.String("mac", "", "pair the device with the guest NIC of this MAC `address` (the node GUID becomes its EUI-64)")
 	gid := fs.String("gid", "", "port GID 0, fe80::/64 with the GUID (default: from the GUID)")
 	doorbells := fs.Int("doorbell-queues", 0, "doorbell queues, one per guest vCPU (0: 1)")
+	var roceBind addrList
+	fs.Var(&roceBind, "roce-bind", "the host `ADDR`ess the device's RoCEv2 traffic to other hosts leaves from, instead of vrdmad's --roce-bind (repeatable)")
 	sf := defineShare(fs)
 	return func(pos []string) error {
 		if err := wantArgs("device add", pos, "ID"); err != nil {
@@ -77,7 +80,8 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 		if err != nil {
 			return err
 		}
-		req := controlapi.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, MAC: *mac, DoorbellQueues: *doorbells, Share: share}
+		req := controlapi.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, MAC: *mac, DoorbellQueues: *doorbells, Share: share,
+			RoCEBind: roceBind}
 		if *maxQPs != 0 || *maxCQs != 0 || *maxMRs != 0 || pinned != 0 {
 			req.Limits = &controlapi.Limits{MaxQPs: uint32(*maxQPs), MaxCQs: uint32(*maxCQs), MaxMRs: uint32(*maxMRs), MaxPinnedBytes: pinned}
 		}
@@ -362,6 +366,9 @@ func showInfo(out io.Writer, d controlapi.DeviceInfo) error {
 			rows = append(rows, [2]string{fmt.Sprintf("gid[%d]", g.Index), g.GID})
 		}
 	}
+	if len(d.RoCEBind) > 0 {
+		rows = append(rows, [2]string{"roce_bind", strings.Join(d.RoCEBind, ",")})
+	}
 	rows = append(rows, shareRows(d.Share)...)
 	rows = append(rows, [][2]string{
 		{"pinned", units.FormatBytes(d.PinnedBytes)}, {"map_cache", units.FormatBytes(d.CachedBytes)},
@@ -380,4 +387,15 @@ func pinnedLimit(n uint64) string {
 		return "none"
 	}
 	return units.FormatBytes(n)
+}
+
+// addrList is a repeatable flag of addresses, kept as given: vrdmad checks
+// them (its answer names what is wrong).
+type addrList []string
+
+func (l *addrList) String() string { return strings.Join(*l, ",") }
+
+func (l *addrList) Set(s string) error {
+	*l = append(*l, s)
+	return nil
 }
