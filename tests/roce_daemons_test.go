@@ -33,6 +33,7 @@ func TestRoCETwoDaemons(t *testing.T) {
 	perf := needBinary(t, "vrdma-perf")
 	lab := netlab.NewT(t)
 	addrA, addrB := netip.MustParseAddr("10.200.91.1"), netip.MustParseAddr("10.200.91.2")
+	addr6A, addr6B := netip.MustParseAddr("fd00:7672:91::1"), netip.MustParseAddr("fd00:7672:91::2")
 	nsA, err := lab.AddNS("ra")
 	if err != nil {
 		t.Fatal(err)
@@ -45,6 +46,8 @@ func TestRoCETwoDaemons(t *testing.T) {
 		func() error { return lab.Veth(nsA, "va", nsB, "vb") },
 		func() error { return nsA.AddAddr("va", netip.PrefixFrom(addrA, 24)) },
 		func() error { return nsB.AddAddr("vb", netip.PrefixFrom(addrB, 24)) },
+		func() error { return nsA.AddAddr("va", netip.PrefixFrom(addr6A, 64)) },
+		func() error { return nsB.AddAddr("vb", netip.PrefixFrom(addr6B, 64)) },
 		func() error { return nsA.SetUp("va", true) },
 		func() error { return nsB.SetUp("vb", true) },
 	} {
@@ -53,9 +56,10 @@ func TestRoCETwoDaemons(t *testing.T) {
 		}
 	}
 	metricsA := t.TempDir() + "/metrics.sock"
-	start := func(ns *netlab.NS, addr netip.Addr, extra ...string) *vrdmadproc.Proc {
+	start := func(ns *netlab.NS, addr, addr6 netip.Addr, extra ...string) *vrdmadproc.Proc {
 		p, err := vrdmadproc.Start(context.Background(), vrdmadproc.Config{Binary: vrdmad, NetNS: ns.Name,
-			Devices: []string{"d0"}, Args: append([]string{"--roce-bind", addr.String()}, extra...), StateDir: vrdmadproc.NoState})
+			Devices: []string{"d0"}, Args: append([]string{"--roce-bind", addr.String(), "--roce-bind", addr6.String()}, extra...),
+			StateDir: vrdmadproc.NoState})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -66,15 +70,15 @@ func TestRoCETwoDaemons(t *testing.T) {
 		})
 		return p
 	}
-	pa, pb := start(nsA, addrA, "--metrics", "unix:"+metricsA), start(nsB, addrB)
+	pa, pb := start(nsA, addrA, addr6A, "--metrics", "unix:"+metricsA), start(nsB, addrB, addr6B)
 
 	// The host address's GID is entry 1 of the device's table.
 	devs, err := pa.Devices()
 	if err != nil || len(devs) != 1 {
 		t.Fatalf("devices of A: %v %+v", err, devs)
 	}
-	if g := devs[0].GIDs; len(g) < 2 || g[1].Index != 1 || g[1].GID != "::ffff:"+addrA.String() {
-		t.Fatalf("device GIDs %+v, want entry 1 ::ffff:%s", g, addrA)
+	if g := devs[0].GIDs; len(g) != 3 || g[1].Index != 1 || g[1].GID != "::ffff:"+addrA.String() || g[2].Index != 2 || g[2].GID != addr6A.String() {
+		t.Fatalf("device GIDs %+v, want entry 1 ::ffff:%s and 2 %s", g, addrA, addr6A)
 	}
 
 	// Hostile datagrams first: counted by reason and dropped, and the
@@ -98,10 +102,13 @@ func TestRoCETwoDaemons(t *testing.T) {
 	ops := []struct {
 		op   string
 		size string
-	}{{"write", "64K"}, {"read", "64K"}, {"send", "8K"}, {"atomic", "8"}}
+		gid  string     // the GID index both sides send from
+		peer netip.Addr // the server's address, for the TCP exchange
+	}{{"write", "64K", "1", addrB}, {"read", "64K", "1", addrB}, {"send", "8K", "1", addrB}, {"atomic", "8", "1", addrB},
+		{"write", "64K", "2", addr6B}}
 	for i, o := range ops {
 		port := fmt.Sprint(18600 + i)
-		args := []string{"--socket", "", "--op", o.op, "-s", o.size, "-n", "200", "-x", "1", "--verify", "--json", "-p", port}
+		args := []string{"--socket", "", "--op", o.op, "-s", o.size, "-n", "200", "-x", o.gid, "--verify", "--json", "-p", port}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		srvArgs := append([]string(nil), args...)
 		srvArgs[1] = pb.Socket("d0")
@@ -114,7 +121,7 @@ func TestRoCETwoDaemons(t *testing.T) {
 		}
 		cliArgs := append([]string(nil), args...)
 		cliArgs[1] = pa.Socket("d0")
-		cli := nsA.Command(ctx, perf, append(cliArgs, addrB.String())...)
+		cli := nsA.Command(ctx, perf, append(cliArgs, o.peer.String())...)
 		out, cerr := cli.Output()
 		serr := srv.Wait()
 		cancel()
@@ -137,7 +144,7 @@ func TestRoCETwoDaemons(t *testing.T) {
 		if err := json.Unmarshal([]byte(line), &res); err != nil || !res.Verified {
 			t.Fatalf("%s: client result %q (%v): not verified", o.op, out, err)
 		}
-		t.Logf("%s over RoCEv2 between namespaces: %s", o.op, line)
+		t.Logf("%s over RoCEv2 (GID index %s) between namespaces: %s", o.op, o.gid, line)
 	}
 
 	// The endpoint counted the hostile datagrams by reason, and the
