@@ -90,6 +90,7 @@
 // not call back into the QP (lock order: QP.mu, then whatever the Host and
 // Port take). Counters are atomics, read without the lock.
 //
-// Non-goals: UC, UD, XRC, memory windows, SEND with invalidate, and the
-// multipath spray extension (docs/wire.md § 9).
+// Non-goals: UC, UD, XRC, memory windows, SEND with invalidate. The
+// multipath spray extension (docs/wire.md § 9) is package spray's, which
+// falls back to this package's QP for a peer that does not speak it.
 package rc

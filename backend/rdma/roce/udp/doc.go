@@ -42,7 +42,12 @@
 // (ports are not checked: rxe picks a source port per QP), with a bad
 // ICRC, truncated or malformed.
 //
+// Packets with the manufacturer-specific opcodes of the multipath spray
+// extension (docs/wire.md § 9) are checked as far as the BTH, the length,
+// the ICRC and the QPN, then handed to the QP's PacketHandler (package
+// spray), which parses the rest.
+//
 // Non-goals: routing (the kernel's), choosing source ports per QP (no
 // entropy for ECMP yet), several addresses per endpoint (one Endpoint per
-// address), the multipath spray extension.
+// address).
 package udp

@@ -88,11 +88,12 @@ type counters struct {
 	rxUnknownQP, rxWrongPeer, txDatagrams, txErrors, txCalls, rxCalls         atomic.Uint64
 }
 
-// qpEntry is a QP and its port; immutable once in the table, but mark,
-// which only the receive goroutine touches.
+// qpEntry is a QP and its port, or a PacketHandler (Register); immutable
+// once in the table, but mark, which only the receive goroutine touches.
 type qpEntry struct {
 	qp   *rc.QP
-	peer netip.Addr // the only source address accepted
+	peer netip.Addr    // the only source address accepted (qp)
+	h    PacketHandler // instead of qp and peer when not nil
 	mark uint64
 }
 
@@ -113,10 +114,12 @@ type Endpoint struct {
 	tx   *batch
 	txN  int
 
-	rx      *batch     // the receive goroutine's
-	touched []*qpEntry // the receive goroutine's
+	rx      *batch      // the receive goroutine's
+	rxPkt   roce.Packet // the receive goroutine's: the packet it handles
+	touched []*qpEntry  // the receive goroutine's
 
 	ready  chan *port
+	wakes  chan func() // Wake's; room for MaxQPs
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -202,6 +205,7 @@ func Listen(cfg Config) (*Endpoint, error) {
 		rx:      newBatch(cfg.Batch, bufSize),
 		touched: make([]*qpEntry, 0, cfg.Batch),
 		ready:   make(chan *port, cfg.MaxQPs),
+		wakes:   make(chan func(), cfg.MaxQPs),
 	}
 	e.local = netip.AddrPortFrom(e.local.Addr().Unmap(), e.local.Port())
 	empty := map[uint32]*qpEntry{}
@@ -277,25 +281,33 @@ func (e *Endpoint) newQP(cfg rc.Config, peer netip.AddrPort, host rc.Host,
 		return nil, fmt.Errorf("udp: new QP %#x: %w", cfg.QPN, err)
 	}
 	p.qp = qp
+	if err := e.insert(cfg.QPN, &qpEntry{qp: qp, peer: peer.Addr()}); err != nil {
+		return nil, err
+	}
+	return qp, nil
+}
+
+// insert publishes ent under qpn.
+func (e *Endpoint) insert(qpn uint32, ent *qpEntry) error {
 	e.tableMu.Lock()
 	defer e.tableMu.Unlock()
 	if e.ctx.Err() != nil {
-		return nil, ErrClosed
+		return ErrClosed
 	}
 	old := *e.table.Load()
-	if _, ok := old[cfg.QPN]; ok {
-		return nil, fmt.Errorf("%w: %#x", ErrQPN, cfg.QPN)
+	if _, ok := old[qpn]; ok {
+		return fmt.Errorf("%w: %#x", ErrQPN, qpn)
 	}
 	if len(old) >= e.cfg.MaxQPs {
-		return nil, fmt.Errorf("%w: %d QPs", ErrConfig, len(old))
+		return fmt.Errorf("%w: %d QPs", ErrConfig, len(old))
 	}
 	m := make(map[uint32]*qpEntry, len(old)+1)
 	for k, v := range old {
 		m[k] = v
 	}
-	m[cfg.QPN] = &qpEntry{qp: qp, peer: peer.Addr()}
+	m[qpn] = ent
 	e.table.Store(&m)
-	return qp, nil
+	return nil
 }
 
 // RemoveQP closes the QP (rc.QP.Close: its work requests are flushed) and
@@ -316,7 +328,7 @@ func (e *Endpoint) RemoveQP(qpn uint32) error {
 	}
 	e.table.Store(&m)
 	e.tableMu.Unlock()
-	ent.qp.Close()
+	ent.close()
 	return nil
 }
 
@@ -331,7 +343,7 @@ func (e *Endpoint) Close() error {
 		err = e.conn.Close()
 		e.wg.Wait()
 		for _, ent := range *e.table.Load() {
-			ent.qp.Close()
+			ent.close()
 		}
 	})
 	return err

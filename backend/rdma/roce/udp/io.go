@@ -144,7 +144,7 @@ func (e *Endpoint) receive() {
 			e.handle(i, gen)
 		}
 		for i, ent := range e.touched {
-			ent.qp.Flush()
+			ent.flush()
 			e.touched[i] = nil
 		}
 		e.touched = e.touched[:0]
@@ -167,10 +167,28 @@ func (e *Endpoint) handle(i int, gen uint64) {
 		return
 	}
 	b := e.rx.bufs[i][:h.Len]
-	p, err := roce.Parse(b)
-	if err != nil {
-		e.ctr.rxMalformed.Add(1)
-		return
+	// Opcodes of the manufacturer-specific range (the multipath spray
+	// extension, docs/wire.md § 9) are left to the QP's handler: here
+	// only the BTH, the ICRC and the QPN are checked.
+	// Only a QPN with a PacketHandler knows them: to any other QPN they
+	// are as malformed as before the extension.
+	vendor := len(b) > 0 && roce.Opcode(b[0]) >= VendorOpcodes
+	p := &e.rxPkt // not on the stack: handlers get a pointer
+	var ent *qpEntry
+	if vendor {
+		if vendorWellFormed(b) {
+			ent = (*e.table.Load())[uint32(b[5])<<16|uint32(b[6])<<8|uint32(b[7])]
+		}
+		if ent == nil || ent.h == nil {
+			e.ctr.rxMalformed.Add(1)
+			return
+		}
+	} else {
+		var err error
+		if *p, err = roce.Parse(b); err != nil {
+			e.ctr.rxMalformed.Add(1)
+			return
+		}
 	}
 	src := e.rx.source(i)
 	// The ICRC, without roce.Verify's error value (an allocation per
@@ -197,17 +215,33 @@ func (e *Endpoint) handle(i int, gen uint64) {
 			return
 		}
 	}
-	ent := (*e.table.Load())[p.BTH.DestQP]
+	if !vendor {
+		ent = (*e.table.Load())[p.BTH.DestQP]
+	}
 	if ent == nil {
 		e.ctr.rxUnknownQP.Add(1)
 		return
 	}
-	if src.Addr() != ent.peer {
+	var v Verdict
+	switch {
+	case vendor:
+		v = ent.h.ReceiveVendor(b, src, e)
+	case ent.h != nil:
+		v = ent.h.ReceiveRC(p, src, e)
+	case src.Addr() != ent.peer:
+		v = WrongPeer
+	default:
+		ent.qp.Receive(p)
+	}
+	switch v {
+	case WrongPeer:
 		e.ctr.rxWrongPeer.Add(1)
+		return
+	case Malformed:
+		e.ctr.rxMalformed.Add(1)
 		return
 	}
 	e.ctr.rxDelivered.Add(1)
-	ent.qp.Receive(&p)
 	if ent.mark != gen {
 		ent.mark = gen
 		e.touched = append(e.touched, ent)
@@ -226,7 +260,7 @@ func (e *Endpoint) timers() {
 			return
 		case <-t.C:
 			for _, ent := range *e.table.Load() {
-				ent.qp.Tick()
+				ent.tick(e)
 			}
 		}
 	}
@@ -244,6 +278,8 @@ func (e *Endpoint) pumps() {
 		case p := <-e.ready:
 			p.queued.Store(false)
 			p.qp.Pump()
+		case f := <-e.wakes:
+			f()
 		}
 	}
 }
