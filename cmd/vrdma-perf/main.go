@@ -61,8 +61,11 @@
 // or 1) and at most 512 bytes of UTF-8 reason. Anything else is a
 // malformed peer: the side reports it and exits 1.
 //
-// --paths N (1 … 64) is multipath spray: only 1 today, which needs no
-// RoCE transport (issue 16).
+// --paths N (1 … 64, two-process mode) asks the device to spray the QP
+// over N paths (MODIFY_QP's PATHS: the multipath extension between vrdma
+// hosts, docs/wire.md § 9; the vrdmads need several --roce-bind addresses
+// for several address pairs). A peer that does not spray gets plain
+// RoCEv2 from this side all the same.
 package main
 
 import (
@@ -107,7 +110,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if o.socket != "" {
 		do = twoProc
 	}
-	if o.paths > 1 {
+	if o.paths > 1 && o.socket == "" {
 		err = errMultipath
 	} else {
 		err = do(ctx, o, stdout)
@@ -218,7 +221,7 @@ func newFlagSet(o *options, r *rawFlags) *flag.FlagSet {
 	for _, n := range []string{"x", "gid-index"} {
 		fs.UintVar(&o.gidIndex, n, 0, "two-process mode: the local GID the QP sends from (perftest's -x): 1 or more is a host address's GID on a vrdmad with --roce-bind, for a peer on another host")
 	}
-	fs.IntVar(&o.paths, "paths", 1, "multipath spray over N paths (1 … 64); N > 1 needs the RoCE transport (issue 16)")
+	fs.IntVar(&o.paths, "paths", 1, "two-process mode: spray the QP over N paths to a peer on another host (1 … 64; the multipath extension between vrdma hosts)")
 	fs.StringVar(op, "op", "write", "the test: write, read, send or atomic (bandwidth, as ib_OP_bw; OP_bw is the same) or write_lat, read_lat, send_lat, atomic_lat (latency, as ib_OP_lat)")
 	for _, n := range []string{"s", "size"} {
 		fs.StringVar(size, n, "", "message size in bytes, K and M suffixes allowed (default 65536 for bandwidth, 2 for latency; atomic: always 8)")

@@ -28,9 +28,9 @@ const (
 	maxRunTimeout   = 24 * time.Hour
 )
 
-// errMultipath is --paths > 1's error: spraying a QP's packets over
-// several paths is the RoCE transport's, which vrdmad does not have yet.
-var errMultipath = errors.New("--paths > 1: multipath spray needs the RoCE transport (issue 16)")
+// errMultipath is --paths > 1's error with --sockets: spraying is between
+// hosts, and two devices of one vrdmad reach each other in memory.
+var errMultipath = errors.New("--paths > 1: spraying is between hosts (two-process mode, --socket); the devices of --sockets share a vrdmad")
 
 // checkTwoProc rejects what two-process mode does not run.
 func (o *options) checkTwoProc() error {
@@ -57,7 +57,7 @@ func (o *options) config(budget uint64) perftest.Config {
 	t := float64(perftest.DefaultTimeout) + float64(o.iters)*float64(size)*float64(stallPerByte)
 	return perftest.Config{Op: o.op, Size: size, Iters: o.iters,
 		LatIters: max(1, o.latIters), // perftest's 0 is its default
-		TxDepth:  o.txDepth, Budget: budget, Verify: o.verify, GIDIndex: uint32(o.gidIndex),
+		TxDepth:  o.txDepth, Budget: budget, Verify: o.verify, GIDIndex: uint32(o.gidIndex), Paths: uint32(o.paths),
 		Timeout: time.Duration(min(t, float64(maxRunTimeout)))}
 }
 

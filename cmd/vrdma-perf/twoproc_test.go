@@ -49,12 +49,14 @@ func TestParseTwoProc(t *testing.T) {
 	}
 }
 
-func TestPathsNeedRoCE(t *testing.T) {
-	for _, args := range [][]string{{"--sockets", "a,b", "--paths", "2"}, {"--socket", "a", "--paths", "64"}} {
-		_, errs, code := perf(t, args...)
-		if code != exitFailure || !strings.Contains(errs, "multipath spray needs the RoCE transport (issue 16)") {
-			t.Errorf("%q: got exit %d, %q; want %d and the RoCE error", args, code, errs, exitFailure)
-		}
+// TestPathsBetweenHosts: --paths > 1 is spraying between hosts, so it
+// needs two-process mode; out of range it is a usage error.
+func TestPathsBetweenHosts(t *testing.T) {
+	if _, errs, code := perf(t, "--sockets", "a,b", "--paths", "2"); code != exitFailure || !strings.Contains(errs, "spraying is between hosts") {
+		t.Errorf("--sockets with --paths 2: got exit %d, %q; want %d and the between-hosts error", code, errs, exitFailure)
+	}
+	if _, errs, code := perf(t, "--socket", "a", "--paths", "65"); code != exitUsage || !strings.Contains(errs, "--paths 65") {
+		t.Errorf("--paths 65: got exit %d, %q; want %d", code, errs, exitUsage)
 	}
 }
 

@@ -43,7 +43,10 @@
 // for IPv4) at entries 1, 2, … of its GID table; a QP connected from one
 // of them to a GID no device of this daemon owns goes out on the network.
 // A device added through the control API may name its own addresses
-// (roce_bind).
+// (roce_bind). --roce-paths N sprays each such QP over N paths (the
+// multipath extension between vrdma hosts, docs/wire.md § 9) unless the QP
+// asks for its own number (MODIFY_QP's PATHS); a peer that does not speak
+// it gets plain RoCEv2.
 //
 // --metrics serves Prometheus metrics on /metrics (see internal/metrics and
 // docs/packaging.md). --help prints the usage on standard output, in a form
@@ -67,6 +70,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/backend/rdma/roce/hostnet"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/backend/rdma/sched"
 	"github.com/vrdma/vrdma/internal/daemon"
@@ -150,6 +154,7 @@ type flags struct {
 	engineThr    int
 	engineCPUs   string
 	roceBind     stringList
+	rocePaths    int
 }
 
 // defaultStateDir is --state-dir's default.
@@ -181,6 +186,7 @@ func newFlags() *flags {
 	fs.StringVar(&f.sockMode, "socket-mode", "0600", "permission bits of the device sockets (octal)")
 	fs.StringVar(&f.allowUIDs, "allow-uid", "", "comma-separated uids allowed to connect to device sockets (SO_PEERCRED); empty: anyone who can open them")
 	fs.Var(&f.roceBind, "roce-bind", "carry RDMA traffic to other hosts as RoCEv2 on UDP port 4791 of this host `ADDR`ess (repeatable, IPv4 or IPv6; each address's GID joins every device's GID table)")
+	fs.IntVar(&f.rocePaths, "roce-paths", 1, "spray each QP to another host over `N` paths (1 … 64; the multipath extension, negotiated with the peer: rxe peers get plain RoCEv2) unless the QP says otherwise; paths go between the device's --roce-bind addresses and the peer's")
 	fs.IntVar(&f.engineThr, "engine-threads", 0, "engine workers serving the doorbell queues of all devices (0: one per CPU of --engine-cpus, else one per CPU vrdmad may use)")
 	fs.StringVar(&f.engineCPUs, "engine-cpus", "", "pin the engine workers to these CPUs, a `LIST` such as 2,3 or 2-5 (worker i on the i-th CPU, round robin); each must be in vrdmad's affinity mask (default: not pinned)")
 	return f
@@ -317,7 +323,10 @@ func run(args []string, stdout io.Writer) error {
 	}
 	checkMemlock(entry, dcfg)
 	// The RoCE network: its endpoints close after the devices.
-	roceNet := udp.NewNetwork(udp.Config{RecoverIPv4ID: true, Logger: entry.WithField("component", "roce")})
+	roceNet, err := hostnet.New(udp.Config{RecoverIPv4ID: true, Logger: entry.WithField("component", "roce")}, f.rocePaths)
+	if err != nil {
+		return fmt.Errorf("--roce-paths: %w", err)
+	}
 	defer roceNet.Close()
 	for _, a := range roceAddrs {
 		e, err := roceNet.Listen(a)

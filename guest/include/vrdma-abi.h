@@ -307,6 +307,7 @@ enum vrdma_qp_state {
 #define VRDMA_QP_SQ_PSN			0x10000
 #define VRDMA_QP_MAX_DEST_RD_ATOMIC	0x20000
 #define VRDMA_QP_DEST_QPN		0x100000
+#define VRDMA_QP_PATHS			0x80000000	/* vrdma's: multipath spray */
 
 struct vrdma_qp_attr {
 	__le32 qpn;
@@ -328,7 +329,8 @@ struct vrdma_qp_attr {
 	__u8 dgid[16];
 	__le32 sgid_index;
 	__le32 hop_limit;
-	__le64 reserved;
+	__le32 paths;
+	__le32 reserved;
 };
 
 struct vrdma_create_ah {

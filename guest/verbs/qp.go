@@ -237,6 +237,9 @@ type ConnectOpts struct {
 	// PathMTU is an abi.MTU256 … abi.MTU4096 code; 0 means MTU4096. The
 	// device may lower it to what its network link carries.
 	PathMTU uint32
+	// Paths asks a QP to another host to spray over that many paths
+	// (MODIFY_QP's PATHS, 1 … 64); 0 leaves it to the device.
+	Paths uint32
 }
 
 // ConnectRCOpts is ConnectRC with opts.
@@ -246,6 +249,10 @@ func (qp *QP) ConnectRCOpts(remoteGID [16]byte, remoteQPN uint32, access int, op
 		mtu = abi.MTU4096
 	}
 	rd := qp.ctx.attr.MaxQPRdAtom
+	rtrMask := abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer
+	if opts.Paths != 0 {
+		rtrMask |= abi.QPAttrPaths
+	}
 	steps := []struct {
 		name string
 		attr abi.QPAttr
@@ -254,8 +261,8 @@ func (qp *QP) ConnectRCOpts(remoteGID [16]byte, remoteQPN uint32, access int, op
 		{"init", abi.QPAttr{QPState: abi.QPSInit, PKeyIndex: 0, PortNum: 1, QPAccessFlags: uint32(access)},
 			abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags},
 		{"rtr", abi.QPAttr{QPState: abi.QPSRTR, PathMTU: mtu, DestQPNum: remoteQPN, RQPSN: 0, MaxDestRdAtomic: rd,
-			MinRNRTimer: DefaultMinRNRTimer, DGID: remoteGID, SGIDIndex: opts.SGIDIndex, HopLimit: 1},
-			abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer},
+			MinRNRTimer: DefaultMinRNRTimer, DGID: remoteGID, SGIDIndex: opts.SGIDIndex, HopLimit: 1, Paths: opts.Paths},
+			rtrMask},
 		{"rts", abi.QPAttr{QPState: abi.QPSRTS, SQPSN: 0, Timeout: DefaultTimeout, RetryCnt: DefaultRetryCnt,
 			RNRRetry: DefaultRNRRetry, MaxRdAtomic: rd},
 			abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic},

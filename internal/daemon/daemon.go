@@ -53,6 +53,7 @@ import (
 	"github.com/vrdma/vrdma/backend"
 	"github.com/vrdma/vrdma/backend/rdma"
 	"github.com/vrdma/vrdma/backend/rdma/engine"
+	"github.com/vrdma/vrdma/backend/rdma/roce/hostnet"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/backend/rdma/sched"
 	"github.com/vrdma/vrdma/memmap"
@@ -141,7 +142,7 @@ type Config struct {
 	// their GIDs fill entries 1, 2, … of each device's table); a device
 	// may name its own (DeviceSpec.RoCEBind), which the daemon opens on
 	// demand. The daemon does not close it: its owner does, after Close.
-	RoCE      *udp.Network
+	RoCE      *hostnet.Network
 	RoCEAddrs []netip.Addr
 }
 
@@ -189,7 +190,7 @@ func addrGIDs(as []netip.Addr) [][16]byte {
 }
 
 // RoCE is the daemon's RoCEv2 network (Config.RoCE), or nil.
-func (d *Daemon) RoCE() *udp.Network { return d.cfg.RoCE }
+func (d *Daemon) RoCE() *hostnet.Network { return d.cfg.RoCE }
 
 // PinnedBytes is the memory pinned by all devices.
 func (d *Daemon) PinnedBytes() uint64 { return d.acct.Pinned() }

@@ -43,6 +43,9 @@ type Config struct {
 	// network GID (index ≥ 1 on a daemon with --roce-bind) to reach a
 	// peer on another host; it is the GID the Endpoint publishes.
 	GIDIndex uint32
+	// Paths asks the device to spray the QP over that many paths (0: the
+	// device's default; docs/spec.md MODIFY_QP PATHS).
+	Paths uint32
 }
 
 func (c *Config) fill() error {
@@ -78,7 +81,7 @@ func (c *Config) fill() error {
 
 // slots is the number of message buffers per side.
 func (c *Config) connectOpts() verbs.ConnectOpts {
-	return verbs.ConnectOpts{SGIDIndex: c.GIDIndex}
+	return verbs.ConnectOpts{SGIDIndex: c.GIDIndex, Paths: c.Paths}
 }
 
 func (c *Config) slots() int {

@@ -242,6 +242,13 @@ func (f *Fabric) setLocked(d *RNIC, i int, gid [16]byte) {
 	}
 }
 
+// NetGIDs returns d's network GIDs (RNIC.SetNetGIDs, else the fabric's).
+func (f *Fabric) NetGIDs(d *RNIC) [][16]byte {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.netGIDsOf(d)
+}
+
 // IsNetGID reports whether gid is one of d's network GIDs: a host address
 // the fabric's network sends from.
 func (f *Fabric) IsNetGID(d *RNIC, gid [16]byte) bool {

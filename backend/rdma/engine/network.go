@@ -17,10 +17,15 @@ import (
 type Network interface {
 	// Connect makes the transport of a local QP connected from the
 	// host address of GID sgid to QP cfg.DestQPN at the host address of
-	// GID dgid, in RTR (rc.Conn: Start moves it to RTS). host is the
-	// QP's memory, receives and completions.
-	Connect(sgid, dgid [16]byte, cfg rc.Config, host rc.Host) (rc.Conn, error)
+	// GID dgid, in RTR (rc.Conn: Start moves it to RTS). locals are the
+	// device's network GIDs (sgid among them), paths the paths the QP
+	// asked to spray over (0: the network's default; 1: plain RoCEv2).
+	// host is the QP's memory, receives and completions.
+	Connect(sgid, dgid [16]byte, locals [][16]byte, paths int, cfg rc.Config, host rc.Host) (rc.Conn, error)
 }
+
+// MaxPaths bounds MODIFY_QP's paths.
+const MaxPaths = 64
 
 // errGuestFault is what a network transport's access to guest memory
 // returns when the memory faulted (the front-end shrank the file behind

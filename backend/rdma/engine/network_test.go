@@ -131,7 +131,7 @@ func (c *memConn) Close() {
 	c.QP.Close()
 }
 
-func (n *memNet) Connect(sgid, dgid [16]byte, cfg rc.Config, host rc.Host) (rc.Conn, error) {
+func (n *memNet) Connect(sgid, dgid [16]byte, locals [][16]byte, paths int, cfg rc.Config, host rc.Host) (rc.Conn, error) {
 	if sgid != n.local {
 		return nil, ErrGIDIndex
 	}

@@ -12,7 +12,7 @@ import (
 const knownMask = abi.QPAttrState | abi.QPAttrAccessFlags | abi.QPAttrPKeyIndex | abi.QPAttrPort |
 	abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry |
 	abi.QPAttrRQPSN | abi.QPAttrMaxQPRdAtomic | abi.QPAttrMinRNRTimer | abi.QPAttrSQPSN |
-	abi.QPAttrMaxDestRdAtomic | abi.QPAttrDestQPN
+	abi.QPAttrMaxDestRdAtomic | abi.QPAttrDestQPN | abi.QPAttrPaths
 
 // transition is one row of the RC transition table.
 type transition struct {
@@ -26,7 +26,7 @@ var transitions = [...]transition{
 	{abi.QPSReset, abi.QPSInit, abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags, 0},
 	{abi.QPSInit, abi.QPSInit, abi.QPAttrState, abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags},
 	{abi.QPSInit, abi.QPSRTR, abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN |
-		abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer, abi.QPAttrPKeyIndex | abi.QPAttrAccessFlags},
+		abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer, abi.QPAttrPKeyIndex | abi.QPAttrAccessFlags | abi.QPAttrPaths},
 	{abi.QPSRTR, abi.QPSRTS, abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt |
 		abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic, abi.QPAttrAccessFlags | abi.QPAttrMinRNRTimer},
 	{abi.QPSRTS, abi.QPSRTS, abi.QPAttrState, abi.QPAttrAccessFlags | abi.QPAttrMinRNRTimer},
@@ -48,7 +48,9 @@ func checkValues(a *abi.QPAttr) bool {
 		has(abi.QPAttrRNRRetry) && a.RNRRetry > 7,
 		has(abi.QPAttrRQPSN) && a.RQPSN >= 1<<24,
 		has(abi.QPAttrSQPSN) && a.SQPSN >= 1<<24,
-		has(abi.QPAttrMinRNRTimer) && a.MinRNRTimer > 31:
+		has(abi.QPAttrMinRNRTimer) && a.MinRNRTimer > 31,
+		has(abi.QPAttrPaths) && a.Paths > MaxPaths,
+		!has(abi.QPAttrPaths) && a.Paths != 0:
 		return false
 	}
 	return true
@@ -96,7 +98,7 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 		peer = f.Lookup(a.DGID)
 		if n := f.network(); peer == nil && n != nil && to == abi.QPSRTR && f.IsNetGID(q.Dev, sgid) && q.State() == abi.QPSInit {
 			nq = newNetQP(q)
-			conn, err := n.Connect(sgid, a.DGID, q.rcConfig(&a), nq)
+			conn, err := n.Connect(sgid, a.DGID, f.NetGIDs(q.Dev), int(a.Paths), q.rcConfig(&a), nq)
 			if err != nil {
 				q.Dev.log.WithError(err).WithField("qp", q.Num).Warn("MODIFY_QP: cannot connect over the network")
 				return abi.StatusBusy
@@ -211,6 +213,9 @@ func (q *QP) apply(a *abi.QPAttr) {
 	}
 	if m&abi.QPAttrDestQPN != 0 {
 		x.DestQPNum = a.DestQPNum
+	}
+	if m&abi.QPAttrPaths != 0 {
+		x.Paths = a.Paths
 	}
 }
 

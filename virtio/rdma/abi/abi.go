@@ -418,7 +418,8 @@ type QPAttr struct {
 	DGID            [16]byte `spec:"dgid"`
 	SGIDIndex       uint32   `spec:"sgid_index"`
 	HopLimit        uint32   `spec:"hop_limit"`
-	Reserved        uint64   `spec:"reserved"`
+	Paths           uint32   `spec:"paths"`
+	Reserved        uint32   `spec:"reserved"`
 }
 
 // CreateAH is CREATE_AH's request (struct vrdma_create_ah).

@@ -112,6 +112,8 @@ const (
 	QPAttrSQPSN           = 0x10000
 	QPAttrMaxDestRdAtomic = 0x20000
 	QPAttrDestQPN         = 0x100000
+	// QPAttrPaths is vrdma's: the paths a QP to another host sprays over.
+	QPAttrPaths = 0x80000000
 )
 
 // Send opcodes (struct vrdma_send_wqe.opcode).

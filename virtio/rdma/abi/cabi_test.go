@@ -87,7 +87,7 @@ func TestCHeaderMatchesSpec(t *testing.T) {
 		"VRDMA_QP_RETRY_CNT": QPAttrRetryCnt, "VRDMA_QP_RNR_RETRY": QPAttrRNRRetry,
 		"VRDMA_QP_RQ_PSN": QPAttrRQPSN, "VRDMA_QP_MAX_QP_RD_ATOMIC": QPAttrMaxQPRdAtomic,
 		"VRDMA_QP_MIN_RNR_TIMER": QPAttrMinRNRTimer, "VRDMA_QP_SQ_PSN": QPAttrSQPSN,
-		"VRDMA_QP_MAX_DEST_RD_ATOMIC": QPAttrMaxDestRdAtomic, "VRDMA_QP_DEST_QPN": QPAttrDestQPN,
+		"VRDMA_QP_MAX_DEST_RD_ATOMIC": QPAttrMaxDestRdAtomic, "VRDMA_QP_DEST_QPN": QPAttrDestQPN, "VRDMA_QP_PATHS": QPAttrPaths,
 	}
 	cnames := make([]string, 0, len(consts))
 	for n := range consts {

@@ -1,0 +1,164 @@
+// Package hostnet is the host's RoCE network as the engine sees it
+// (engine.Network): the UDP 4791 endpoints of the host addresses vrdmad was
+// told to send from (package udp), and the choice of transport for each
+// QP connected through them — plain RoCEv2 RC (package rc over
+// udp.Endpoint.NewConn), what Linux rxe and RoCE NICs speak, or the
+// multipath spray extension (package spray) between vrdma hosts.
+//
+// A QP sprays when it asks for more than one path (MODIFY_QP's PATHS,
+// docs/spec.md) or, when it does not say, when the network's default
+// (vrdmad --roce-paths) is more than one. Spraying is negotiated with the
+// peer: a peer that does not answer (rxe, a vrdma QP set to one path) gets
+// plain RC, after the negotiation's bounded wait. Its paths go from the
+// device's addresses of the QP's family (the source GID's first) to the
+// peer's addresses.
+//
+// Non-goals: routing and ECMP (the kernel's and the fabric's), source
+// ports per path (paths differ by address pair; see package spray).
+package hostnet
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+	"sync"
+
+	"github.com/vrdma/vrdma/backend/rdma/roce"
+	"github.com/vrdma/vrdma/backend/rdma/roce/rc"
+	"github.com/vrdma/vrdma/backend/rdma/roce/spray"
+	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
+)
+
+// MaxPaths bounds the paths of one QP.
+const MaxPaths = 64
+
+// Sentinels.
+var (
+	// ErrNoEndpoint: the source address has no endpoint (Listen first).
+	ErrNoEndpoint = errors.New("hostnet: no endpoint on the source address")
+	// ErrAddr: a destination the network cannot send to.
+	ErrAddr = errors.New("hostnet: bad destination")
+)
+
+// Network is a set of endpoints, one per host address. The zero value is
+// not usable; call New.
+type Network struct {
+	tmpl  udp.Config // immutable: every endpoint's configuration but Addr
+	paths int        // immutable: a QP's paths when it does not say
+
+	mu   sync.Mutex
+	eps  map[netip.Addr]*udp.Endpoint // protected by mu
+	pmtu map[netip.Addr]roce.MTU      // protected by mu: the largest path MTU of each endpoint's link
+}
+
+// New returns a network with no endpoint; tmpl configures the endpoints
+// Listen opens (its Addr is ignored), paths (1 … MaxPaths; 0 means 1) is
+// the paths a QP sprays over when it does not ask.
+func New(tmpl udp.Config, paths int) (*Network, error) {
+	if paths == 0 {
+		paths = 1
+	}
+	if paths < 1 || paths > MaxPaths {
+		return nil, fmt.Errorf("hostnet: %d paths, want 1 … %d", paths, MaxPaths)
+	}
+	return &Network{tmpl: tmpl, paths: paths, eps: make(map[netip.Addr]*udp.Endpoint), pmtu: make(map[netip.Addr]roce.MTU)}, nil
+}
+
+// Paths returns the default paths of a QP.
+func (n *Network) Paths() int { return n.paths }
+
+// Listen opens the endpoint of addr, or returns the one already open.
+func (n *Network) Listen(addr netip.Addr) (*udp.Endpoint, error) {
+	addr = addr.Unmap()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if e := n.eps[addr]; e != nil {
+		return e, nil
+	}
+	cfg := n.tmpl
+	cfg.Addr = addr
+	e, err := udp.Listen(cfg)
+	if err != nil {
+		return nil, err
+	}
+	n.eps[addr] = e
+	n.pmtu[addr] = udp.LinkPMTU(addr)
+	return e, nil
+}
+
+// Endpoints returns the open endpoints, ordered by address.
+func (n *Network) Endpoints() []*udp.Endpoint {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	es := make([]*udp.Endpoint, 0, len(n.eps))
+	for _, e := range n.eps {
+		es = append(es, e)
+	}
+	sort.Slice(es, func(i, j int) bool { return es[i].LocalAddr().Addr().Less(es[j].LocalAddr().Addr()) })
+	return es
+}
+
+// Connect makes a QP in RTR connected from the host address of sgid to
+// the host address of dgid (engine.Network). locals are the GIDs of the
+// device's host addresses (sgid among them) that spray paths may leave
+// from; paths is the QP's choice (0: the network's default).
+func (n *Network) Connect(sgid, dgid [16]byte, locals [][16]byte, paths int, cfg rc.Config, host rc.Host) (rc.Conn, error) {
+	src, dst := udp.AddrOfGID(sgid), udp.AddrOfGID(dgid)
+	if !dst.IsValid() || dst.IsUnspecified() || dst.IsMulticast() || dst.Is4() != src.Is4() {
+		return nil, fmt.Errorf("%w: %v from %v", ErrAddr, dst, src)
+	}
+	if paths == 0 {
+		paths = n.paths
+	}
+	if paths < 1 || paths > MaxPaths {
+		return nil, fmt.Errorf("hostnet: %d paths, want 1 … %d", paths, MaxPaths)
+	}
+	n.mu.Lock()
+	e, pmtu := n.eps[src], n.pmtu[src]
+	eps := []*udp.Endpoint{e}
+	for _, g := range locals {
+		a := udp.AddrOfGID(g)
+		if o := n.eps[a]; o != nil && a != src && a.Is4() == src.Is4() {
+			eps = append(eps, o)
+			// Every path carries the QP's packets: the smallest link
+			// bounds the path MTU.
+			pmtu = min(pmtu, n.pmtu[a])
+		}
+	}
+	n.mu.Unlock()
+	if e == nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoEndpoint, src)
+	}
+	// Both ends of a link lower the path MTU alike, as rxe lowers a QP's
+	// to its port's active MTU.
+	if pmtu != 0 && cfg.PMTU > pmtu {
+		cfg.PMTU = pmtu
+	}
+	peer := netip.AddrPortFrom(dst, roce.UDPPort)
+	if paths == 1 {
+		c, err := e.NewConn(cfg, peer, host)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
+	c, err := spray.New(spray.Config{RC: cfg, Locals: eps, Peer: peer, Paths: paths}, host)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Close closes every endpoint (their QPs are closed: flushed).
+func (n *Network) Close() error {
+	n.mu.Lock()
+	eps := n.eps
+	n.eps = make(map[netip.Addr]*udp.Endpoint)
+	n.mu.Unlock()
+	var errs []error
+	for _, e := range eps {
+		errs = append(errs, e.Close())
+	}
+	return errors.Join(errs...)
+}
