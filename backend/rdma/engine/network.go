@@ -76,11 +76,14 @@ type netQP struct {
 	quiet  atomic.Bool
 	closed atomic.Bool
 
-	recv recvBuf // the receive conn is filling (one at a time)
-	// recvOpen: conn took the receive recvID and has not completed it
-	// (written under conn's lock; read after Close returned).
-	recvOpen bool
-	recvID   uint64
+	// The receives conn took and has not completed, oldest first: a
+	// ring of recvOpen of them from recvHead (plain RC fills one at a
+	// time; spray places into several at once and completes them in the
+	// order it took them). Written under conn's lock; read after Close
+	// returned.
+	recvs    []recvBuf
+	recvHead int
+	recvOpen int
 }
 
 // netSlot is one posted send WQE.
@@ -97,7 +100,10 @@ func newNetQP(q *QP) *netQP {
 	for i := range n.slots {
 		n.slots[i].buf.dev = q.Dev
 	}
-	n.recv.dev = q.Dev
+	n.recvs = make([]recvBuf, q.RQ.Depth)
+	for i := range n.recvs {
+		n.recvs[i].dev = q.Dev
+	}
 	return n
 }
 
@@ -279,14 +285,16 @@ func (n *netQP) takeRecvLocked(t *memmap.Table) (rc.Recv, bool) {
 		return rc.Recv{}, false
 	}
 	pi := abi.LoadUint32(rec, abi.QPRecordRQPI)
-	if pi == q.rqCI || pi-q.rqCI > q.RQ.Depth {
+	if pi == q.rqCI || pi-q.rqCI > q.RQ.Depth || n.recvOpen == len(n.recvs) {
+		// Nothing posted, a broken index (the engine's pass breaks the
+		// QP), or as many receives in flight as the queue holds.
 		return rc.Recv{}, false
 	}
 	slot, err := q.RQ.Slot(t, q.rqCI)
 	if err != nil {
 		return rc.Recv{}, false
 	}
-	b := &n.recv
+	b := &n.recvs[(n.recvHead+n.recvOpen)%len(n.recvs)]
 	var wqe [abi.PageSize]byte
 	c := copy(wqe[:], slot)
 	var sges [maxRecvSGEs]abi.SGE
@@ -304,7 +312,8 @@ func (n *netQP) takeRecvLocked(t *memmap.Table) (rc.Recv, bool) {
 	}
 	q.rqCI++
 	abi.StoreUint32(rec, abi.QPRecordRQCI, q.rqCI)
-	n.recvOpen, n.recvID = true, wrID
+	b.wrID = wrID
+	n.recvOpen++
 	return rc.Recv{ID: wrID, Len: uint32(min(capacity, abi.MaxMsgSize)), Buf: b}, true
 }
 
@@ -312,8 +321,12 @@ func (n *netQP) takeRecvLocked(t *memmap.Table) (rc.Recv, bool) {
 // QP to ERR, as the responder's errors do on the same host.
 func (n *netQP) RecvDone(c rc.RecvCompletion) {
 	q := n.q
-	n.recv.mr = n.recv.mr[:0]
-	n.recvOpen = false
+	if n.recvOpen > 0 {
+		// Completions come in the order the receives were taken.
+		n.recvs[n.recvHead].mr = n.recvs[n.recvHead].mr[:0]
+		n.recvHead = (n.recvHead + 1) % len(n.recvs)
+		n.recvOpen--
+	}
 	if n.quiet.Load() {
 		return
 	}
@@ -351,11 +364,11 @@ func (n *netQP) close(quiet bool) {
 		return
 	}
 	n.conn.Close()
-	if n.recvOpen {
-		// A message was arriving into this receive: it was consumed
-		// (rq_ci advanced), so it completes, flushed, before the ones
-		// still in the ring.
-		n.RecvDone(rc.RecvCompletion{ID: n.recvID, Status: abi.WCWRFlushErr})
+	// Messages were arriving into these receives: they were consumed
+	// (rq_ci advanced), so they complete, flushed, before the ones still
+	// in the ring.
+	for n.recvOpen > 0 {
+		n.RecvDone(rc.RecvCompletion{ID: n.recvs[n.recvHead].wrID, Status: abi.WCWRFlushErr})
 	}
 }
 
@@ -394,10 +407,11 @@ func (b *sendBuf) Scatter(off uint32, src []byte) error {
 
 // recvBuf is the receive a SEND fills (rc.Buffer).
 type recvBuf struct {
-	dev *RNIC
-	sge []abi.SGE
-	mr  []*MR
-	bad bool // the WQE failed its checks: every Scatter fails
+	dev  *RNIC
+	wrID uint64
+	sge  []abi.SGE
+	mr   []*MR
+	bad  bool // the WQE failed its checks: every Scatter fails
 }
 
 func (b *recvBuf) Gather(uint32, []byte) error { return ErrOutOfRange }
