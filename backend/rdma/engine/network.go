@@ -139,6 +139,17 @@ func rtsConfig(a *abi.QPAttr) rc.Config {
 // (the WQE stays at the head; a completion kicks the QP), else posted.
 // Precondition: sqMu held.
 func (n *netQP) post(w *sendWQE, sc *scratch, lsge []abi.SGE, lmr []*MR, total uint64) (held bool) {
+	// Slot tail is free once the WQE posted len(slots) before it has
+	// completed: SendDone stores done after its last use of the slot.
+	// (sq_ci advanced when that WQE was posted, so the driver may have
+	// reused its ring slot long before.)
+	if n.tail-n.done.Load() >= uint64(len(n.slots)) {
+		n.waiting.Store(true) // before looking again: a completion now kicks
+		if n.tail-n.done.Load() >= uint64(len(n.slots)) {
+			return true
+		}
+		n.waiting.Store(false)
+	}
 	s := &n.slots[n.tail%uint64(len(n.slots))]
 	s.wrID, s.opcode = w.wrID, w.opcode
 	s.signaled = w.flags&abi.WRFlagSignaled != 0 || n.q.SigAll
