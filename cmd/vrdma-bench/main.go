@@ -70,7 +70,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.vmtest, "vmtest", "bin/vrdma-vmtest", "vrdma-vmtest binary for the spin-up section")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run")
 	fs.StringVar(&o.trace, "trace", "", "write an execution trace of the whole run (go tool trace FILE)")
-	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,reg,startup,control,scaling,iso,density)")
+	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,reg,startup,control,scaling,iso,density,roce)")
 	fs.DurationVar(&o.s.rowTime, "row-time", 500*time.Millisecond, "time box of one repeat of a row")
 	fs.IntVar(&o.s.repeats, "repeats", 3, "repeats per row (the median is reported)")
 	fs.BoolVar(&quick, "quick", false, "small sizes and guests, for a smoke test")
@@ -319,6 +319,14 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 	if o.want("iso") {
 		progress(w, "isolation")
 		sec, err := isolationSection(s)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		secs = append(secs, sec)
+	}
+	if o.want("roce") {
+		progress(w, "roce")
+		sec, err := roceSection(s, w)
 		if err != nil {
 			return nil, nil, nil, err
 		}

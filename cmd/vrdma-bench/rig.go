@@ -87,7 +87,11 @@ type side struct {
 	mr  *verbs.MR
 }
 
-func openSide(sock string, bufBytes int) (*side, error) {
+func openSide(sock string, bufBytes int) (*side, error) { return openSideDepth(sock, bufBytes, depth) }
+
+// openSideDepth is openSide with a send queue of sq work requests (and a
+// CQ of 4×sq entries).
+func openSideDepth(sock string, bufBytes, sq int) (*side, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), stall)
 	defer cancel()
 	s := &side{}
@@ -105,11 +109,11 @@ func openSide(sock string, bufBytes int) (*side, error) {
 	if s.pd, err = s.c.AllocPD(); err != nil {
 		return fail("alloc pd", err)
 	}
-	if s.cq, err = s.c.CreateCQ(4 * depth); err != nil {
+	if s.cq, err = s.c.CreateCQ(4 * sq); err != nil {
 		return fail("create cq", err)
 	}
 	if s.qp, err = s.pd.CreateQP(verbs.QPInitAttr{SendCQ: s.cq, RecvCQ: s.cq,
-		Cap: verbs.QPCap{MaxSendWR: depth, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
+		Cap: verbs.QPCap{MaxSendWR: sq, MaxRecvWR: rxDepth, MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
 		return fail("create qp", err)
 	}
 	if s.buf, err = s.c.AllocBuffer(bufBytes); err != nil {
