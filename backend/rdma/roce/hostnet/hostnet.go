@@ -135,6 +135,10 @@ func (n *Network) Connect(sgid, dgid [16]byte, locals [][16]byte, paths int, cfg
 	if pmtu != 0 && cfg.PMTU > pmtu {
 		cfg.PMTU = pmtu
 	}
+	if cfg.Burst == 0 {
+		// A burst fills one sendmmsg batch of the endpoint.
+		cfg.Burst = udp.DefaultBatch
+	}
 	peer := netip.AddrPortFrom(dst, roce.UDPPort)
 	if paths == 1 {
 		c, err := e.NewConn(cfg, peer, host)

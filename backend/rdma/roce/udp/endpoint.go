@@ -110,9 +110,18 @@ type Endpoint struct {
 	tableMu sync.Mutex                          // serialises writers of table
 	table   atomic.Pointer[map[uint32]*qpEntry] // copy on write
 
-	txMu sync.Mutex // protects tx, txN
+	txMu sync.Mutex // protects tx, txN and the sendmmsg call's state below
 	tx   *batch
 	txN  int
+	// One sendmmsg (sendFn, built once: a closure per call would be an
+	// allocation per batch): from txOff, it sets txSent and txErrno.
+	txOff, txSent int
+	txErrno       unix.Errno
+	sendFn        func(fd uintptr) bool
+	// One recvmmsg, likewise (the receive goroutine's).
+	rxGot   int
+	rxErrno unix.Errno
+	recvFn  func(fd uintptr) bool
 
 	rx      *batch      // the receive goroutine's
 	rxPkt   roce.Packet // the receive goroutine's: the packet it handles
@@ -208,6 +217,7 @@ func Listen(cfg Config) (*Endpoint, error) {
 		wakes:   make(chan func(), cfg.MaxQPs),
 	}
 	e.local = netip.AddrPortFrom(e.local.Addr().Unmap(), e.local.Port())
+	e.sendFn, e.recvFn = e.sendOnce, e.recvOnce
 	empty := map[uint32]*qpEntry{}
 	e.table.Store(&empty)
 	e.ctx, e.cancel = context.WithCancel(context.Background())

@@ -72,33 +72,46 @@ func (e *Endpoint) flush() {
 // dropped and counted: the protocol recovers it as a loss.
 // Precondition: txMu held.
 func (e *Endpoint) flushLocked() {
-	off := 0
-	for off < e.txN {
-		var n int
-		var errno unix.Errno
-		err := e.raw.Write(func(fd uintptr) bool {
-			for {
-				n, errno = mmsg(unix.SYS_SENDMMSG, fd, e.tx.hdrs[off:e.txN])
-				if errno != unix.EINTR {
-					return errno != unix.EAGAIN
-				}
-			}
-		})
-		if err != nil {
-			e.ctr.txErrors.Add(uint64(e.txN - off))
+	e.txOff = 0
+	for e.txOff < e.txN {
+		if err := e.raw.Write(e.sendFn); err != nil {
+			e.ctr.txErrors.Add(uint64(e.txN - e.txOff))
 			break
 		}
 		e.ctr.txCalls.Add(1)
-		if errno != 0 {
+		if e.txErrno != 0 {
 			e.ctr.txErrors.Add(1)
-			e.warn("sendmmsg", errno)
-			off++
+			e.warn("sendmmsg", e.txErrno)
+			e.txOff++
 			continue
 		}
-		e.ctr.txDatagrams.Add(uint64(n))
-		off += n
+		e.ctr.txDatagrams.Add(uint64(e.txSent))
+		e.txOff += e.txSent
 	}
 	e.txN = 0
+}
+
+// sendOnce is flushLocked's sendmmsg from txOff. Precondition: txMu held.
+func (e *Endpoint) sendOnce(fd uintptr) bool {
+	for {
+		e.txSent, e.txErrno = mmsg(unix.SYS_SENDMMSG, fd, e.tx.hdrs[e.txOff:e.txN])
+		if e.txErrno != unix.EINTR {
+			return e.txErrno != unix.EAGAIN
+		}
+	}
+}
+
+// recvOnce is the receive goroutine's recvmmsg into the whole batch.
+func (e *Endpoint) recvOnce(fd uintptr) bool {
+	for i := range e.rx.hdrs {
+		e.rx.resetRecv(i)
+	}
+	for {
+		e.rxGot, e.rxErrno = mmsg(unix.SYS_RECVMMSG, fd, e.rx.hdrs)
+		if e.rxErrno != unix.EINTR {
+			return e.rxErrno != unix.EAGAIN
+		}
+	}
 }
 
 var lastWarn atomic.Int64
@@ -118,24 +131,12 @@ func (e *Endpoint) receive() {
 	faultsPanic()
 	var gen uint64
 	for {
-		var n int
-		var errno unix.Errno
-		err := e.raw.Read(func(fd uintptr) bool {
-			for i := range e.rx.hdrs {
-				e.rx.resetRecv(i)
-			}
-			for {
-				n, errno = mmsg(unix.SYS_RECVMMSG, fd, e.rx.hdrs)
-				if errno != unix.EINTR {
-					return errno != unix.EAGAIN
-				}
-			}
-		})
-		if err != nil {
+		if err := e.raw.Read(e.recvFn); err != nil {
 			return // closed
 		}
-		if errno != 0 {
-			e.warn("recvmmsg", errno)
+		n := e.rxGot
+		if e.rxErrno != 0 {
+			e.warn("recvmmsg", e.rxErrno)
 			continue
 		}
 		e.ctr.rxCalls.Add(1)
