@@ -85,8 +85,7 @@ type Config struct {
 	Limits Limits
 	// Fabric connects the devices of one daemon; nil means a private one.
 	Fabric *engine.Fabric
-	// NetGIDs are the device's own network GIDs (host addresses its
-	// traffic to other hosts leaves from), instead of the fabric's.
+	// NetGIDs: the device's own network GIDs (roce_bind), not the fabric's.
 	NetGIDs [][16]byte
 	// Pin configures PVDMA pinning (on demand by default, pin-all, map
 	// cache, quota). Its Accounting is shared by a daemon's devices.
@@ -249,9 +248,7 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 		d.cfg.ControlSpin = 20 * time.Microsecond
 	}
 	d.eng = engine.NewRNIC(cfg.Fabric, d.conf.PortGID, d.log)
-	if len(cfg.NetGIDs) > 0 {
-		d.eng.SetNetGIDs(cfg.NetGIDs)
-	}
+	d.eng.SetNetGIDs(cfg.NetGIDs)
 	if err := cfg.Fabric.Register(d.eng); err != nil {
 		return nil, fmt.Errorf("rdma: %w", err)
 	}

@@ -81,9 +81,13 @@ func NewRNIC(f *Fabric, gid [16]byte, log *logrus.Entry) *RNIC {
 }
 
 // SetNetGIDs gives the device network GIDs of its own (the host
-// addresses it may send from), instead of the fabric's. Call it before
-// Fabric.Register; gids must not be empty.
-func (d *RNIC) SetNetGIDs(gids [][16]byte) { d.netGIDs = append([][16]byte(nil), gids...) }
+// addresses it may send from), instead of the fabric's; none keeps the
+// fabric's. Call it before Fabric.Register.
+func (d *RNIC) SetNetGIDs(gids [][16]byte) {
+	if len(gids) > 0 {
+		d.netGIDs = append([][16]byte(nil), gids...)
+	}
+}
 
 // GID returns the device's GID.
 func (d *RNIC) GID() [16]byte { return d.gid }
