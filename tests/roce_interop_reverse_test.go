@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"net"
-	"net/netip"
 	"path/filepath"
 	"testing"
 	"time"
@@ -72,7 +71,7 @@ func TestRoCEInteropReverse(t *testing.T) {
 		r := runs[i]
 		var mine []rocePacket
 		for _, f := range frames {
-			if f.dst == interopGoIP && f.qpn == r.qp.QPN() || f.src == interopGoIP && f.qpn == r.server.qpn {
+			if f.dst == interopGoIP && f.qpn == r.qp.QPN() || f.src == interopGoIP && f.qpn == r.server.QPN {
 				mine = append(mine, f)
 			}
 		}
@@ -88,23 +87,7 @@ func TestRoCEInteropReverse(t *testing.T) {
 // dialPerftest connects from h to the guest's perftest server, retrying
 // while it is not listening yet (it boots, and starts one server per job).
 func dialPerftest(ctx context.Context, lab *interopLab) (net.Conn, error) {
-	var conn net.Conn
-	err := lab.h.Do(func() error {
-		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(interopGoIP, 0))}
-		for {
-			c, err := d.DialContext(ctx, "tcp4", netip.AddrPortFrom(interopGuestIP, perftestPort).String())
-			if err == nil {
-				conn = c
-				return nil
-			}
-			select {
-			case <-ctx.Done():
-				return err
-			case <-time.After(200 * time.Millisecond):
-			}
-		}
-	})
-	return conn, err
+	return lab.Dial(ctx)
 }
 
 // checkReverse checks one reverse run against the capture.

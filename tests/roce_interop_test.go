@@ -1,27 +1,17 @@
 package tests
 
 import (
-	"bytes"
 	"encoding/binary"
 	"net"
 	"net/netip"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/vrdma/vrdma/backend/rdma/roce"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/internal/pcapfile"
-)
-
-// Interop topology: namespace g holds the rxe guest's tap and a bridge to
-// a veth whose other end is in namespace h, where the Go RC endpoint and
-// the perftest server listen.
-var (
-	interopGoIP    = netip.MustParseAddr("10.200.77.1")
-	interopGuestIP = netip.MustParseAddr("10.200.77.2")
+	"github.com/vrdma/vrdma/internal/roceinterop"
 )
 
 // interopJob is one perftest run of the guest against the Go server.
@@ -126,7 +116,7 @@ func TestRoCEInterop(t *testing.T) {
 		i++
 		var mine []rocePacket
 		for _, f := range frames {
-			if f.dst == interopGoIP && f.qpn == run.qp.QPN() || f.src == interopGoIP && f.qpn == run.client.qpn {
+			if f.dst == interopGoIP && f.qpn == run.qp.QPN() || f.src == interopGoIP && f.qpn == run.client.QPN {
 				mine = append(mine, f)
 			}
 		}
@@ -134,7 +124,7 @@ func TestRoCEInterop(t *testing.T) {
 			t.Fatalf("%s: no RoCE frames of QP %#x in the capture", j.op, run.qp.QPN())
 		}
 		c := run.qp.Counters()
-		t.Logf("%s: version %s, %d frames, client QPN %#x, QP %+v", j.op, run.version, len(mine), run.client.qpn, c)
+		t.Logf("%s: version %s, %d frames, client QPN %#x, QP %+v", j.op, run.version, len(mine), run.client.QPN, c)
 		if run.qp.Err() {
 			t.Fatalf("%s: our QP is in the error state", j.op)
 		}
@@ -188,14 +178,8 @@ func framePacket(t *testing.T, f rocePacket) roce.Packet {
 // error, and as many RoCE (InfiniBand) frames as the codec found.
 func tsharkClean(t *testing.T, tshark, dump string, frames int) {
 	t.Helper()
-	// tshark's stdout only: it warns on stderr when run as root.
-	out, err := exec.Command(tshark, "-r", dump, "-Y", "_ws.malformed || _ws.expert.severity >= error").Output()
-	if err != nil || len(bytes.TrimSpace(out)) != 0 {
-		t.Fatalf("tshark finds malformed frames (err %v):\n%s", err, out)
-	}
-	out, err = exec.Command(tshark, "-r", dump, "-Y", "infiniband", "-T", "fields", "-e", "infiniband.bth.opcode").Output()
-	if err != nil || len(strings.Fields(string(out))) != frames {
-		t.Fatalf("tshark dissects %d RoCE frames, the codec %d (err %v)", len(strings.Fields(string(out))), frames, err)
+	if err := roceinterop.CheckTshark(tshark, dump, frames); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("tshark: %d RoCE frames, none malformed", frames)
 }

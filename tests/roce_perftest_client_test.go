@@ -2,24 +2,22 @@ package tests
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"strconv"
 	"time"
 
 	"github.com/vrdma/vrdma/backend/rdma/roce"
 	"github.com/vrdma/vrdma/backend/rdma/roce/rc"
 	"github.com/vrdma/vrdma/backend/rdma/roce/rc/rctest"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
+	"github.com/vrdma/vrdma/internal/pftexchange"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
-// perftestClient is the client side of perftest's exchange (see
-// perftestServer for the messages; the client writes each one first) for
+// perftestClient is the client side of perftest's exchange
+// (internal/pftexchange) for
 // a perftest server in the rxe guest: its RC QP of package rc is the
 // requester of write_bw, read_bw, send_bw and atomic_bw, and one side of
 // write_lat's ping-pong.
@@ -34,7 +32,9 @@ type perftestClient struct {
 
 // clientRun is what a client run did.
 type clientRun struct {
-	server perftestKeys
+	c      *perftestClient
+	mine   pftexchange.Keys
+	server pftexchange.Keys
 	qp     *rc.QP
 	host   *rctest.Host
 	mr     *rctest.MR // our memory: the source, or the destination of READs and atomics
@@ -42,42 +42,7 @@ type clientRun struct {
 }
 
 func (c *perftestClient) run(ctx context.Context, conn net.Conn) (*clientRun, error) {
-	conn.SetDeadline(time.Now().Add(5 * time.Minute))
-	xchg := func(out []byte) ([]byte, error) {
-		if _, err := conn.Write(out); err != nil {
-			return nil, fmt.Errorf("write %d bytes: %w", len(out), err)
-		}
-		in := make([]byte, len(out))
-		if _, err := io.ReadFull(conn, in); err != nil {
-			return nil, fmt.Errorf("read %d bytes: %w", len(in), err)
-		}
-		return in, nil
-	}
-	v := make([]byte, 16)
-	copy(v, c.version)
-	got, err := xchg(v)
-	if err != nil {
-		return nil, fmt.Errorf("version: %w", err)
-	}
-	ver, err := strconv.ParseFloat(string(trimNUL(got)), 64)
-	if err != nil {
-		return nil, fmt.Errorf("server version %q: %w", got, err)
-	}
-	mine, _ := strconv.ParseFloat(c.version, 64)
-	ver = min(ver, mine) // each side decides by the other's; both are alike here
-	if ver >= 5.32 {
-		for _, x := range []uint32{4096, 64} {
-			if _, err := xchg(binary.BigEndian.AppendUint32(nil, x)); err != nil {
-				return nil, fmt.Errorf("sys data: %w", err)
-			}
-		}
-	}
-	if ver >= 5.1 {
-		if _, err := xchg([]byte{'3', 0}); err != nil {
-			return nil, fmt.Errorf("mtu: %w", err)
-		}
-	}
-	r := &clientRun{host: rctest.NewHost()}
+	r := &clientRun{host: rctest.NewHost(), c: c}
 	r.mr = &rctest.MR{Buf: make([]byte, c.size*c.iters+64), Addr: 0x7c1100000000, RKey: 0x3c00 + c.qpn,
 		Access: rc.AccessRemoteWrite | rc.AccessRemoteRead | rc.AccessRemoteAtomic}
 	for i := range r.mr.Buf {
@@ -85,81 +50,31 @@ func (c *perftestClient) run(ctx context.Context, conn net.Conn) (*clientRun, er
 	}
 	r.mr.Buf[c.size-1] = 0 // write_lat's counter starts below 1
 	r.host.AddMR(r.mr)
-	myKeys := perftestKeys{outReads: 16, qpn: c.qpn, psn: rand.Uint32() & uint32(roce.PSNMask), rkey: r.mr.RKey, vaddr: r.mr.Addr, gid: c.local.As16()}
-	pre := 3
-	if c.op == "write_lat" {
-		pre = 4
-	}
-	for i := range pre {
-		got, err := xchg(myKeys.marshal())
-		if err != nil {
-			return nil, fmt.Errorf("key message %d: %w", i, err)
-		}
-		if i > 0 {
-			continue
-		}
-		if r.server, err = parsePerftestKeys(got); err != nil {
-			return nil, err
-		}
-		peer := netip.AddrFrom16(r.server.gid).Unmap()
-		r.qp, err = c.ep.NewQP(rc.Config{QPN: c.qpn, DestQPN: r.server.qpn, SQPSN: roce.PSN(myKeys.psn), RQPSN: roce.PSN(r.server.psn),
-			PMTU: roce.MTU1024, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12, MaxRdAtomic: int(max(1, min(r.server.outReads, 16))),
-			Timeout: 100 * time.Millisecond}, netip.AddrPortFrom(peer, 0), r.host)
-		if err != nil {
-			return nil, err
-		}
-	}
-	if c.op == "send_bw" {
-		// The server posted its receives before it answers this one.
-		if _, err := xchg(myKeys.marshal()); err != nil {
-			return r, fmt.Errorf("receives posted: %w", err)
-		}
-	}
-	if c.op == "write_lat" {
-		return r, c.pingPong(ctx, r)
-	}
-	if err := c.load(ctx, r); err != nil {
-		return r, err
-	}
-	if c.op != "send_bw" {
-		if _, err := xchg(myKeys.marshal()); err != nil {
-			return r, fmt.Errorf("end of test: %w", err)
-		}
-		itersLen := 4
-		if ver >= 5.33 {
-			itersLen = 8
-		}
-		for i, n := range []int{8, itersLen, 8, 8, 8} {
-			out := make([]byte, n)
-			switch i {
-			case 0:
-				binary.BigEndian.PutUint64(out, uint64(c.size))
-			case 1:
-				if n == 8 {
-					binary.BigEndian.PutUint64(out, uint64(c.iters))
-				} else {
-					binary.BigEndian.PutUint32(out, uint32(c.iters))
-				}
-			}
-			if _, err := xchg(out); err != nil {
-				return r, fmt.Errorf("report field %d: %w", i, err)
-			}
-		}
-	}
-	if _, err := xchg(myKeys.marshal()); err != nil {
-		return r, fmt.Errorf("close: %w", err)
-	}
-	conn.Write([]byte("done\x00"))
-	return r, nil
+	r.mine = pftexchange.Keys{OutReads: 16, QPN: c.qpn, PSN: rand.Uint32() & uint32(roce.PSNMask), RKey: r.mr.RKey, VAddr: r.mr.Addr, GID: c.local.As16()}
+	res, err := pftexchange.Run(ctx, conn, pftexchange.Op(c.op), c.version, r.mine, r,
+		pftexchange.Report{Size: uint64(c.size), Iters: uint64(c.iters)})
+	r.server = res.Peer
+	return r, err
 }
 
-func trimNUL(b []byte) []byte {
-	for i, x := range b {
-		if x == 0 {
-			return b[:i]
-		}
+// Connect creates the QP towards the server's keys.
+func (r *clientRun) Connect(server pftexchange.Keys) error {
+	c := r.c
+	peer := netip.AddrFrom16(server.GID).Unmap()
+	var err error
+	r.qp, err = c.ep.NewQP(rc.Config{QPN: c.qpn, DestQPN: server.QPN, SQPSN: roce.PSN(r.mine.PSN), RQPSN: roce.PSN(server.PSN),
+		PMTU: roce.MTU1024, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12, MaxRdAtomic: int(max(1, min(server.OutReads, 16))),
+		Timeout: 100 * time.Millisecond}, netip.AddrPortFrom(peer, 0), r.host)
+	r.server = server
+	return err
+}
+
+// Test runs the client's load, or its half of write_lat's ping-pong.
+func (r *clientRun) Test(ctx context.Context) error {
+	if r.c.op == "write_lat" {
+		return r.c.pingPong(ctx, r)
 	}
-	return b
+	return r.c.load(ctx, r)
 }
 
 // load posts the bandwidth test's iters work requests, at most 128 at a
@@ -172,7 +87,7 @@ func (c *perftestClient) load(ctx context.Context, r *clientRun) error {
 		n := min(128, c.iters-i)
 		for j := range n {
 			k := i + j
-			wr := rc.SendWR{ID: uint64(k), Length: uint32(c.size), RemoteAddr: r.server.vaddr, RKey: r.server.rkey,
+			wr := rc.SendWR{ID: uint64(k), Length: uint32(c.size), RemoteAddr: r.server.VAddr, RKey: r.server.RKey,
 				Local: rctest.Buf(r.mr.Buf[k*c.size : (k+1)*c.size])}
 			switch c.op {
 			case "write_bw":
@@ -218,8 +133,8 @@ func (c *perftestClient) pingPong(ctx context.Context, r *clientRun) error {
 			time.Sleep(20 * time.Microsecond)
 		}
 		src[c.size-1] = byte(n)
-		if err := r.qp.Post(rc.SendWR{ID: uint64(n), Opcode: rc.WRRDMAWrite, Length: uint32(c.size), RemoteAddr: r.server.vaddr,
-			RKey: r.server.rkey, Local: rctest.Buf(src)}); err != nil {
+		if err := r.qp.Post(rc.SendWR{ID: uint64(n), Opcode: rc.WRRDMAWrite, Length: uint32(c.size), RemoteAddr: r.server.VAddr,
+			RKey: r.server.RKey, Local: rctest.Buf(src)}); err != nil {
 			return err
 		}
 		cs, err := r.host.TakeSends(ctx, 1)

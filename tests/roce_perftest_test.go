@@ -1,102 +1,31 @@
 package tests
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/vrdma/vrdma/backend/rdma/roce"
 	"github.com/vrdma/vrdma/backend/rdma/roce/rc"
 	"github.com/vrdma/vrdma/backend/rdma/roce/rc/rctest"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
+	"github.com/vrdma/vrdma/internal/pftexchange"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
-// The out-of-band exchange of perftest (linux-rdma/perftest, the 4.5
-// series Debian 12 ships; src/perftest_communication.c), played by a Go
-// server so that a perftest client (ib_write_bw, ib_read_bw,
-// ib_atomic_bw) runs against an RC QP of package rc. Over one TCP
-// connection to port 18515 the client always writes a message first and
-// the server answers with one of the same size:
-//
-//  1. the version string, 16 bytes (the server echoes the client's: the
-//     client refuses versions below 5.70, check_version_compatibility);
-//  2. from 5.32 on, the cycle buffer and cache line sizes, 4 bytes each,
-//     big-endian (check_sys_data);
-//  3. from 5.1 on, the MTU as a decimal ibv_mtu string, 2 bytes from 5.31
-//     on (check_mtu; the server answers "3", IBV_MTU_1024);
-//  4. three key messages (ctx_hand_shake: the keys, again once printed,
-//     again after RTR), each the 108 bytes of
-//     "%04x:%04x:%06x:%06x:%08x:%016llx:" (LID, out_reads, QPN, PSN, rkey,
-//     VA) + 16 "%02x:" GID bytes + "%08x:" (SRQN) + NUL;
-//  5. the test; the half-duplex server waits for the next key message,
-//     which the client sends when done;
-//  6. the bandwidth report: size (8), iterations (8 from 5.33 on, else
-//     4), peak, average bandwidth and message rate (8 each)
-//     (xchg_bw_reports);
-//  7. ctx_close_connection: a last key message, then both sides write
-//     "done" (5 bytes) and close.
-const (
-	perftestPort   = 18515
-	perftestKeyLen = 108
-)
-
-// perftestKeys is one side's key message.
-type perftestKeys struct {
-	lid, outReads, qpn, psn, rkey uint32
-	vaddr                         uint64
-	gid                           [16]byte
-	srqn                          uint32
-}
-
-func (k perftestKeys) marshal() []byte {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%04x:%04x:%06x:%06x:%08x:%016x:", k.lid, k.outReads, k.qpn, k.psn, k.rkey, k.vaddr)
-	for _, g := range k.gid {
-		fmt.Fprintf(&b, "%02x:", g)
-	}
-	fmt.Fprintf(&b, "%08x:", k.srqn)
-	out := make([]byte, perftestKeyLen)
-	copy(out, b.String())
-	return out
-}
-
-func parsePerftestKeys(m []byte) (perftestKeys, error) {
-	s := string(m)
-	if i := strings.IndexByte(s, 0); i >= 0 {
-		s = s[:i]
-	}
-	f := strings.Split(strings.TrimSuffix(s, ":"), ":")
-	if len(f) != 6+16+1 {
-		return perftestKeys{}, fmt.Errorf("perftest keys %q: %d fields, want 23", s, len(f))
-	}
-	var v [23]uint64
-	for i, x := range f {
-		n, err := strconv.ParseUint(x, 16, 64)
-		if err != nil {
-			return perftestKeys{}, fmt.Errorf("perftest keys %q: field %d: %w", s, i, err)
-		}
-		v[i] = n
-	}
-	k := perftestKeys{lid: uint32(v[0]), outReads: uint32(v[1]), qpn: uint32(v[2]), psn: uint32(v[3]), rkey: uint32(v[4]), vaddr: v[5], srqn: uint32(v[22])}
-	for i := range k.gid {
-		k.gid[i] = byte(v[6+i])
-	}
-	return k, nil
-}
+// The Go RC peer of TestRoCEInterop: an RC QP of package rc with Go memory
+// behind a perftest server's exchange (internal/pftexchange), so that a
+// perftest client (ib_write_bw, ib_read_bw, ib_atomic_bw, ib_send_bw,
+// ib_write_lat) runs against it.
+const perftestPort = pftexchange.Port
 
 // perftestRun is what one served connection did.
 type perftestRun struct {
 	version string
-	client  perftestKeys
+	client  pftexchange.Keys
 	qp      *rc.QP
 	mr      *rctest.MR
 	host    *rctest.Host
@@ -120,124 +49,59 @@ type perftestServer struct {
 	// makes it play perftest's ping-pong (run_iter_lat_write).
 	op          string
 	size, iters int
+
+	run  *perftestRun
+	mine pftexchange.Keys
 }
 
 func (s *perftestServer) serve(conn net.Conn) (*perftestRun, error) {
-	conn.SetDeadline(time.Now().Add(5 * time.Minute))
-	xchg := func(n int, reply func(got []byte) []byte) ([]byte, error) {
-		got := make([]byte, n)
-		if _, err := io.ReadFull(conn, got); err != nil {
-			return nil, fmt.Errorf("read %d bytes: %w", n, err)
-		}
-		out := reply(got)
-		if len(out) != n {
-			return nil, fmt.Errorf("reply of %d bytes to a %d-byte message", len(out), n)
-		}
-		if _, err := conn.Write(out); err != nil {
-			return nil, fmt.Errorf("write %d bytes: %w", n, err)
-		}
-		return got, nil
-	}
-	echo := func(got []byte) []byte { return got }
-	run := &perftestRun{host: rctest.NewHost()}
-	v, err := xchg(16, echo)
-	if err != nil {
-		return nil, fmt.Errorf("version: %w", err)
-	}
-	run.version = string(bytes.TrimRight(v, "\x00"))
-	ver, err := strconv.ParseFloat(run.version, 64)
-	if err != nil {
-		return nil, fmt.Errorf("version %q: %w", run.version, err)
-	}
-	if ver >= 5.32 {
-		for _, what := range []string{"cycle buffer", "cache line"} {
-			if _, err := xchg(4, echo); err != nil {
-				return nil, fmt.Errorf("%s: %w", what, err)
-			}
-		}
-	}
-	if ver >= 5.1 {
-		n := 4
-		if ver >= 5.31 {
-			n = 2
-		}
-		if _, err := xchg(n, func([]byte) []byte { b := make([]byte, n); b[0] = '3'; return b }); err != nil {
-			return nil, fmt.Errorf("mtu: %w", err)
-		}
-	}
+	s.run = &perftestRun{host: rctest.NewHost()}
+	run := s.run
 	// Our side: a QP and a memory region.
 	run.mr = &rctest.MR{Buf: make([]byte, s.mrSize), Addr: 0x7e5500000000, RKey: 0x5a17 + s.qpn,
 		Access: rc.AccessRemoteWrite | rc.AccessRemoteRead | rc.AccessRemoteAtomic}
 	copy(run.mr.Buf, s.fill)
 	run.host.AddMR(run.mr)
 	// The GID of an IPv4 address is its IPv4-mapped IPv6 form.
-	mine := perftestKeys{outReads: 16, qpn: s.qpn, psn: rand.Uint32() & uint32(roce.PSNMask), rkey: run.mr.RKey, vaddr: run.mr.Addr,
-		gid: s.local.As16()}
-	keys := func(got []byte) []byte { return mine.marshal() }
-	pre := 3
-	if s.op == "write_lat" {
-		pre = 4
+	s.mine = pftexchange.Keys{OutReads: 16, QPN: s.qpn, PSN: rand.Uint32() & uint32(roce.PSNMask), RKey: run.mr.RKey,
+		VAddr: run.mr.Addr, GID: s.local.As16()}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	res, err := pftexchange.Serve(ctx, conn, pftexchange.Op(s.op), s.mine, s)
+	run.version, run.client = res.Version, res.Peer
+	if err != nil {
+		return run, err
 	}
-	for i := range pre {
-		got, err := xchg(perftestKeyLen, keys)
-		if err != nil {
-			return nil, fmt.Errorf("key message %d: %w", i, err)
-		}
-		if i > 0 {
-			continue
-		}
-		if run.client, err = parsePerftestKeys(got); err != nil {
-			return nil, err
-		}
-		peer := netip.AddrFrom16(run.client.gid).Unmap()
-		run.qp, err = s.ep.NewQP(rc.Config{QPN: s.qpn, DestQPN: run.client.qpn, SQPSN: roce.PSN(mine.psn), RQPSN: roce.PSN(run.client.psn),
-			PMTU: roce.MTU1024, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12, MaxDestRdAtomic: 128}, netip.AddrPortFrom(peer, 0), run.host)
-		if err != nil {
-			return nil, err
-		}
+	run.iters = res.Report.Iters
+	if s.op == "send_bw" || s.op == "write_lat" {
+		run.iters = uint64(s.iters)
 	}
+	return run, nil
+}
+
+// Connect creates the QP towards the client's keys.
+func (s *perftestServer) Connect(client pftexchange.Keys) error {
+	peer := netip.AddrFrom16(client.GID).Unmap()
+	var err error
+	s.run.qp, err = s.ep.NewQP(rc.Config{QPN: s.qpn, DestQPN: client.QPN, SQPSN: roce.PSN(s.mine.PSN), RQPSN: roce.PSN(client.PSN),
+		PMTU: roce.MTU1024, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12, MaxDestRdAtomic: 128}, netip.AddrPortFrom(peer, 0), s.run.host)
+	s.run.client = client
+	return err
+}
+
+// Test posts send_bw's receives or plays write_lat's ping-pong.
+func (s *perftestServer) Test(ctx context.Context) error {
+	run := s.run
 	switch s.op {
 	case "write_lat":
-		return run, s.pingPong(run)
+		return s.pingPong(run)
 	case "send_bw":
 		run.recvBuf = make([]byte, s.size*s.iters)
 		for i := range s.iters {
 			run.host.PostRecv(rc.Recv{ID: uint64(i), Len: uint32(s.size), Buf: rctest.Buf(run.recvBuf[i*s.size : (i+1)*s.size])})
 		}
-		if _, err := xchg(perftestKeyLen, keys); err != nil {
-			return run, fmt.Errorf("receives posted: %w", err)
-		}
-	default:
-		// The test runs; the client's next key message says it is done.
-		if _, err := xchg(perftestKeyLen, keys); err != nil {
-			return run, fmt.Errorf("end of test: %w", err)
-		}
-		itersLen := 4
-		if ver >= 5.33 {
-			itersLen = 8
-		}
-		for i, n := range []int{8, itersLen, 8, 8, 8} {
-			got, err := xchg(n, func([]byte) []byte { return make([]byte, n) })
-			if err != nil {
-				return run, fmt.Errorf("report field %d: %w", i, err)
-			}
-			if i == 1 {
-				if n == 8 {
-					run.iters = binary.BigEndian.Uint64(got)
-				} else {
-					run.iters = uint64(binary.BigEndian.Uint32(got))
-				}
-			}
-		}
 	}
-	if _, err := xchg(perftestKeyLen, keys); err != nil {
-		return run, fmt.Errorf("close: %w", err)
-	}
-	conn.Write([]byte("done\x00"))
-	if s.op == "send_bw" {
-		run.iters = uint64(s.iters)
-	}
-	return run, nil
+	return nil
 }
 
 // pingPong is the server's side of perftest's run_iter_lat_write: it
@@ -265,8 +129,8 @@ func (s *perftestServer) pingPong(run *perftestRun) error {
 		if scnt < s.iters {
 			scnt++
 			run.sent[s.size-1] = byte(scnt)
-			wr := rc.SendWR{ID: uint64(scnt), Opcode: rc.WRRDMAWrite, Length: uint32(s.size), RemoteAddr: run.client.vaddr,
-				RKey: run.client.rkey, Local: rctest.Buf(run.sent)}
+			wr := rc.SendWR{ID: uint64(scnt), Opcode: rc.WRRDMAWrite, Length: uint32(s.size), RemoteAddr: run.client.VAddr,
+				RKey: run.client.RKey, Local: rctest.Buf(run.sent)}
 			if err := run.qp.Post(wr); err != nil {
 				return fmt.Errorf("write_lat: post %d: %w", scnt, err)
 			}
@@ -279,6 +143,5 @@ func (s *perftestServer) pingPong(run *perftestRun) error {
 			}
 		}
 	}
-	run.iters = uint64(s.iters)
 	return nil
 }

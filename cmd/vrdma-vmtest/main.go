@@ -10,6 +10,7 @@
 //	vrdma-vmtest [flags] probe
 //	vrdma-vmtest [flags] selftest
 //	vrdma-vmtest [flags] spinup [--rounds N] [--json]
+//	vrdma-vmtest [flags] interop --op write|read|send|atomic|write_lat [--reverse] [--pcap FILE]
 //
 // exec and exec-pair boot guests of the standard-stack image
 // (scripts/guest-stack-image.sh: the vrdma kernel driver and rdma-core
@@ -21,7 +22,10 @@
 // must report verified results. probe and selftest use one VM. spinup
 // boots one VM without a vrdma device and measures hot-plug with vrdmactl
 // (device add + vm attach until the guest probed the device, vm detach +
-// device rm); --json prints {"attach_s", "detach_s", "rounds", ...}. The exit
+// device rm); --json prints {"attach_s", "detach_s", "rounds", ...}.
+// interop runs one perftest operation over RoCEv2 between a vrdmad device
+// and a soft-RoCE guest in network namespaces and prints one JSON line
+// (interopUsage in interop.go). The exit
 // status is 0 on success, 1 on a failure (the guest's VRDMA-ERROR message
 // is printed), 2 on bad usage.
 package main
@@ -57,6 +61,9 @@ scenarios:
   probe                             one VM: find and initialise the device
   selftest                          one VM: every verb on a loopback QP pair
   spinup [--rounds N] [--json]      one VM: hot-plug spin-up and tear-down times
+  interop --op OP [--reverse]       RoCEv2 between vrdmad (--roce-bind) and an rxe
+                                    guest running perftest, data verified
+                                    (vrdma-vmtest interop --help says more)
 
 flags:
 `
@@ -100,6 +107,9 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	if fs.NArg() == 0 {
 		fs.Usage()
 		return 2
+	}
+	if fs.Arg(0) == "interop" {
+		return runInterop(fs.Args()[1:], o, binDir, stdout, stderr)
 	}
 	if sc := fs.Arg(0); sc == "exec" || sc == "exec-pair" {
 		kernelSet := false
