@@ -216,7 +216,8 @@ func (n *netQP) SendDone(c rc.Completion) {
 		}
 		n.completeOn(q.SendCQ, &e, false)
 	}
-	s.buf.mr = s.buf.mr[:0] // drop the MR references
+	clear(s.buf.mr) // drop the MR references
+	s.buf.mr = s.buf.mr[:0]
 	n.done.Store(c.ID + 1)
 	if c.Status != abi.WCSuccess && c.Status != abi.WCWRFlushErr {
 		q.toErr(false)
@@ -334,7 +335,9 @@ func (n *netQP) RecvDone(c rc.RecvCompletion) {
 	q := n.q
 	if n.recvOpen > 0 {
 		// Completions come in the order the receives were taken.
-		n.recvs[n.recvHead].mr = n.recvs[n.recvHead].mr[:0]
+		b := &n.recvs[n.recvHead]
+		clear(b.mr)
+		b.mr = b.mr[:0]
 		n.recvHead = (n.recvHead + 1) % len(n.recvs)
 		n.recvOpen--
 	}
