@@ -97,6 +97,8 @@ type memNet struct {
 	mu     sync.Mutex
 	conns  int // protected by mu
 	closed int // protected by mu
+	paths  int // protected by mu: the last Connect's
+	locals int // protected by mu: the last Connect's
 }
 
 type memPort struct {
@@ -146,6 +148,7 @@ func (n *memNet) Connect(sgid, dgid [16]byte, locals [][16]byte, paths int, cfg 
 	n.w.mu.Unlock()
 	n.mu.Lock()
 	n.conns++
+	n.paths, n.locals = paths, len(locals)
 	n.mu.Unlock()
 	return &memConn{QP: q, n: n}, nil
 }
@@ -572,5 +575,43 @@ func TestNetworkQPFullTransport(t *testing.T) {
 	}
 	if !bytes.Equal(b.g.mrRead(t, b.mr, mrIOVA+32768, uint64(len(data))), data) {
 		t.Fatal("data differs")
+	}
+}
+
+// TestNetworkPaths: MODIFY_QP's PATHS reaches the network with the
+// device's network GIDs; beyond 64, or set without its mask bit, it is
+// INVALID and nothing connects.
+func TestNetworkPaths(t *testing.T) {
+	p := newNetPairIdle(t, pairOpts{})
+	q := newQP(t, p.a.g, p.a.d, 0x300, p.a.scq, p.a.rcq, qpOpts{})
+	connectInit(t, q)
+	rtr := abi.QPAttr{QPState: abi.QPSRTR, AttrMask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN |
+		abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer, DGID: hostB, SGIDIndex: 1, PathMTU: abi.MTU1024, DestQPNum: 0x200}
+	before, _ := p.na.counts()
+	for _, bad := range []abi.QPAttr{
+		func() abi.QPAttr { a := rtr; a.Paths = 4; return a }(), // no mask bit
+		func() abi.QPAttr { a := rtr; a.AttrMask |= abi.QPAttrPaths; a.Paths = MaxPaths + 1; return a }(),
+	} {
+		if st := q.Modify(bad); st != abi.StatusInvalid {
+			t.Fatalf("paths %d mask %#x: %v, want INVALID", bad.Paths, bad.AttrMask, st)
+		}
+	}
+	if c, _ := p.na.counts(); c != before {
+		t.Fatal("an invalid MODIFY_QP connected")
+	}
+	a := rtr
+	a.AttrMask |= abi.QPAttrPaths
+	a.Paths = 8
+	if st := q.Modify(a); st != abi.StatusOK {
+		t.Fatalf("RTR with 8 paths: %v", st)
+	}
+	p.na.mu.Lock()
+	paths, locals := p.na.paths, p.na.locals
+	p.na.mu.Unlock()
+	if paths != 8 || locals != 1 {
+		t.Fatalf("network got paths %d, %d local GIDs; want 8, 1", paths, locals)
+	}
+	if got := q.Attr().Paths; got != 8 {
+		t.Fatalf("QUERY_QP paths %d, want 8", got)
 	}
 }
