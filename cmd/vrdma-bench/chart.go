@@ -281,3 +281,22 @@ func drawScalingChart(pts []scalePoint) *image.RGBA {
 func writeScalingChart(path string, pts []scalePoint) error {
 	return writePNG(path, drawScalingChart(pts))
 }
+
+// drawLossChart renders the roce section's picture: 64 KiB WRITE goodput
+// against the loss rate of one path, the QP sprayed over sprayPaths paths
+// and on the lossy path alone. The loss rates are spread evenly on x (not
+// to scale: they span 0 to 5 %).
+func drawLossChart(pts []lossPoint) *image.RGBA {
+	p := plot{title: fmt.Sprintf("64 KIB RDMA WRITE GOODPUT, LOSS ON 1 OF %d PATHS", sprayPaths),
+		xLabel: "loss rate of the lossy path, percent (not to scale)", yLabel: "GBIT/S"}
+	spray := series{name: fmt.Sprintf("SPRAYED OVER %d PATHS", sprayPaths), color: seriesColor[0]}
+	plain := series{name: "ONE PATH, GO-BACK-N (THE LOSSY ONE)", color: seriesColor[2]}
+	for i, pt := range pts {
+		x := float64(i)
+		p.ticks = append(p.ticks, tick{x, lossLabel(pt.loss)})
+		spray.xs, spray.ys = append(spray.xs, x), append(spray.ys, pt.spray)
+		plain.xs, plain.ys = append(plain.xs, x), append(plain.ys, pt.plain)
+	}
+	p.series = []series{spray, plain}
+	return p.draw()
+}

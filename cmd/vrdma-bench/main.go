@@ -1,8 +1,10 @@
 // Command vrdma-bench is `make bench`: it runs vrdma's benchmark suite on
 // the host through virtio-user front-ends on in-process daemons (no QEMU),
 // prints the tables and writes docs/benchmarks.md, the bandwidth chart
-// docs/benchmarks-bw.png and the scaling chart docs/benchmarks-scaling.png
-// (aggregate bandwidth against busy device pairs). Every figure stands
+// docs/benchmarks-bw.png, the scaling chart docs/benchmarks-scaling.png
+// (aggregate bandwidth against busy device pairs) and the roce section's
+// docs/benchmarks-roce-loss.png (goodput against the loss rate of one of
+// four paths, sprayed and single-path). Every figure stands
 // beside a baseline measured in the same run (memcpy, mlock, pin-all, a
 // bare control round trip, a two-goroutine queue hand-off, one device pair,
 // a victim pair alone) because the machines are shared and noisy: the
@@ -65,7 +67,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var threads int
 	fs.StringVar(&o.out, "out", "docs/benchmarks.md", "markdown report to write (empty: none)")
 	fs.StringVar(&o.png, "png", "docs/benchmarks-bw.png", "bandwidth chart to write; the scaling chart goes beside it as "+
-		scalingPNG+" (empty: no charts)")
+		scalingPNG+", the roce section's goodput against loss as "+lossPNG+" (empty: no charts)")
 	fs.StringVar(&o.micro, "micro", "", "go test -bench output to include (optional)")
 	fs.StringVar(&o.vmtest, "vmtest", "bin/vrdma-vmtest", "vrdma-vmtest binary for the spin-up section")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run")
@@ -92,6 +94,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	o.s.guestMems = []uint64{1 << 30, 4 << 30, 16 << 30}
 	o.s.regSize = 1 << 30
 	o.s.pairs = []int{1, 2, 4, 8, 32, 128}
+	o.s.quick = quick
 	if quick {
 		o.s.sizes = []uint64{64, 4 << 10, 64 << 10}
 		o.s.guestMems = []uint64{64 << 20, 128 << 20}
@@ -161,7 +164,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 	start := time.Now()
 	o.loadStart = loadavg()
-	secs, pts, scale, err := suite(o, stdout)
+	secs, pts, scale, loss, err := suite(o, stdout)
 	if err != nil {
 		return err
 	}
@@ -174,6 +177,11 @@ func run(args []string, stdout io.Writer) error {
 	}
 	if o.png != "" && len(scale) > 0 {
 		if err := writeScalingChart(filepath.Join(filepath.Dir(o.png), scalingPNG), scale); err != nil {
+			return err
+		}
+	}
+	if o.png != "" && len(loss) > 0 {
+		if err := writePNG(filepath.Join(filepath.Dir(o.png), lossPNG), drawLossChart(loss)); err != nil {
 			return err
 		}
 	}
@@ -214,18 +222,18 @@ func progress(w io.Writer, format string, a ...any) {
 }
 
 // suite runs every section.
-func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scalePoint, err error) {
+func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scalePoint, loss []lossPoint, err error) {
 	s := o.s
 	main, err := newRig(memmap.PinConfig{CacheBytes: 2 * s.regSize})
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	defer main.close()
 	bufBytes := int(depth * s.sizes[len(s.sizes)-1])
 	var p *pair
 	if o.want("bw") || o.want("rate") || o.want("lat") || o.want("control") {
 		if p, err = openPair(main, bufBytes); err != nil {
-			return nil, nil, nil, fmt.Errorf("pair: %w", err)
+			return nil, nil, nil, nil, fmt.Errorf("pair: %w", err)
 		}
 		defer p.close()
 	}
@@ -233,7 +241,7 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 	if o.want("bw") {
 		progress(w, "bandwidth, %d sizes", len(s.sizes))
 		if pts, err = bandwidth(s, p); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		secs = append(secs, bwSection(pts))
 	}
@@ -247,7 +255,7 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 		}{{"64 B WRITE", abi.WROpRDMAWrite}, {"64 B SEND", abi.WROpSend}} {
 			r, err := msgRate(s, p, op.op)
 			if err != nil {
-				return nil, nil, nil, fmt.Errorf("%s rate: %w", op.name, err)
+				return nil, nil, nil, nil, fmt.Errorf("%s rate: %w", op.name, err)
 			}
 			rows = append(rows, row{name: op.name, figure: r / 1e6, unit: "Mops/s", baseName: "goroutine queue hand-off",
 				baseline: base / 1e6, baseUnit: "Mops/s", target: "≥ 2 Mops/s", met: boolp(r >= 2e6)})
@@ -270,7 +278,7 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 		}{{"64 B WRITE", abi.WROpRDMAWrite}, {"64 B SEND", abi.WROpSend}} {
 			p50, p99, err := latencies(s, p, op.op)
 			if err != nil {
-				return nil, nil, nil, fmt.Errorf("%s latency: %w", op.name, err)
+				return nil, nil, nil, nil, fmt.Errorf("%s latency: %w", op.name, err)
 			}
 			rows = append(rows,
 				row{name: op.name + " p50", figure: p50, unit: "µs", baseName: "hand-off round trip p50", baseline: base,
@@ -284,7 +292,7 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 		progress(w, "control path")
 		cr, err := control(s, p)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		secs = append(secs, controlSection(cr))
 	}
@@ -296,7 +304,7 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 		progress(w, "registration of %s", sizeName(s.regSize))
 		rr, err := registration(s, main)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("registration: %w", err)
+			return nil, nil, nil, nil, fmt.Errorf("registration: %w", err)
 		}
 		secs = append(secs, regSection(s, rr))
 	}
@@ -304,7 +312,7 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 		progress(w, "start-up")
 		sec, err := startupSection(s, w)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		secs = append(secs, sec)
 	}
@@ -312,7 +320,7 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 		progress(w, "scaling")
 		sec, sp, err := scalingSection(s)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		secs, scale = append(secs, sec), sp
 	}
@@ -320,28 +328,28 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 		progress(w, "isolation")
 		sec, err := isolationSection(s)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		secs = append(secs, sec)
 	}
 	if o.want("roce") {
 		progress(w, "roce")
-		sec, err := roceSection(s, w)
+		sec, lp, err := roceSection(s, w)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
-		secs = append(secs, sec)
+		secs, loss = append(secs, sec), lp
 	}
 	if o.want("density") {
 		progress(w, "density")
 		sec, err := densitySection(o, w)
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 		secs = append(secs, sec)
 	}
 	secs = append(secs, spinupSection(o), microSection(o))
-	return secs, pts, scale, nil
+	return secs, pts, scale, loss, nil
 }
 
 // spinupSection runs `vrdma-vmtest spinup --json` when it exists, QEMU

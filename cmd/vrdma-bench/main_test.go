@@ -159,6 +159,12 @@ func TestQuickSuite(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, scalingPNG)); err != nil {
 		t.Errorf("scaling chart: %v", err)
 	}
+	// The roce section links its picture when it measured it.
+	if strings.Contains(doc, "("+lossPNG+")") {
+		if _, err := os.Stat(filepath.Join(dir, lossPNG)); err != nil {
+			t.Errorf("loss chart: %v", err)
+		}
+	}
 	rows := 0
 	for _, l := range strings.Split(doc, "\n") {
 		if !strings.HasPrefix(l, "| ") || strings.HasPrefix(l, "| Measurement") {

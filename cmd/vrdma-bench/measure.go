@@ -27,6 +27,7 @@ type settings struct {
 	regSize   uint64   // REG_MR cold/cached size
 	pairs     []int    // scaling
 	spin      bool     // clients never yield (--spin-clients)
+	quick     bool     // --quick: fewer points where a section sweeps
 }
 
 // repeat runs f s.repeats times and returns the median of its results.

@@ -4,7 +4,10 @@ package main
 // network namespaces as RoCEv2 (backend/rdma/roce/rc over
 // backend/rdma/roce/udp), each figure beside the same veth's raw UDP
 // measured in the same run: one QP's 64 KiB WRITE goodput against a
-// sendmmsg blast, 64 B WRITE latency against a UDP ping-pong.
+// sendmmsg blast, 64 B WRITE latency against a UDP ping-pong. Further rows,
+// each in a lab of its own: multipath spray under loss against single-path
+// go-back-N (roce_spray.go, with the goodput-against-loss picture), and
+// vrdma against Linux soft-RoCE beside rxe against rxe (roce_rxe.go).
 
 import (
 	"errors"
@@ -54,19 +57,27 @@ var roceAddrs = [2]netip.Addr{netip.MustParseAddr("10.200.250.1"), netip.MustPar
 
 // roceRows measures further rows of the section in a lab of its own (it
 // builds its namespaces, paths or rxe devices, and removes them) and
-// returns only rows it measured.
-type roceRows func(s settings, w io.Writer) ([]row, error)
+// returns only rows it measured, with their notes and, for the spray
+// rows, the points of the goodput-against-loss picture.
+type roceRows func(s settings, w io.Writer) (roceMore, error)
 
-// Hooks for the section's two further rows, being built elsewhere (issue
-// 16). A nil hook prints no row; the section notes that it was not
-// measured.
+// roceMore is what a roceRows hook measured.
+type roceMore struct {
+	rows  []row
+	notes []string
+	loss  []lossPoint // the picture's points (spray rows only)
+}
+
+// The section's two further rows. A nil hook prints no row; the section
+// notes that it was not measured.
 var (
 	// roceSprayRows: multipath spray (backend/rdma/roce/spray) at 1 %
-	// loss on 1 of 4 paths, against single-path go-back-N on the same
-	// impaired paths.
-	roceSprayRows roceRows
-	// roceRxeRows: vrdma↔rxe against rxe↔rxe on the same veth.
-	roceRxeRows roceRows
+	// loss on 1 of 4 paths, against single-path go-back-N on the lossy
+	// path (roce_spray.go).
+	roceSprayRows roceRows = sprayRows
+	// roceRxeRows: vrdma↔rxe against rxe↔rxe on the same links
+	// (roce_rxe.go).
+	roceRxeRows roceRows = rxeRows
 )
 
 // roceLab is two namespaces joined by one veth (MTU 1500), each holding
@@ -214,15 +225,22 @@ func (w clientWait) String() string {
 }
 
 func openRoceClient(l *roceLab, sq int, bufBytes int) (*roceClient, error) {
+	return openRoceClientOn(l.socks, roceAddrs, 0, sq, bufBytes)
+}
+
+// openRoceClientOn connects a QP on the device of socks[0], from GID index
+// 1 (addrs[0]), to one on the device of socks[1] (addrs[1]), asking for
+// paths (MODIFY_QP's PATHS; 0: the device's default).
+func openRoceClientOn(socks [2]string, addrs [2]netip.Addr, paths uint32, sq int, bufBytes int) (*roceClient, error) {
 	c := &roceClient{sq: sq, wrs: make([]verbs.SendWR, sq), sges: make([]abi.SGE, sq), wc: make([]verbs.WC, 2*sq)}
 	for i := range c.wrs {
 		c.wrs[i].SGL = c.sges[i : i+1 : i+1]
 	}
 	var err error
-	if c.a, err = openSideDepth(l.socks[0], bufBytes, sq); err != nil {
+	if c.a, err = openSideDepth(socks[0], bufBytes, sq); err != nil {
 		return nil, err
 	}
-	if c.b, err = openSideDepth(l.socks[1], bufBytes, sq); err != nil {
+	if c.b, err = openSideDepth(socks[1], bufBytes, sq); err != nil {
 		c.a.close()
 		return nil, err
 	}
@@ -232,13 +250,13 @@ func openRoceClient(l *roceLab, sq int, bufBytes int) (*roceClient, error) {
 			c.close()
 			return nil, fmt.Errorf("query gid 1: %w", err)
 		}
-		if want := udp.GID(roceAddrs[i]); gids[i] != want {
+		if want := udp.GID(addrs[i]); gids[i] != want {
 			c.close()
 			return nil, fmt.Errorf("gid 1 of device %d is %x, want the host address's %x", i, gids[i], want)
 		}
 	}
 	acc := abi.AccessRemoteWrite | abi.AccessRemoteRead
-	opts := verbs.ConnectOpts{SGIDIndex: 1}
+	opts := verbs.ConnectOpts{SGIDIndex: 1, Paths: paths}
 	if err := c.a.qp.ConnectRCOpts(gids[1], c.b.qp.Num(), acc, opts); err != nil {
 		c.close()
 		return nil, fmt.Errorf("connect a: %w", err)
@@ -462,44 +480,48 @@ func roceMeasure(s settings, l *roceLab, w io.Writer) (roceResult, error) {
 	return res, nil
 }
 
-// roceSection measures the section, or says why it could not.
-func roceSection(s settings, w io.Writer) (section, error) {
-	sec := section{title: "RoCEv2 between network namespaces", intro: roceIntro}
+// roceSection measures the section, or says why it could not; loss is
+// the goodput-against-loss picture's points (none if not measured).
+func roceSection(s settings, w io.Writer) (sec section, loss []lossPoint, err error) {
+	sec = section{title: "RoCEv2 between network namespaces", intro: roceIntro}
 	l, err := newRoceLab()
 	if errors.Is(err, netlab.ErrUnavailable) {
 		sec.notes = append(sec.notes, "Not measured in this run: "+err.Error()+".")
-		return sec, nil
+		return sec, nil, nil
 	}
 	if err != nil {
-		return sec, fmt.Errorf("roce lab: %w", err)
+		return sec, nil, fmt.Errorf("roce lab: %w", err)
 	}
 	res, err := roceMeasure(s, l, w)
 	l.close()
 	if err != nil {
-		return sec, fmt.Errorf("roce: %w", err)
+		return sec, nil, fmt.Errorf("roce: %w", err)
 	}
 	sec.rows = roceRowsOf(res)
+	var more []string
 	for _, h := range []struct {
 		name string
 		rows roceRows
 	}{{"multipath spray at 1 % loss on 1 of 4 paths against single-path go-back-N", roceSprayRows},
 		{"vrdma↔rxe against rxe↔rxe", roceRxeRows}} {
 		if h.rows == nil {
-			sec.notes = append(sec.notes, "Not in this suite yet: "+h.name+".")
+			more = append(more, "Not in this suite yet: "+h.name+".")
 			continue
 		}
-		rs, err := h.rows(s, w)
+		m, err := h.rows(s, w)
 		if err != nil {
-			return sec, fmt.Errorf("roce, %s: %w", h.name, err)
+			return sec, nil, fmt.Errorf("roce, %s: %w", h.name, err)
 		}
-		sec.rows = append(sec.rows, rs...)
+		sec.rows, more = append(sec.rows, m.rows...), append(more, m.notes...)
+		loss = append(loss, m.loss...)
 	}
 	sec.notes = append(sec.notes, fmt.Sprintf("Path MTU %d. Per 64 KiB WRITE, A's endpoint sent %.2f datagrams (%d without "+
 		"retransmission), %.1f per sendmmsg, and B's received %.1f %% of them. Goodput repeats (Gbit/s): vrdma %s, "+
 		"busy-polling %s, blast %s.", int(res.pmtu), res.txPerOp, roceSize/int(res.pmtu), res.txPerCall, 100*res.rxShare,
 		fmtList(res.goodputs), fmtList(res.spinGoodputs), fmtList(res.blasts)))
-	sec.notes = append(sec.notes, verdict(sec.rows, roceMiss))
-	return sec, nil
+	sec.notes = append(sec.notes, more...)
+	sec.notes = append(sec.notes, verdict(sec.rows, roceMissOf(sec.rows)))
+	return sec, loss, nil
 }
 
 func roceRowsOf(r roceResult) []row {
@@ -545,7 +567,9 @@ const roceIntro = "Two network namespaces joined by one veth (MTU 1500, so the e
 	"take on the wire; the next row and the latency rows busy-poll, as perftest does), the engine pool serving both daemons' doorbells (the requester's WQE → rc.Conn.Post, " +
 	"which sends the first 32 packets), each endpoint's receive, pump and timer goroutines (sealing, ICRC, " +
 	"the responder's copy into guest memory, ACKs), and the kernel's veth and UDP softirq work for both " +
-	"namespaces; the blast's sender and receiver share the same two cores with the softirq work."
+	"namespaces; the blast's sender and receiver share the same two cores with the softirq work. The rows " +
+	"after the latency rows (multipath spray under loss, vrdma against soft-RoCE) are measured in labs of " +
+	"their own, described under the table."
 
 // roceMiss is printed under a missed target: what the profiles showed
 // (`vrdma-bench --only roce --cpuprofile`, and BenchmarkRoCEWrite64K and

@@ -2,14 +2,20 @@ package main
 
 import (
 	"fmt"
+	"image/color"
 	"io"
+	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vrdma/vrdma/internal/netlab"
+	"github.com/vrdma/vrdma/internal/pftexchange"
+	"github.com/vrdma/vrdma/internal/roceinterop"
+	"github.com/vrdma/vrdma/vmm/guestvm"
 )
 
 // newRoceLabT is newRoceLab for a test: it skips (or, under CI, fails)
@@ -80,17 +86,32 @@ func benchRoCEWrite(b *testing.B, l *roceLab, wait clientWait) {
 }
 
 // TestRoCESection runs the section once, briefly: its rows are measured
-// over the network (the endpoints' counters show the QP's datagrams) and
-// the lab leaves nothing behind.
+// over the network (the endpoints' counters show the QP's datagrams; the
+// sprayed QP used every path, the single-path QP only the lossy one), the
+// loss picture has its points, and the labs leave nothing behind.
 func TestRoCESection(t *testing.T) {
 	netlab.Require(t)
-	s := settings{rowTime: 50 * time.Millisecond, repeats: 1}
-	sec, err := roceSection(s, io.Discard)
+	s := settings{rowTime: 50 * time.Millisecond, repeats: 1, quick: true}
+	sec, loss, err := roceSection(s, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(sec.rows) != 4 {
-		t.Fatalf("got %d rows, want 4: %+v", len(sec.rows), sec.rows)
+	// The veth's four rows, the spray row, and the rxe row where QEMU
+	// and bin/rxe are found from the working directory (not from a
+	// package's: then a note says so).
+	if len(sec.rows) < 5 || len(sec.rows) > 6 {
+		t.Fatalf("got %d rows, want 5 or 6: %+v", len(sec.rows), sec.rows)
+	}
+	if r := sec.rows[4]; !strings.Contains(r.name, "sprayed") || r.met == nil {
+		t.Errorf("row 5 is %q (target met %v), want the spray row with its target", r.name, r.met)
+	}
+	if want := len(sprayLossRates(s.quick)); len(loss) != want {
+		t.Errorf("got %d points of the loss picture, want %d: %+v", len(loss), want, loss)
+	}
+	for _, p := range loss {
+		if p.spray <= 0 || p.plain <= 0 {
+			t.Errorf("loss %v: sprayed %v, single-path %v Gbit/s: want both measured", p.loss, p.spray, p.plain)
+		}
 	}
 	for _, r := range sec.rows {
 		if r.figure <= 0 || r.baseline <= 0 {
@@ -145,4 +166,72 @@ func BenchmarkRoCEWriteLatency(b *testing.B) {
 		}
 		report(b, lat)
 	})
+}
+
+// TestLossChart: both series of the goodput-against-loss picture are drawn.
+func TestLossChart(t *testing.T) {
+	pts := []lossPoint{{0, 1.2, 1.4}, {0.001, 1.1, 0.9}, {0.01, 1, 0.1}, {0.05, 1.1, 0.01}}
+	p := filepath.Join(t.TempDir(), lossPNG)
+	if err := writePNG(p, drawLossChart(pts)); err != nil {
+		t.Fatal(err)
+	}
+	img := readChart(t, p)
+	for _, c := range []color.RGBA{seriesColor[0], seriesColor[2]} {
+		found := false
+		for y := 0; y < chartH && !found; y++ {
+			for x := 0; x < chartW; x++ {
+				r, g, b, _ := img.At(x, y).RGBA()
+				if uint8(r>>8) == c.R && uint8(g>>8) == c.G && uint8(b>>8) == c.B {
+					found = true
+					break
+				}
+			}
+		}
+		if !found {
+			t.Errorf("colour %v not drawn", c)
+		}
+	}
+	for _, tc := range []struct {
+		p    float64
+		want string
+	}{{0, "0"}, {0.001, "0.1"}, {0.005, "0.5"}, {0.01, "1"}, {0.05, "5"}} {
+		if got := lossLabel(tc.p); got != tc.want {
+			t.Errorf("lossLabel(%v) = %q, want %q", tc.p, got, tc.want)
+		}
+	}
+}
+
+// TestRxeGbits: a pairing's results count only when there is one
+// write_bw result with a rate per job.
+func TestRxeGbits(t *testing.T) {
+	job := roceinterop.Job{Op: pftexchange.WriteBW, Size: rxeSize, Iters: 32}
+	ok := guestvm.Result{Op: "write_bw", Size: rxeSize, Iters: 32, GBytesPerS: 0.03}
+	for _, tc := range []struct {
+		name string
+		rs   []guestvm.Result
+		n    int
+		want []float64
+	}{
+		{"two jobs", []guestvm.Result{ok, ok}, 2, []float64{0.24, 0.24}},
+		{"a result missing", []guestvm.Result{ok}, 2, nil},
+		{"another op", []guestvm.Result{{Op: "read_bw", Size: rxeSize, GBytesPerS: 0.03}}, 1, nil},
+		{"another size", []guestvm.Result{{Op: "write_bw", Size: 4096, GBytesPerS: 0.03}}, 1, nil},
+		{"no rate", []guestvm.Result{{Op: "write_bw", Size: rxeSize}}, 1, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := rxeGbits(tc.rs, job, tc.n)
+			if tc.want == nil {
+				if err == nil {
+					t.Fatalf("got %v, want an error", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(tc.want) || math.Abs(got[0]-tc.want[0]) > 1e-9 {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
 }
