@@ -42,7 +42,10 @@
 // sleeps on one timer until the next packet is due. Everything is bounded:
 // 4 goroutines and 2 × (QueueLen+1) buffers per path. A packet that finds
 // all buffers of its lane in use is dropped and counted (QueueFull) — the
-// hop never blocks the kernel, whose own TUN queue would drop silently.
+// hop never blocks the kernel, whose own TUN queue would drop silently
+// (Interpose makes that queue as long as the lane's when QueueLen exceeds
+// the kernel's 500 packets, so a reader kept waiting by a busy machine
+// loses no more there than the lane would).
 //
 // Rules change at run time (SetRule, SetRuleDir; an atomic pointer the
 // scheduler reads per packet); a Down rule also drops what is already

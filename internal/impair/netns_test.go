@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -279,6 +280,26 @@ func TestHopTUNsGoWithTheHop(t *testing.T) {
 	p := mp.Paths[1]
 	if got := stream(t, mp.A, mp.B, p.A, p.B, 10, 64, 10, func() uint64 { return 0 }); len(got) != 10 {
 		t.Errorf("after the hop closed, %d of 10 arrived", len(got))
+	}
+}
+
+// TestHopTUNQueueFollowsQueueLen: a QueueLen above the kernel's 500 makes
+// the TUNs' own queue as long, so that the kernel drops no more in front
+// of a reader kept waiting than the lane would; the default leaves it.
+func TestHopTUNQueueFollowsQueueLen(t *testing.T) {
+	for _, tc := range []struct{ queueLen, want int }{{0, tunQueueLen}, {2048, 2048}} {
+		t.Run(fmt.Sprint(tc.queueLen), func(t *testing.T) {
+			mp, _ := labHop(t, 1, Config{QueueLen: tc.queueLen})
+			for _, name := range []string{"hopa0", "hopb0"} {
+				out, err := mp.M.IP("link", "show", "dev", name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := fmt.Sprintf(" qlen %d", tc.want); !strings.Contains(out, want) {
+					t.Errorf("%s: got %q, want%s", name, out, want)
+				}
+			}
+		})
 	}
 }
 

@@ -25,12 +25,15 @@ const (
 	MaxMessage          = abi.MaxMsgSize
 	DefaultHelloTimeout = 20 * time.Millisecond
 	DefaultHelloRetries = 5
-	DefaultMinRTO       = 5 * time.Millisecond
+	DefaultMinRTO       = 20 * time.Millisecond
 	MaxPaths            = maxPaths
 	maxLocals           = MaxAddrs
 	dupThresh           = 3  // later packets acknowledged on a path before an earlier one is lost
 	initCwnd            = 16 // a path's congestion window at start and after it recovers
 	maxProbeGap         = 100 * time.Millisecond
+	minPTO              = time.Millisecond // the least tail-loss probe timeout (the endpoints tick every 1 ms)
+	maxEchoAge          = 10 * time.Second // an ACK's echo older than this (or from the future) is ignored
+	ackEvery            = 32               // DATA packets a receiver may leave unacknowledged at the end of a batch
 )
 
 // ErrConfig: a Config New does not accept.
@@ -62,7 +65,8 @@ type Config struct {
 	// speaks plain RC for good.
 	HelloTimeout time.Duration
 	HelloRetries int
-	// MinRTO is the least per-path retransmission timeout (0: 5 ms).
+	// MinRTO is the least per-path retransmission timeout, the silence
+	// that takes a path down (0: 20 ms).
 	MinRTO time.Duration
 	// Plain disables the extension: the Conn is the plain RC QP (a spray
 	// peer's HELLO is still answered, so that its requests are sprayed).
@@ -403,6 +407,10 @@ func (c *Conn) Tick(via *udp.Endpoint) {
 			c.helloAt = now.Add(c.cfg.HelloTimeout << min(c.hellos-1, 4))
 		}
 	}
+	if c.rx.owed > 0 { // DATA no ACK covered yet (receiver.data): a tick late at most
+		c.rx.need = true
+		c.rx.sendAck(c)
+	}
 	if c.Mode() == Sprayed && !c.failed {
 		c.tx.tick(c, now)
 	}
@@ -421,151 +429,6 @@ func (c *Conn) Pump() {
 		c.pumpLocked()
 	}
 	c.flushLocked()
-}
-
-// fallBack makes the requester plain RC for good: the work requests
-// queued while negotiating go to the plain QP in order.
-func (c *Conn) fallBack() {
-	c.mode.Store(int32(Plain))
-	c.ctr.fallbacks.Add(1)
-	for c.tx.head != c.tx.tail {
-		w := c.tx.at(c.tx.head)
-		wr := w.wr
-		*w = swqe{}
-		c.tx.head++
-		if err := c.qp.Post(wr); err != nil {
-			// The QP failed meanwhile: it flushed, and so do we.
-			c.host.SendDone(rc.Completion{ID: wr.ID, Opcode: wr.Opcode, Status: abi.WCWRFlushErr})
-		}
-	}
-	c.tx.cur, c.tx.tail = c.tx.head, c.tx.head
-}
-
-// sendHello sends a HELLO or HELLO_ACK from Locals[0] to the peer.
-func (c *Conn) sendHello(op roce.Opcode) {
-	h := Hello{PMTU: c.cfg.RC.PMTU, Paths: uint8(c.cfg.Paths), Window: uint32(c.cfg.Window),
-		Messages: uint32(c.cfg.Messages), StartPSN: c.start, NAddrs: len(c.locals)}
-	copy(h.Addrs[:], c.locals)
-	c.pkt = appendHello(c.pkt[:0], op, c.cfg.RC.DestQPN, &h)
-	c.qpPort.route.Send(c.pkt)
-	c.dirty |= 1
-	if op == OpHello {
-		c.ctr.hellos.Add(1)
-	}
-}
-
-// ReceiveVendor implements udp.PacketHandler.
-func (c *Conn) ReceiveVendor(b []byte, src netip.AddrPort, via *udp.Endpoint) udp.Verdict {
-	p, err := Parse(b, c.cfg.RC.PMTU)
-	if err != nil {
-		c.ctr.dropMalformed.Add(1)
-		return udp.Delivered
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		c.ctr.dropState.Add(1)
-		return udp.Delivered
-	}
-	if p.Opcode == OpHello || p.Opcode == OpHelloAck {
-		if src.Addr() != c.cfg.Peer.Addr() || via != c.cfg.Locals[0] {
-			return udp.WrongPeer
-		}
-		c.hello(&p)
-		return udp.Delivered
-	}
-	if c.peer == nil {
-		c.ctr.dropState.Add(1) // no HELLO yet: nothing is known of the peer
-		return udp.Delivered
-	}
-	li, ri := c.localIndex(via), c.peerIndex(src.Addr())
-	if li < 0 || ri < 0 {
-		return udp.WrongPeer
-	}
-	route := c.peer.routes[li][ri]
-	switch p.Opcode {
-	case OpData:
-		c.rx.data(c, &p, route)
-	case OpAck:
-		if c.tx.pk == nil {
-			c.ctr.dropState.Add(1)
-			break
-		}
-		c.tx.ack(c, &p.Ack)
-	case OpProbe:
-		c.rx.probe(c, &p.Probe, route)
-	}
-	return udp.Delivered
-}
-
-// hello handles a HELLO (answered every time) or HELLO_ACK.
-func (c *Conn) hello(p *Packet) {
-	h := &p.Hello
-	if h.PMTU != c.cfg.RC.PMTU || !sameFamily(h, c.locals[0].Is4()) {
-		c.ctr.dropMalformed.Add(1) // cannot spray with it: no answer, the peer falls back
-		return
-	}
-	if c.peer == nil {
-		pi := &peerInfo{hello: *h}
-		for _, e := range c.cfg.Locals {
-			row := make([]*udp.Route, h.NAddrs)
-			for j := range h.NAddrs {
-				r, err := e.Route(netip.AddrPortFrom(h.Addrs[j], c.cfg.Peer.Port()))
-				if err != nil {
-					c.ctr.dropMalformed.Add(1)
-					return
-				}
-				row[j] = r
-			}
-			pi.routes = append(pi.routes, row)
-		}
-		c.peer = pi
-		c.rx.start(c, h.StartPSN)
-	} else if c.peer.hello.StartPSN != h.StartPSN || c.peer.hello.Window != h.Window || c.peer.hello.Messages != h.Messages {
-		c.ctr.dropStale.Add(1) // a HELLO of another incarnation
-		return
-	}
-	if c.tx.pk == nil {
-		c.tx.initPeer(c)
-	}
-	if p.Opcode == OpHello {
-		c.sendHello(OpHelloAck)
-		c.flushLocked()
-		return
-	}
-	if c.started && c.Mode() == Negotiating && !c.failed {
-		c.mode.Store(int32(Sprayed))
-		c.ctr.negotiated.Add(1)
-		c.pumpLocked()
-		c.flushLocked()
-	}
-}
-
-func sameFamily(h *Hello, v4 bool) bool {
-	for i := range h.NAddrs {
-		if h.Addrs[i].Is4() != v4 {
-			return false
-		}
-	}
-	return true
-}
-
-func (c *Conn) localIndex(e *udp.Endpoint) int {
-	for i, l := range c.cfg.Locals {
-		if l == e {
-			return i
-		}
-	}
-	return -1
-}
-
-func (c *Conn) peerIndex(a netip.Addr) int {
-	for i := range c.peer.hello.NAddrs {
-		if c.peer.hello.Addrs[i] == a {
-			return i
-		}
-	}
-	return -1
 }
 
 // send hands a built packet to route and notes the endpoint to flush.

@@ -50,7 +50,7 @@ func (c *Conn) Counters() Counters {
 }
 
 type pathCounters struct {
-	sent, retransmits, acked, lost, timeouts, downs, ups atomic.Uint64
+	sent, retransmits, acked, lost, timeouts, tlps, downs, ups atomic.Uint64
 }
 
 // PathStats is one path's state and counters.
@@ -64,7 +64,8 @@ type PathStats struct {
 	Retransmits uint64  // of which retransmissions
 	Acked       uint64
 	Lost        uint64 // declared lost (by later packets of the path, or a timeout)
-	Timeouts    uint64
+	Timeouts    uint64 // times it was silent for its RTO while another path was not
+	TailProbes  uint64 // PROBEs sent because its packets in flight went unanswered for its PTO
 	Downs, Ups  uint64 // times it was taken out of use and back
 }
 
@@ -80,7 +81,7 @@ func (c *Conn) Paths() []PathStats {
 			Local: p.route.Endpoint().LocalAddr().Addr().String(), Peer: p.route.Peer().Addr().String(),
 			Up: p.up, Cwnd: p.cwnd, SRTT: p.srtt, Loss: p.loss,
 			Sent: s.sent.Load(), Retransmits: s.retransmits.Load(), Acked: s.acked.Load(), Lost: s.lost.Load(),
-			Timeouts: s.timeouts.Load(), Downs: s.downs.Load(), Ups: s.ups.Load(),
+			Timeouts: s.timeouts.Load(), TailProbes: s.tlps.Load(), Downs: s.downs.Load(), Ups: s.ups.Load(),
 		})
 	}
 	return out

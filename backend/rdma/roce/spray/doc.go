@@ -50,19 +50,37 @@
 //     of the PSN window and acknowledges with ACKs carrying the
 //     cumulative PSN, a SACK bitmap of the window after it, the retired
 //     MSN and the echo of the last packet's path and timestamp (an RTT
-//     sample of that path), sent back on the path it came by, once per
-//     receive batch. A duplicate PSN is acknowledged, never placed twice,
-//     so an atomic executes once without a replay cache.
-//   - Loss and paths. A packet is lost when three packets sent after it
-//     on the same path were acknowledged (per path, so the different
-//     delays of paths are no reordering), or when it is unacknowledged for
-//     the path's RTO (SRTT+4·RTTVAR within [MinRTO, Timeout]). Each path
-//     has a congestion window (Reno: slow start, +1/cwnd, halved once per
-//     round of losses) and a loss average; packets go round robin to the
-//     paths with room, so a lossy path gets less. An RTO takes the path
-//     down: what it had in flight is sent again on the others, and it is
-//     probed (PROBE, answered by an ACK) with back-off up to 100 ms; the
-//     first echo takes it back with a fresh window.
+//     sample of that path), sent back on the path it came by, at the end
+//     of a receive batch: at once after a duplicate, a retransmission, a
+//     refused packet, a PROBE, a retired message or the last packet of a
+//     response, else once ackEvery (32) packets are unacknowledged, and at
+//     the next tick for what is left. A long message gets an ACK per 32–64
+//     packets rather than one per batch (a dozen packets: ACKs were a
+//     tenth of the packets sent, each costing as much as a DATA packet to
+//     forward). A duplicate PSN is
+//     acknowledged, never placed twice, so an atomic executes once without
+//     a replay cache.
+//   - Loss and paths. A path is FIFO, so what is known to have crossed
+//     it tells what was lost on it: a packet in flight is lost when three
+//     packets sent after it on the same path were acknowledged, or when a
+//     transmission sent on that path more than a quarter of the path's
+//     SRTT after it is known to have arrived — from an ACK's echo, which
+//     names one transmission, or from the acknowledgement of a packet sent
+//     only once (one sent again may have arrived by either copy, so it
+//     tells nothing of its paths: Karn). A path whose packets in flight go
+//     unanswered for its PTO (2·SRTT, at least 1 ms) gets a PROBE, a
+//     tail-loss probe: the ACK echoing it shows what is missing before it,
+//     so a lost tail costs a few RTTs, not a timeout. Each path has a
+//     congestion window (Reno: slow start, +1/cwnd, halved once per round
+//     of losses) and a loss average; packets go round robin to the paths
+//     with room, so a lossy path gets less. A path silent for its RTO
+//     (SRTT+4·RTTVAR, at least MinRTO, at most the larger of MinRTO and
+//     the QP's Timeout) while another path was heard from is taken down:
+//     what it had in flight is sent again on the others, and it is probed
+//     (PROBE, answered by an ACK) with back-off up to 100 ms; the first
+//     echo takes it back with a fresh window. Paths silent all together
+//     are a stall of the peer or of this host, not a path failure: they
+//     stay up, probed with back-off, and the QP's retry timer decides.
 //   - Errors. Errors found while placing (rkey, range, receive too small)
 //     are kept with the message and answered when it would retire: a NAK
 //     with its MSN, so the requester completes the earlier ones and fails
@@ -87,8 +105,9 @@
 // paths, one packet and one payload buffer. Every packet is checked
 // (Parse: every field of every header; then against the windows and the
 // message it claims to belong to) and dropped with a counter when it
-// fails; nothing is allocated per packet. Tick scans the window (O(Window)
-// per tick).
+// fails; nothing is allocated per packet. Tick scans the window once
+// (O(Window) per tick); an ACK scans it for losses only when what is known
+// to have crossed a path moved.
 //
 // # Concurrency
 //

@@ -18,16 +18,25 @@ import (
 // and an endpoint per path address in each (IPv4).
 func multipath(t testing.TB, n int) (*netlab.MultiPath, *impair.Hop, []*udp.Endpoint, []*udp.Endpoint) {
 	t.Helper()
+	return multipathHop(t, n, &impair.Config{Seed: 16})
+}
+
+// multipathHop is multipath with the hop's config; nil: no hop, M
+// forwards in the kernel (the Hop returned is nil).
+func multipathHop(t testing.TB, n int, cfg *impair.Config) (*netlab.MultiPath, *impair.Hop, []*udp.Endpoint, []*udp.Endpoint) {
+	t.Helper()
 	l := netlab.NewT(t)
 	mp, err := l.NewMultiPath(n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := impair.Interpose(mp, impair.Config{Seed: 16})
-	if err != nil {
-		t.Fatal(err)
+	var h *impair.Hop
+	if cfg != nil {
+		if h, err = impair.Interpose(mp, *cfg); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Close() })
 	}
-	t.Cleanup(func() { h.Close() })
 	var as, bs []netip.Addr
 	for _, p := range mp.Paths {
 		as, bs = append(as, p.A), append(bs, p.B)
@@ -142,7 +151,8 @@ func TestNetnsPathDown(t *testing.T) {
 				t.Fatalf("%s: %v\n%s", what, err, x)
 			default:
 			}
-			return cond(x.spray.Paths()[1])
+			ps := x.spray.Paths() // nil until the HELLO_ACK (a HELLO may be lost and sent again)
+			return len(ps) > 1 && cond(ps[1])
 		})
 	}
 	wait("traffic on path 1", func(p PathStats) bool { return p.Acked > 100 })

@@ -45,7 +45,8 @@ type receiver struct {
 	taken    uint32 // next receive sequence number to take
 	done     uint32 // next receive sequence number to complete
 
-	need     bool // an ACK is owed
+	need     bool // an ACK is owed at the end of this receive batch
+	owed     int  // DATA packets received since the last ACK
 	route    *udp.Route
 	echoPath uint8
 	echoTS   uint32
@@ -87,8 +88,15 @@ func (r *receiver) data(c *Conn, p *Packet, route *udp.Route) {
 		c.ctr.dropState.Add(1)
 		return
 	}
-	r.need, r.route, r.echoPath, r.echoTS = true, route, d.Path, d.TS
+	r.route, r.echoPath, r.echoTS = route, d.Path, d.TS
+	r.owed++
 	c.ctr.rxPackets.Add(1)
+	// An ACK goes at the end of the batch for what the sender should hear
+	// of now — a retransmission, a duplicate, a refused packet (below), a
+	// retired message (retire), a response's last packet, a PROBE — or once
+	// ackEvery packets went unacknowledged; otherwise a later ACK or the
+	// next tick (Conn.Tick) carries it.
+	r.need = r.need || r.owed >= ackEvery || d.Flags&flagRetx != 0
 	if c.failed {
 		c.ctr.dropState.Add(1)
 		return
@@ -96,14 +104,17 @@ func (r *receiver) data(c *Conn, p *Packet, route *udp.Route) {
 	diff := int64(p.PSN.Diff(r.startPSN.Add(uint32(r.cum))))
 	switch {
 	case diff < 0:
+		r.need = true
 		c.ctr.duplicates.Add(1)
 		return
 	case uint64(diff) >= r.window():
+		r.need = true
 		c.ctr.dropWindow.Add(1)
 		return
 	}
 	s := r.cum + uint64(diff)
 	if r.bit(s) {
+		r.need = true
 		c.ctr.duplicates.Add(1)
 		return
 	}
@@ -111,7 +122,11 @@ func (r *receiver) data(c *Conn, p *Packet, route *udp.Route) {
 		if c.tx.sq == nil || !c.tx.response(c, d) {
 			c.ctr.dropStale.Add(1)
 		}
+		if d.Op == DAtomicResp || d.Offset+uint32(len(d.Payload)) >= d.Length {
+			r.need = true // the responder frees a response once acknowledged
+		}
 	} else if !r.request(c, d, p.PSN) {
+		r.need = true
 		return
 	}
 	r.setBit(s, true)
@@ -354,7 +369,7 @@ func (r *receiver) sendAck(c *Conn) {
 	c.pkt = appendAck(c.pkt[:0], c.cfg.RC.DestQPN, &a)
 	c.send(r.route, c.pkt)
 	c.ctr.acksSent.Add(1)
-	r.need, r.echoPath = false, noPath
+	r.need, r.echoPath, r.owed = false, noPath, 0
 	if r.status == ackRNR {
 		r.status, r.code = ackOK, 0
 	}

@@ -45,10 +45,12 @@ const (
 	pkRNR  // refused for want of a receive: sent again after the RNR wait
 )
 
-// txPkt is one PSN of the send window.
+// txPkt is one PSN of the send window. path, pathSeq and sentAt are
+// those of its latest transmission.
 type txPkt struct {
 	state   uint8
 	isResp  bool
+	retx    bool // sent more than once: an acknowledgement does not say which copy arrived
 	path    uint8
 	ref     uint64 // send queue index, or response ring index
 	off     uint32
@@ -57,20 +59,25 @@ type txPkt struct {
 }
 
 // path is one path's state: a congestion window of its own (Reno-like),
-// RTT estimates, a loss average, up or down.
+// RTT estimates, a loss average, up or down, and what is known to have
+// crossed it. A path is FIFO: a transmission known delivered means every
+// earlier one on the path arrived or was lost.
 type path struct {
 	route     *udp.Route
 	up        bool
 	cwnd      float64
 	ssthresh  float64
 	inflight  int
-	seq       uint32 // next path sequence number
-	highAcked int64  // highest path sequence number acknowledged, -1 none
-	recover   uint32 // losses of packets sent before this do not shrink again
+	seq       uint32    // next path sequence number
+	highAcked int64     // highest path sequence number known delivered, -1 none
+	delivered uint32    // send timestamp (c.ts) of the latest transmission known delivered
+	anyDeliv  bool      // delivered is set
+	heard     time.Time // when an ACK last acknowledged or echoed a transmission of the path
+	recover   uint32    // losses of packets sent before this do not shrink again
 	srtt      time.Duration
 	rttvar    time.Duration
-	loss      float64 // moving average of lost / sent
-	probeAt   time.Time
+	loss      float64   // moving average of lost / sent
+	probeAt   time.Time // the next PROBE is due (down: back-off; up: tail-loss probe)
 	probeGap  time.Duration
 	stats     pathCounters
 }
@@ -96,6 +103,7 @@ type sender struct {
 	paths     []path
 	rr        int
 	peerRet   uint32 // the peer's retired MSN
+	detect    bool   // a path's delivered point moved: look for losses
 	progress  time.Time
 	retries   int
 	rnrUntil  time.Time
@@ -126,7 +134,7 @@ func (t *sender) initPeer(c *Conn) {
 	t.paths = make([]path, n)
 	for i := range t.paths {
 		t.paths[i] = path{route: c.peer.routes[i%L][i%R], up: true, cwnd: initCwnd,
-			ssthresh: float64(t.limit), highAcked: -1, srtt: 0}
+			ssthresh: float64(t.limit), highAcked: -1, heard: c.now()}
 	}
 	t.progress = c.now()
 }
@@ -178,15 +186,14 @@ func npkts(n uint32, pmtu roce.MTU) uint32 {
 	return (n + uint32(pmtu) - 1) / uint32(pmtu)
 }
 
-// pick returns the next up path with room in its window, round robin, or
-// -1.
+// pick returns the next up path with room in its window, round robin
+// from the one after the path last sent on (transmit moves rr), or -1.
 func (t *sender) pick() int {
 	n := len(t.paths)
 	for k := range n {
 		i := (t.rr + k) % n
 		p := &t.paths[i]
 		if p.up && float64(p.inflight) < p.cwnd {
-			t.rr = (i + 1) % n
 			return i
 		}
 	}
@@ -278,6 +285,7 @@ func (t *sender) transmit(c *Conn, seq uint64, pi int, retx bool) {
 	p := &t.paths[pi]
 	d := Data{Path: uint8(pi), Offset: pk.off, TS: c.ts(now)}
 	if retx {
+		pk.retx = true
 		d.Flags |= flagRetx
 		c.ctr.retransmits.Add(1)
 		p.stats.retransmits.Add(1)
@@ -339,197 +347,9 @@ func (t *sender) transmit(c *Conn, seq uint64, pi int, retx bool) {
 	pk.state, pk.path, pk.pathSeq, pk.sentAt = pkInflight, uint8(pi), p.seq, now
 	p.seq++
 	p.inflight++
+	t.rr = (pi + 1) % len(t.paths)
 	p.stats.sent.Add(1)
 	c.ctr.txPackets.Add(1)
-}
-
-// ack handles the peer's ACK: selective acknowledgement, RTT sample,
-// losses, completions, NAKs.
-func (t *sender) ack(c *Conn, a *Ack) {
-	now := c.now()
-	if a.Path != noPath && int(a.Path) < len(t.paths) {
-		t.rttSample(c, int(a.Path), now.Sub(c.epoch)-time.Duration(a.TS)*time.Microsecond, now)
-	}
-	cum := int64(a.CumPSN.Diff(c.start.Add(uint32(t.una))))
-	if cum < 0 || uint64(cum) > t.next-t.una {
-		c.ctr.dropStale.Add(1)
-		return
-	}
-	progress := false
-	end := t.una + uint64(cum)
-	for s := t.una; s != end; s++ {
-		progress = t.sacked(c, s) || progress
-	}
-	// Bits beyond the cumulative point (cum itself is missing).
-	for j, by := range a.SACK {
-		for k := range 8 {
-			if by&(1<<k) == 0 {
-				continue
-			}
-			s := end + 1 + uint64(8*j+k)
-			if s >= t.next {
-				break
-			}
-			progress = t.sacked(c, s) || progress
-		}
-	}
-	for t.una != t.next && t.p(t.una).state == pkSacked {
-		t.p(t.una).state = pkFree
-		t.una++
-	}
-	t.detectLosses(c)
-	// The peer's retired point can only cover requests sent.
-	if a.Retired != t.peerRet && a.Retired-t.peerRet <= uint32(t.cur)-t.peerRet {
-		t.peerRet = a.Retired
-		progress = true
-	}
-	switch a.Status {
-	case ackRNR:
-		t.rnr(c, a, now)
-	case ackNAK:
-		t.complete(c)
-		st := [4]abi.WCStatus{abi.WCRemOpErr, abi.WCRemInvReqErr, abi.WCRemAccessErr, abi.WCRemOpErr}[a.Code&3]
-		c.ctr.naksRecv.Add(1)
-		c.fail(st)
-		return
-	}
-	if progress {
-		t.progress, t.retries = now, 0
-	}
-	t.freeResps()
-	t.complete(c)
-	c.rx.retire(c) // a response slot may have freed
-	c.pumpLocked()
-}
-
-// sacked marks seq acknowledged; true if it was not yet.
-func (t *sender) sacked(c *Conn, s uint64) bool {
-	pk := t.p(s)
-	if pk.state == pkSacked || pk.state == pkFree {
-		return false
-	}
-	p := &t.paths[pk.path]
-	if pk.state == pkInflight {
-		p.inflight--
-	}
-	pk.state = pkSacked
-	if int64(pk.pathSeq) > p.highAcked {
-		p.highAcked = int64(pk.pathSeq)
-	}
-	p.loss -= p.loss / 64
-	if p.cwnd < p.ssthresh {
-		p.cwnd++
-	} else {
-		p.cwnd += 1 / p.cwnd
-	}
-	p.cwnd = min(p.cwnd, float64(t.limit))
-	p.stats.acked.Add(1)
-	if pk.isResp {
-		t.rat(pk.ref).acked++
-	}
-	return true
-}
-
-// detectLosses declares lost a packet in flight when dupThresh packets
-// sent after it on the same path were acknowledged.
-func (t *sender) detectLosses(c *Conn) {
-	for s := t.una; s != t.next; s++ {
-		pk := t.p(s)
-		if pk.state != pkInflight {
-			continue
-		}
-		p := &t.paths[pk.path]
-		if p.highAcked >= int64(pk.pathSeq)+dupThresh {
-			t.lost(c, s, false)
-		}
-	}
-}
-
-// lost queues seq for retransmission and charges its path: a halved
-// window once per round (dupthresh), or down (timeout).
-func (t *sender) lost(c *Conn, s uint64, timeout bool) {
-	pk := t.p(s)
-	p := &t.paths[pk.path]
-	p.inflight--
-	pk.state = pkLost
-	t.retx[t.rxTail%uint64(len(t.retx))] = s
-	t.rxTail++
-	p.loss += (1 - p.loss) / 64
-	p.stats.lost.Add(1)
-	if timeout {
-		if p.up {
-			p.up = false
-			p.stats.downs.Add(1)
-			p.probeAt, p.probeGap = c.now(), t.rto(c, p)
-			p.ssthresh = max(2, p.cwnd/2)
-			p.cwnd = initCwnd
-			p.stats.timeouts.Add(1)
-		}
-		return
-	}
-	if pk.pathSeq >= p.recover {
-		p.ssthresh = max(2, p.cwnd/2)
-		p.cwnd = p.ssthresh
-		p.recover = p.seq
-	}
-}
-
-func (t *sender) rto(c *Conn, p *path) time.Duration {
-	r := p.srtt + 4*p.rttvar
-	if p.srtt == 0 {
-		r = c.rcCfg.Timeout
-	}
-	return min(max(r, c.cfg.MinRTO), max(c.rcCfg.Timeout, c.cfg.MinRTO))
-}
-
-func (t *sender) rttSample(c *Conn, i int, rtt time.Duration, now time.Time) {
-	p := &t.paths[i]
-	if rtt < 0 || rtt > 10*time.Second {
-		return
-	}
-	if p.srtt == 0 {
-		p.srtt, p.rttvar = rtt, rtt/2
-	} else {
-		d := p.srtt - rtt
-		if d < 0 {
-			d = -d
-		}
-		p.rttvar += (d - p.rttvar) / 4
-		p.srtt += (rtt - p.srtt) / 8
-	}
-	if !p.up {
-		p.up = true
-		p.cwnd = initCwnd
-		p.recover = p.seq
-		p.stats.ups.Add(1)
-	}
-}
-
-// rnr handles an RNR NAK: the refused packet waits for the RNR time, not
-// counted as a loss of its path.
-func (t *sender) rnr(c *Conn, a *Ack, now time.Time) {
-	d := int64(a.PSN.Diff(c.start.Add(uint32(t.una))))
-	c.ctr.rnrRecv.Add(1)
-	if d < 0 || uint64(d) >= t.next-t.una {
-		return
-	}
-	s := t.una + uint64(d)
-	pk := t.p(s)
-	if pk.state != pkInflight && pk.state != pkLost {
-		return
-	}
-	if pk.state == pkInflight {
-		t.paths[pk.path].inflight--
-	}
-	pk.state = pkRNR
-	if t.rnrUntil.IsZero() {
-		t.rnrUsed++
-		if c.rcCfg.RNRRetry != 7 && t.rnrUsed > c.rcCfg.RNRRetry {
-			c.fail(abi.WCRNRRetryExcErr)
-			return
-		}
-		t.rnrUntil = now.Add(rc.RNRTime(a.Code))
-	}
 }
 
 // tick runs the per-path retransmission timeouts, the probes of paths
@@ -566,30 +386,80 @@ func (t *sender) tick(c *Conn, now time.Time) {
 	}
 }
 
-// tickResponses runs the timeouts and probes, which the responses owed
-// need even when this side sends no request.
+// tickResponses runs the paths' timers, which the responses owed need
+// even when this side sends no request. A path whose packets in flight
+// went unanswered for its PTO gets a PROBE: its ACK's echo tells what
+// crossed the path before it (a lost tail is found without a timeout).
+// A path silent for its RTO while another one was heard from is taken
+// down: what it had in flight is lost, and it is probed with back-off
+// until an ACK echoes it. When every path is silent it is the peer, or
+// this host, that stalls: the paths stay up, probed with back-off, and
+// the QP's retry timer decides.
 func (t *sender) tickResponses(c *Conn, now time.Time) {
 	if t.pk == nil {
 		return
 	}
+	// The oldest transmission in flight on each path.
+	var oldest [maxPaths]time.Time
 	for s := t.una; s != t.next; s++ {
 		pk := t.p(s)
-		if pk.state == pkInflight && now.Sub(pk.sentAt) > t.rto(c, &t.paths[pk.path]) {
-			t.lost(c, s, true)
+		if pk.state != pkInflight {
+			continue
 		}
+		if o := &oldest[pk.path]; o.IsZero() || pk.sentAt.Before(*o) {
+			*o = pk.sentAt
+		}
+	}
+	var latest time.Time // the last time any up path was heard from
+	for i := range t.paths {
+		if p := &t.paths[i]; p.up && p.heard.After(latest) {
+			latest = p.heard
+		}
+	}
+	down := false
+	for i := range t.paths {
+		p := &t.paths[i]
+		if !p.up {
+			if !now.Before(p.probeAt) {
+				t.probe(c, i, now)
+				p.probeGap = min(2*p.probeGap, maxProbeGap)
+				p.probeAt = now.Add(p.probeGap)
+			}
+			continue
+		}
+		if oldest[i].IsZero() {
+			continue
+		}
+		since := oldest[i]
+		if p.heard.After(since) {
+			since = p.heard
+		}
+		idle := now.Sub(since)
+		if rto := t.rto(c, p); idle >= rto && now.Sub(latest) < rto && latest.After(since) {
+			p.stats.timeouts.Add(1)
+			p.up = false
+			p.stats.downs.Add(1)
+			p.probeAt, p.probeGap = now, rto
+			p.ssthresh = max(2, p.cwnd/2)
+			p.cwnd = initCwnd
+			p.anyDeliv, p.highAcked = false, int64(p.seq)-1
+			down = true
+			continue
+		}
+		if pto := t.pto(c, p); idle >= pto && !now.Before(p.probeAt) {
+			t.probe(c, i, now)
+			p.stats.tlps.Add(1)
+			p.probeGap = min(max(2*p.probeGap, pto), maxProbeGap)
+			p.probeAt = now.Add(p.probeGap)
+		}
+	}
+	if !down {
+		return
 	}
 	// A path that is down loses what is still in flight on it.
 	for s := t.una; s != t.next; s++ {
 		if pk := t.p(s); pk.state == pkInflight && !t.paths[pk.path].up {
-			t.lost(c, s, false)
-		}
-	}
-	for i := range t.paths {
-		p := &t.paths[i]
-		if !p.up && !now.Before(p.probeAt) {
-			t.probe(c, i, now)
-			p.probeGap = min(2*p.probeGap, maxProbeGap)
-			p.probeAt = now.Add(p.probeGap)
+			t.lost(c, s, true)
 		}
 	}
 }
