@@ -73,22 +73,34 @@ func TestRoundRobinAmongBusyTasks(t *testing.T) {
 	const n = 4
 	var count [n]atomic.Int64
 	var stop atomic.Bool
+	var ks [n]*Task
 	for i := range n {
-		k := newTask(t, p, func(b *Budget) Next {
+		ks[i] = newTask(t, p, func(b *Budget) Next {
 			count[i].Add(1)
 			b.Charge(1024)
 			return Next{More: !stop.Load()}
 		})
+	}
+	for _, k := range ks {
 		k.Wake()
 	}
-	eventually(t, "visits", func() bool { return count[n-1].Load() >= 2000 })
+	// The first tasks woken run alone until the last is queued (long
+	// under -race on a loaded machine): count from when all were visited.
+	eventually(t, "every task visited", func() bool { return count[n-1].Load() >= 1 })
+	var base [n]int64
+	for i := range n {
+		base[i] = count[i].Load()
+	}
+	eventually(t, "visits", func() bool { return count[n-1].Load()-base[n-1] >= 2000 })
 	stop.Store(true)
 	var got [n]int64
 	for i := range n {
-		got[i] = count[i].Load()
+		got[i] = count[i].Load() - base[i]
 	}
-	if lo, hi := slices.Min(got[:]), slices.Max(got[:]); hi-lo > 2 {
-		t.Fatalf("visits %v: one worker should take busy tasks in turn", got)
+	// Taken in turn: within a round of each other (the base snapshot
+	// itself spans up to one round).
+	if lo, hi := slices.Min(got[:]), slices.Max(got[:]); hi-lo > 4 {
+		t.Fatalf("visits since all were queued %v: one worker should take busy tasks in turn", got)
 	}
 }
 
