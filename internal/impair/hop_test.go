@@ -273,7 +273,13 @@ func TestDelayIsALowerBoundAndKeepsOrder(t *testing.T) {
 	if !slices.IsSorted(got) {
 		t.Error("jitter reordered packets")
 	}
+	// The hop counts a packet forwarded after writing it: the last one
+	// may be read here before its count.
 	c := h.CountersDir(0, AtoB)
+	for deadline := time.Now().Add(5 * time.Second); c.Forwarded < n && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		c = h.CountersDir(0, AtoB)
+	}
 	balance(t, c)
 	if c.Delayed != n || c.Forwarded != n {
 		t.Errorf("counters %+v, want delayed = forwarded = %d", c, n)
