@@ -204,14 +204,14 @@ const (
 	rateMiss = "Profile (`vrdma-bench --only rate --cpuprofile`): an engine worker (`sched.(*Pool).visit` → " +
 		"`PollBudget` → `step`, the responder half in `respond`) and the client goroutine (`stream`: `PostSend`, " +
 		"`CQ.Poll`, for SEND also the receiver's CQ and `PostRecv` reposts) each take about one core, so " +
-		"the figure is whatever the two cores give them: on quiet runs of this machine 3.2–5 Mops/s WRITE and " +
-		"1.9–3.5 SEND from run to run, with other load as little as half that (the hand-off baseline drops " +
-		"with it). SEND does twice the client work per operation (two completions, a receive reposted; " +
-		"receive posts ring no doorbell while the QP's rq_notify is 0), and the engine writes the receiver's " +
-		"CQE, its pi and rq_ci per WQE, while the sender's sq_ci and CQ are published once per 16 WQEs. What " +
-		"would close it on a shared 2-core machine: the same batching for the responder's rq_ci and receive " +
-		"CQ (rq_ci stored before any pi that shows its completion), and an engine on a dedicated core " +
-		"(vrdmad --engine-cpus)."
+		"the figure is whatever the two cores give them, and this machine's runs are bimodal (the hand-off " +
+		"baseline at about 5 or about 11 Mops/s): 3.0–4.8 Mops/s WRITE and 2.2–3.6 SEND, less under other load. " +
+		"SEND does twice the client work per operation (two completions, a receive reposted). The engine " +
+		"publishes sq_ci, rq_ci and both CQs' pi once per 16 WQEs, each consumer index before the pi that " +
+		"shows its completions, and reads the driver's producer indices and a CQ's ci only when the values " +
+		"last read are used up (backend/rdma/engine/ci.go); what is left of the time is mostly the atomic " +
+		"stores and mutexes draining writes to cache lines the other core reads. What would close it on a shared " +
+		"2-core machine: an engine on a dedicated core (vrdmad --engine-cpus)."
 	latMiss = "The p99 (milliseconds) is the Go scheduler's time slice: with more runnable busy-pollers than " +
 		"cores the engine or the client waits for a whole slice. The p50 follows the same effect plus the " +
 		"engine's switch from polling to sleeping after its spin window (50 µs), after which a doorbell costs " +

@@ -59,11 +59,14 @@ func (c *CQ) InitArm(t *memmap.Table) {
 // Spec: "When pi − ci equals cqe the CQ is full: a completion that finds it
 // full is lost, the CQ is in overrun".
 //
-// With lazy, the record's pi is not stored unless the CQ fires (an event
-// must find its entry visible): the caller publishes it with publish
-// before it lets go of the table, once for a batch of completions, so the
-// driver polling pi sees one cache-line write per batch, not per CQE.
-func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited, lazy bool) (fire bool, outcome int) {
+// With lazy (the QP whose WQE completes), the record's pi is not stored
+// unless the CQ fires (an event must find its entry visible): the caller
+// publishes it with publish before it lets go of the table, once for a
+// batch of completions, so the driver polling pi sees one cache-line write
+// per batch, not per CQE. The caller has raised lazy's done index over the
+// WQE; the QP is listed so that whoever stores pi stores that index first
+// (ci.go). Without lazy, the caller has stored the consumer index itself.
+func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited bool, lazy *QP) (fire bool, outcome int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.dead || c.overrun || t == nil {
@@ -73,12 +76,18 @@ func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited, lazy bool) (fire bool,
 	if err != nil {
 		return false, pushDropped
 	}
-	ci := abi.LoadUint32(rec, abi.CQRecordCI)
-	if c.pi-ci >= c.Ring.Depth {
-		// Full (or a ci the driver moved past pi, which is as broken).
-		c.overrun = true
-		c.armed = false
-		return false, pushOverrun
+	if c.pi-c.ciSeen >= c.Ring.Depth {
+		// Full as far as the device last looked: read the driver's ci
+		// again. Only then: ci is on the cache line the driver writes
+		// as it polls, and reading it per CQE bounced the line between
+		// the driver's core and the engine's.
+		c.ciSeen = abi.LoadUint32(rec, abi.CQRecordCI)
+		if c.pi-c.ciSeen >= c.Ring.Depth {
+			// Full (or a ci the driver moved past pi, which is as broken).
+			c.overrun = true
+			c.armed = false
+			return false, pushOverrun
+		}
 	}
 	slot, err := c.Ring.Slot(t, c.pi)
 	if err != nil || len(slot) < abi.CQESize {
@@ -93,19 +102,24 @@ func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited, lazy bool) (fire bool,
 		c.armed = false
 		fire = true
 	}
-	if lazy && !fire {
-		c.unpublished = true
-		return false, pushOK
+	if lazy != nil {
+		c.listLazy(t, lazy)
+		if !fire {
+			c.unpublished = true
+			return false, pushOK
+		}
 	}
-	return c.storePILocked(rec) || fire, pushOK
+	return c.storePILocked(t, rec) || fire, pushOK
 }
 
-// storePILocked stores pi into the record rec and then, for a CQ armed
-// through its record, reads the arm word: spec, "it advances pi (release),
-// issues a full barrier and then reads arm". It reports whether the record
-// arm fired. abi.StoreUint32 is sequentially consistent, which is the
-// barrier. Precondition: c.mu held.
-func (c *CQ) storePILocked(rec []byte) (fire bool) {
+// storePILocked stores pi into the record rec (on t, the table of c.Dev),
+// after the consumer indices of the QPs listed as lazy, and then, for a CQ
+// armed through its record, reads the arm word: spec, "it advances pi
+// (release), issues a full barrier and then reads arm". It reports whether
+// the record arm fired. abi.StoreUint32 is sequentially consistent, which
+// is the barrier. Precondition: c.mu held.
+func (c *CQ) storePILocked(t *memmap.Table, rec []byte) (fire bool) {
+	c.storeListedCI(t)
 	abi.StoreUint32(rec, abi.CQRecordPI, c.pi)
 	c.unpublished = false
 	pending, sol := c.pendAny, c.pendSolicited
@@ -140,7 +154,7 @@ func (c *CQ) publishLocked(t *memmap.Table) bool {
 	}
 	c.unpublished = false
 	if rec, err := t.Slice(c.Record, CQRecordSize(c.ArmRecord)); err == nil {
-		return c.storePILocked(rec)
+		return c.storePILocked(t, rec)
 	}
 	return false
 }
@@ -190,11 +204,12 @@ func (c *CQ) Arm(solicitedOnly bool) {
 // CQ_ERROR event and every QP using c moving to ERR. It counts error
 // completions. Called with no CQ lock held.
 func (cd *RNIC) complete(c *CQ, t *memmap.Table, e *abi.CQE, solicited bool) {
-	cd.completeLazy(c, t, e, solicited, false)
+	cd.completeLazy(c, t, e, solicited, nil)
 }
 
-// completeLazy is complete with push's lazy publication of pi (see push).
-func (cd *RNIC) completeLazy(c *CQ, t *memmap.Table, e *abi.CQE, solicited, lazy bool) {
+// completeLazy is complete with push's lazy publication of pi for the QP
+// lazy, if not nil (see push).
+func (cd *RNIC) completeLazy(c *CQ, t *memmap.Table, e *abi.CQE, solicited bool, lazy *QP) {
 	if e.Status != abi.WCSuccess && int(e.Status) < maxWCStatus {
 		cd.wcErrors[e.Status].Add(1)
 	}

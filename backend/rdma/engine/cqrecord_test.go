@@ -50,11 +50,16 @@ func TestCQArmRecord(t *testing.T) {
 		{name: "lazy push fires at publish", do: func() { arm(11, false) }, cqe: ok, lazy: true, wantPub: true},
 		{name: "lazy push not armed", cqe: ok, lazy: true},
 	}
+	q := newQP(t, g, d, 0x21, c, c, qpOpts{})
 	for _, s := range steps {
 		if s.do != nil {
 			s.do()
 		}
-		fire, outcome := c.push(g.tbl, s.cqe, s.solicited, s.lazy)
+		var lazy *QP
+		if s.lazy {
+			lazy = q
+		}
+		fire, outcome := c.push(g.tbl, s.cqe, s.solicited, lazy)
 		if outcome != pushOK {
 			t.Fatalf("%s: push outcome %d", s.name, outcome)
 		}
@@ -72,7 +77,7 @@ func TestCQArmRecord(t *testing.T) {
 	plain := newCQ(t, g, d, 0x12, 64)
 	prec := g.slice(t, plain.Record, abi.CQArmRecordSize)
 	abi.StoreUint32(prec, abi.CQRecordArm, 99<<abi.CQArmSeqShift)
-	if fire, _ := plain.push(g.tbl, ok, true, false); fire {
+	if fire, _ := plain.push(g.tbl, ok, true, nil); fire {
 		t.Error("a CQ without ARM_RECORD fired on its record's arm word")
 	}
 }

@@ -107,14 +107,19 @@ func (q *QP) poll(t *memmap.Table, now int64, b *Budget) (worked bool, retry int
 }
 
 // publish makes a poll pass's work visible at once: the record's sq_ci,
-// the send CQ's pi (completions were pushed lazily) and the device's
-// counters. One store each per pass instead of per WQE keeps the cache
-// lines the driver polls from bouncing between its core and the engine's.
+// the send CQ's pi (completions were pushed lazily), the same-host
+// responder's rq_ci and receive CQ pi, and the device's counters. One
+// store each per pass instead of per WQE keeps the cache lines the driver
+// polls from bouncing between its core and the engine's (ci.go).
 // Precondition: sqMu held; rec is the QP's record on t.
 func (q *QP) publish(t *memmap.Table, rec []byte) {
 	if q.sqCI != q.sqCIPub {
-		abi.StoreUint32(rec, abi.QPRecordSQCI, q.sqCI)
+		q.setCI(sqIdx, rec, q.sqCI)
 		q.sqCIPub = q.sqCI
+	}
+	if pq := q.peerPend; pq != nil {
+		q.peerPend = nil
+		publishPeer(t, pq)
 	}
 	if q.cqPending {
 		q.cqPending = false
@@ -148,7 +153,14 @@ func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64, b *Budget) (work
 		}
 		switch st {
 		case abi.QPSRTS:
-			pi := abi.LoadUint32(rec, abi.QPRecordSQPI)
+			pi := q.sqPISeen
+			if pi-q.sqCI-1 >= q.SQ.Depth {
+				// Not known to be ahead (within the depth): read the
+				// driver's sq_pi, which shares its cache line with
+				// the words the driver writes as it posts, only then.
+				pi = abi.LoadUint32(rec, abi.QPRecordSQPI)
+				q.sqPISeen = pi
+			}
 			if pi == q.sqCI {
 				return worked, 0
 			}
@@ -258,15 +270,16 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64, nq *netQP) (moved uint
 	} else {
 		q.toErr(false)
 	}
+	q.sqCI++ // stored into the record by publish
 	if status != abi.WCSuccess || w.flags&abi.WRFlagSignaled != 0 || q.SigAll {
 		// Lazily: publish stores pi when the pass ends (or at once if
-		// the completion fires an event).
+		// the completion fires an event), sq_ci before it (ci.go).
+		q.ciDone[sqIdx].Store(q.sqCI)
 		d.completeLazy(q.SendCQ, t, &abi.CQE{
 			WRID: w.wrID, Status: status, Opcode: wcOpcode(w.opcode), QPNum: q.Num, ByteLen: byteLen,
-		}, w.flags&abi.WRFlagSolicited != 0, true)
+		}, w.flags&abi.WRFlagSolicited != 0, q)
 		q.cqPending = true
 	}
-	q.sqCI++ // stored into the record by publish
 	return moved
 }
 
@@ -440,9 +453,10 @@ func (q *QP) flush(t *memmap.Table, rec []byte, budget int) (n int) {
 			if q.retryExc && int32(q.retryEnd-q.sqCI) > 0 {
 				status = abi.WCRetryExcErr
 			}
-			d.complete(q.SendCQ, t, &abi.CQE{WRID: wrID, Status: status, Opcode: wcOpcode(op), QPNum: q.Num}, false)
 			q.sqCI++
-			abi.StoreUint32(rec, abi.QPRecordSQCI, q.sqCI)
+			q.sqCIPub = q.sqCI
+			q.setCI(sqIdx, rec, q.sqCI) // before the CQE is visible
+			d.complete(q.SendCQ, t, &abi.CQE{WRID: wrID, Status: status, Opcode: wcOpcode(op), QPNum: q.Num}, false)
 			n++
 		}
 	}
@@ -472,7 +486,7 @@ func (q *QP) flushRecv(t *memmap.Table, rec []byte, budget int) (n int) {
 			wrID = binary.LittleEndian.Uint64(hdr[:])
 		}
 		q.rqCI++
-		abi.StoreUint32(rec, abi.QPRecordRQCI, q.rqCI)
+		q.setCI(rqIdx, rec, q.rqCI)
 		q.Dev.complete(q.RecvCQ, t, &abi.CQE{WRID: wrID, Status: abi.WCWRFlushErr, Opcode: abi.WCOpRecv, QPNum: q.Num}, false)
 		n++
 	}

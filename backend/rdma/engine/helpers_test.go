@@ -195,6 +195,7 @@ type qpOpts struct {
 	maxSGE, inl      uint32
 	sigAll           bool
 	guestSize        uint64 // 0: 8 MiB
+	sharedCQ         bool   // newNodeIn: one CQ for both queues (node.rcq == node.scq)
 }
 
 func newQP(tb testing.TB, g *guest, d *RNIC, num uint32, scq, rcq *CQ, o qpOpts) *QP {
@@ -248,7 +249,10 @@ func newNodeIn(tb testing.TB, f *Fabric, g *guest, gid byte, qpn uint32, o qpOpt
 		n.evMu.Unlock()
 	}, func(int) { n.wakes.Add(1) })
 	n.scq = newCQ(tb, n.g, n.d, 0x11, cqDepth)
-	n.rcq = newCQ(tb, n.g, n.d, 0x12, cqDepth)
+	n.rcq = n.scq
+	if !o.sharedCQ {
+		n.rcq = newCQ(tb, n.g, n.d, 0x12, cqDepth)
+	}
 	n.qp = newQP(tb, n.g, n.d, qpn, n.scq, n.rcq, o)
 	if mrAt != 0 {
 		n.g.next = mrAt

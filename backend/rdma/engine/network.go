@@ -323,7 +323,7 @@ func (n *netQP) takeRecvLocked(t *memmap.Table) (rc.Recv, bool) {
 		capacity += uint64(s.Length)
 	}
 	q.rqCI++
-	abi.StoreUint32(rec, abi.QPRecordRQCI, q.rqCI)
+	q.setCI(rqIdx, rec, q.rqCI)
 	b.wrID = wrID
 	n.recvOpen++
 	return rc.Recv{ID: wrID, Len: uint32(min(capacity, abi.MaxMsgSize)), Buf: b}, true

@@ -164,6 +164,11 @@ type CQ struct {
 	overrun       bool   // protected by mu
 	dead          bool   // destroyed (protected by mu)
 	unpublished   bool   // pi advanced past the record's (lazy push; protected by mu)
+	ciSeen        uint32 // the record's ci as last read (protected by mu)
+	// lazy lists the QPs whose completions were pushed lazily since pi
+	// was last stored: their consumer indices are stored before it
+	// (ci.go; protected by mu).
+	lazy []*QP
 
 	// Arming through the record (ArmRecord; protected by mu): armSeen is the
 	// arm word the device last acted on; pendAny and pendSolicited say
@@ -206,6 +211,7 @@ type QP struct {
 
 	// Requester side (protected by sqMu).
 	sqCI     uint32      // next send WQE to execute
+	sqPISeen uint32      // the record's sq_pi as last read
 	rnrWait  int64       // monotonic ns (see monoNow) before which the head WQE must not be retried
 	rnrTries uint32      // RNR retries of the head WQE so far
 	rnrTimer *time.Timer // wakes the engine when rnrWait passes; created at the first RNR
@@ -215,8 +221,11 @@ type QP struct {
 
 	// Published once per poll pass rather than per WQE (protected by
 	// sqMu): the record's sq_ci, the send CQ's pi and the device counters.
-	sqCIPub   uint32    // sq_ci as last stored in the record
-	cqPending bool      // the send CQ has lazily pushed entries
+	sqCIPub   uint32 // sq_ci as last handed to storeCI
+	cqPending bool   // the send CQ has lazily pushed entries
+	// peerPend is a same-host responder QP whose receive completions this
+	// QP's messages pushed lazily (respond.go): publish publishes them.
+	peerPend  *QP
 	opsPend   [7]uint32 // successful WQEs by opcode, not yet in RNIC.ops
 	bytesPend uint64    // bytes moved, not yet in RNIC.bytesMoved
 
@@ -225,11 +234,15 @@ type QP struct {
 	// (set by the responder's engine, consumed by this QP's pass).
 	rnrKick atomic.Bool
 
+	// The record's consumer indices (ci.go).
+	ciState
+
 	// Responder side: the receive queue is consumed by peers' engines, and
 	// every remote operation targeting this QP runs under rqMu, so that
 	// RemoveQP, after taking it, knows no responder work is in flight.
-	rqMu sync.Mutex
-	rqCI uint32 // next receive WQE (protected by rqMu)
+	rqMu     sync.Mutex
+	rqCI     uint32 // next receive WQE (protected by rqMu)
+	rqPISeen uint32 // the record's rq_pi as last read by the responder (protected by rqMu)
 
 	// rnrWaiter is the requester QP whose message found the receive queue
 	// empty, until this QP's engine sees a receive posted and kicks it

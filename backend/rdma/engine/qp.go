@@ -266,8 +266,8 @@ func (q *QP) reset(mask uint32) abi.Status {
 	q.updateRQNotify(rec)
 	q.sqCI = abi.LoadUint32(rec, abi.QPRecordSQPI)
 	q.rqCI = abi.LoadUint32(rec, abi.QPRecordRQPI)
-	abi.StoreUint32(rec, abi.QPRecordSQCI, q.sqCI)
-	abi.StoreUint32(rec, abi.QPRecordRQCI, q.rqCI)
+	q.sqCIPub, q.sqPISeen, q.rqPISeen = q.sqCI, q.sqCI, q.rqCI
+	q.resetCI(rec, q.sqCI, q.rqCI)
 	return abi.StatusOK
 }
 

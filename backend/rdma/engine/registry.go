@@ -313,6 +313,7 @@ func (d *RNIC) RemoveQP(num uint32) *QP {
 		return q
 	}
 	q.dead = true
+	q.ciRelease() // "the device neither reads the QP's rings and record nor writes its CQs again"
 	q.peer = nil
 	if q.rnrTimer != nil {
 		q.rnrTimer.Stop()

@@ -96,7 +96,13 @@ func (r *request) takeRecv(minRNR uint32) (*recvWQE, outcome) {
 	if err != nil {
 		return nil, r.remoteErr(abi.WCRemOpErr)
 	}
-	pi := abi.LoadUint32(rec, abi.QPRecordRQPI)
+	pi := pq.rqPISeen
+	if pi-pq.rqCI-1 >= pq.RQ.Depth {
+		// Not known to be ahead: read the driver's rq_pi (as sq_pi in
+		// pollLocked, only when the receives last seen are used up).
+		pi = abi.LoadUint32(rec, abi.QPRecordRQPI)
+		pq.rqPISeen = pi
+	}
 	if pi == pq.rqCI {
 		// Receiver not ready: ask pq's driver for a notification when it
 		// posts a receive, then look once more.
@@ -232,7 +238,7 @@ func (r *request) remoteErr(st abi.WCStatus) outcome {
 func (r *request) recvDone(rv *recvWQE, st abi.WCStatus) {
 	pq, w := r.pq, r.w
 	pq.rqCI++
-	abi.StoreUint32(rv.rec, abi.QPRecordRQCI, pq.rqCI)
+	pq.ciDone[rqIdx].Store(pq.rqCI) // stored before the CQE is visible (ci.go)
 	e := abi.CQE{WRID: rv.wrID, Status: st, Opcode: abi.WCOpRecv, QPNum: pq.Num, SrcQP: r.q.Num}
 	if st == abi.WCSuccess {
 		e.ByteLen = uint32(r.total)
@@ -243,5 +249,31 @@ func (r *request) recvDone(rv *recvWQE, st abi.WCStatus) {
 			e.Opcode, e.WCFlags, e.ImmData = abi.WCOpRecvRDMAWithImm, abi.WCFlagWithImm, w.imm
 		}
 	}
-	pq.Dev.complete(pq.RecvCQ, r.pt, &e, w.flags&abi.WRFlagSolicited != 0)
+	// Lazily, as the requester's own completions: its pass publishes
+	// (publishPeer).
+	pq.Dev.completeLazy(pq.RecvCQ, r.pt, &e, w.flags&abi.WRFlagSolicited != 0, pq)
+	r.q.peerPend = pq
+}
+
+// publishPeer publishes what the requester's messages completed lazily on
+// the same-host responder QP pq: its rq_ci (also when the CQE was lost to
+// a CQ in overrun), then its receive CQ's pi, and the CQ_COMPLETION event
+// if that fired the CQ. A fault in pq's memory is pq's error, as under
+// respond (fault.go). t is the requester's table. Precondition: the
+// requester's sqMu held.
+func publishPeer(t *memmap.Table, pq *QP) {
+	pt := pq.Dev.acquire()
+	if pt == nil {
+		return
+	}
+	defer pt.Release()
+	defer func() {
+		if v := recover(); v != nil {
+			peerFault(v, t, pt, pq)
+		}
+	}()
+	pq.storeCIOn(pt)
+	if c := pq.RecvCQ; c != nil && c.publish(pt) && c.Dev != nil {
+		c.Dev.postEvent(abi.EventCQCompletion, c.Num)
+	}
 }

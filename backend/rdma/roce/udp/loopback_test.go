@@ -47,6 +47,12 @@ func TestLoopback(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	// Each datagram b counted received is also counted delivered or
+	// dropped, a moment later: snapshot b when none is between the two.
+	settled := func(x Counters) bool {
+		return x.RxDatagrams == x.RxDelivered+x.RxTruncated+x.RxMalformed+x.RxICRC+x.RxUnknownQP+x.RxWrongPeer
+	}
+	waitFor(t, func() bool { return settled(b.Counters()) })
 	before := b.Counters()
 	good := roce.Packet{BTH: roce.BTH{Opcode: roce.OpSendOnly, DestQP: 0x202, PSN: 5}, Payload: []byte{1, 2, 3, 4}}
 	pkt, _ := good.Append(nil)
@@ -63,7 +69,7 @@ func TestLoopback(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { return b.Counters().RxDatagrams-before.RxDatagrams == 6 })
+	waitFor(t, func() bool { x := b.Counters(); return x.RxDatagrams-before.RxDatagrams == 6 && settled(x) })
 	got := b.Counters()
 	if got.RxDelivered-before.RxDelivered != 1 || got.RxUnknownQP-before.RxUnknownQP != 1 || got.RxICRC-before.RxICRC != 1 ||
 		got.RxMalformed-before.RxMalformed != 2 || got.RxTruncated-before.RxTruncated != 1 {
