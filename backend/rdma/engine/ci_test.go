@@ -16,9 +16,7 @@ import (
 // REQ_NOTIFY_CQ, the pass's own publish); indices never move backwards;
 // a destroyed QP's record is not written.
 func TestCIStoredBeforePI(t *testing.T) {
-	g := newGuest(t, "guest", 1<<20)
-	d := NewRNIC(NewFabric(), [16]byte{0xfe, 0x80, 15: 1}, nil)
-	d.Attach(g.mem, nil, nil)
+	g, d := newDevice(t)
 	c := newCQ(t, g, d, 0x11, 64)
 	q := newQP(t, g, d, 0x21, c, c, qpOpts{})
 	crec := g.slice(t, c.Record, abi.CQRecordSize)

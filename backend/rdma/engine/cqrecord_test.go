@@ -10,9 +10,7 @@ import (
 // device fires once per new arm sequence, for a qualifying completion made
 // visible after the arm, and acts on no arm word that was there at creation.
 func TestCQArmRecord(t *testing.T) {
-	g := newGuest(t, "guest", 1<<20)
-	d := NewRNIC(NewFabric(), [16]byte{0xfe, 0x80, 15: 1}, nil)
-	d.Attach(g.mem, nil, nil)
+	g, d := newDevice(t)
 	c := newCQ(t, g, d, 0x11, 64)
 	c.ArmRecord = true
 	rec := g.slice(t, c.Record, abi.CQArmRecordSize)

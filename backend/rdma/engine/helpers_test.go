@@ -182,6 +182,15 @@ func (n *node) takeEvents() []abi.Event {
 	return ev
 }
 
+// newDevice is a device alone on its fabric, attached to a 1 MiB guest
+// without an event sink: for tests of one CQ or QP at a time.
+func newDevice(tb testing.TB) (*guest, *RNIC) {
+	g := newGuest(tb, "guest", 1<<20)
+	d := NewRNIC(NewFabric(), [16]byte{0xfe, 0x80, 15: 1}, nil)
+	d.Attach(g.mem, nil, nil)
+	return g, d
+}
+
 func newCQ(tb testing.TB, g *guest, d *RNIC, num, depth uint32) *CQ {
 	rec := g.pages(tb, 1)[0]
 	np := (int(depth)*abi.CQESize + abi.PageSize - 1) / abi.PageSize
