@@ -243,7 +243,8 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64, nq *netQP) (moved uint
 			sc.held = false
 			q.rnrTries, q.rnrWait = 0, 0
 			q.rnrKick.Store(false)
-			q.sqCI++ // stored into the record by publish
+			q.sqCI++ // stored into the record by publish, or before the WQE's completion (netQP.completeOn)
+			q.ciDone[sqIdx].Store(q.sqCI)
 			return o.n
 		}
 		if o.rnr {

@@ -241,6 +241,10 @@ func (n *netQP) completeOn(c *CQ, e *abi.CQE, solicited bool) {
 	var err error
 	func() {
 		defer containFault(&err)
+		// The WQE's consumer index (raised when the pass handed it to
+		// the transport, stored by the pass's publish) before its CQE:
+		// the pass may not have published it yet (ci.go).
+		n.q.storeCIOn(t)
 		d.complete(c, t, e, solicited)
 	}()
 	if err != nil {

@@ -252,6 +252,9 @@ func (r *request) recvDone(rv *recvWQE, st abi.WCStatus) {
 	// Lazily, as the requester's own completions: its pass publishes
 	// (publishPeer).
 	pq.Dev.completeLazy(pq.RecvCQ, r.pt, &e, w.flags&abi.WRFlagSolicited != 0, pq)
+	if old := r.q.peerPend; old != nil && old != pq {
+		publishPeer(r.t, old) // one pending peer at a time
+	}
 	r.q.peerPend = pq
 }
 
