@@ -147,6 +147,13 @@ func (c *CQ) publish(t *memmap.Table) bool {
 	return c.publishLocked(t)
 }
 
+// publishNotify is publish, then the CQ_COMPLETION event if it fired.
+func (c *CQ) publishNotify(t *memmap.Table) {
+	if c.publish(t) && c.Dev != nil {
+		c.Dev.postEvent(abi.EventCQCompletion, c.Num)
+	}
+}
+
 // publishLocked is publish with c.mu held.
 func (c *CQ) publishLocked(t *memmap.Table) bool {
 	if !c.unpublished || c.dead || t == nil {

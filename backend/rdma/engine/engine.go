@@ -123,9 +123,7 @@ func (q *QP) publish(t *memmap.Table, rec []byte) {
 	}
 	if q.cqPending {
 		q.cqPending = false
-		if q.SendCQ.publish(t) && q.SendCQ.Dev != nil {
-			q.SendCQ.Dev.postEvent(abi.EventCQCompletion, q.SendCQ.Num)
-		}
+		q.SendCQ.publishNotify(t)
 	}
 	if q.bytesPend != 0 {
 		q.Dev.bytesMoved.Add(q.bytesPend)

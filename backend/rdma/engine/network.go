@@ -214,7 +214,7 @@ func (n *netQP) SendDone(c rc.Completion) {
 		if c.Status == abi.WCSuccess {
 			e.ByteLen = c.ByteLen
 		}
-		n.completeOn(q.SendCQ, &e, false)
+		n.completeOn(q.SendCQ, &e, false, true)
 	}
 	clear(s.buf.mr) // drop the MR references
 	s.buf.mr = s.buf.mr[:0]
@@ -228,10 +228,10 @@ func (n *netQP) SendDone(c rc.Completion) {
 	}
 }
 
-// completeOn writes a CQE from a transport goroutine: the device's table
-// is acquired for it, and a fault in the CQ's ring (the front-end's
-// memory) loses the CQE rather than the daemon.
-func (n *netQP) completeOn(c *CQ, e *abi.CQE, solicited bool) {
+// completeOn writes a CQE from a transport goroutine (send: of a send
+// WQE): the device's table is acquired for it, and a fault in the CQ's
+// ring (the front-end's memory) loses the CQE rather than the daemon.
+func (n *netQP) completeOn(c *CQ, e *abi.CQE, solicited, send bool) {
 	d := n.q.Dev
 	t := d.acquire()
 	if t == nil {
@@ -241,10 +241,14 @@ func (n *netQP) completeOn(c *CQ, e *abi.CQE, solicited bool) {
 	var err error
 	func() {
 		defer containFault(&err)
-		// The WQE's consumer index (raised when the pass handed it to
-		// the transport, stored by the pass's publish) before its CQE:
-		// the pass may not have published it yet (ci.go).
-		n.q.storeCIOn(t)
+		if send {
+			// The send WQE's consumer index (raised when the pass
+			// handed it to the transport, stored by the pass's
+			// publish) before its CQE: the pass may not have
+			// published it yet (ci.go). A receive's rq_ci was stored
+			// when the transport took the WQE (TakeRecv).
+			n.q.storeCIOn(t)
+		}
 		d.complete(c, t, e, solicited)
 	}()
 	if err != nil {
@@ -361,7 +365,7 @@ func (n *netQP) RecvDone(c rc.RecvCompletion) {
 			e.Opcode = abi.WCOpRecvRDMAWithImm
 		}
 	}
-	n.completeOn(q.RecvCQ, &e, c.Solicited)
+	n.completeOn(q.RecvCQ, &e, c.Solicited, false)
 	if c.Status != abi.WCSuccess {
 		q.toErr(true)
 	}

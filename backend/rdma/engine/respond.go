@@ -276,7 +276,7 @@ func publishPeer(t *memmap.Table, pq *QP) {
 		}
 	}()
 	pq.storeCIOn(pt)
-	if c := pq.RecvCQ; c != nil && c.publish(pt) && c.Dev != nil {
-		c.Dev.postEvent(abi.EventCQCompletion, c.Num)
+	if pq.RecvCQ != nil {
+		pq.RecvCQ.publishNotify(pt)
 	}
 }
