@@ -107,10 +107,10 @@ func TestDisconnectDuringTraffic(t *testing.T) {
 	d, socks := startDaemon(t, 2)
 	a := openPeer(t, socks[0], 64<<20)
 	b := openPeer(t, socks[1], 64<<20)
-	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), b.qp.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), a.qp.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup

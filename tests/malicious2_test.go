@@ -77,10 +77,10 @@ func openPeerCfg(t *testing.T, sock string, cfg frontend.Config) *peer {
 // connectPair connects a.qp and b.qp to each other.
 func connectPair(t *testing.T, a, b *peer) {
 	t.Helper()
-	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), b.qp.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), a.qp.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -439,10 +439,10 @@ func (r *rig) bystanders(t *testing.T, seed byte) {
 func (r *rig) link(t *testing.T) *verbs.QP {
 	t.Helper()
 	wq := newPeerQP(t, r.w)
-	if err := r.v.qp.ConnectRC(r.w.gid, wq.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+	if err := r.v.qp.ConnectRC(r.w.gid, wq.Num(), wq.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
-	if err := wq.ConnectRC(r.v.gid, r.v.qp.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+	if err := wq.ConnectRC(r.v.gid, r.v.qp.Num(), r.v.qp.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
 	return wq
@@ -815,7 +815,7 @@ func TestHugeWQEs(t *testing.T) {
 				t.Fatalf("CREATE_QP: %v", st)
 			}
 			q.connect(t, w.gid, wq.Num(), 0)
-			if err := wq.ConnectRC(v.gid, q.num, abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+			if err := wq.ConnectRC(v.gid, q.num, 0, abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 				t.Fatal(err)
 			}
 			q.post(t, tc.wqe)
@@ -936,7 +936,7 @@ func TestOverlappingRings(t *testing.T) {
 			}
 			wq := newPeerQP(t, w)
 			q.connect(t, w.gid, wq.Num(), 0)
-			if err := wq.ConnectRC(v.gid, q.num, abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+			if err := wq.ConnectRC(v.gid, q.num, 0, abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 				t.Fatal(err)
 			}
 			// Traffic on the hostile layout, in rounds of fewer WQEs than
@@ -1019,7 +1019,7 @@ func TestDoorbellDestroyedQP(t *testing.T) {
 		wq *verbs.QP
 	}{{q1, wq1}, {q2, wq2}} {
 		c.q.connect(t, w.gid, c.wq.Num(), 7)
-		if err := c.wq.ConnectRC(v.gid, c.q.num, abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+		if err := c.wq.ConnectRC(v.gid, c.q.num, 0, abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 			t.Fatal(err)
 		}
 	}

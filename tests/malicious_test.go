@@ -65,10 +65,10 @@ func TestKeyOfAnotherDevice(t *testing.T) {
 	hygiene(t)
 	_, socks := startDaemon(t, 3)
 	a, b, c := openPeer(t, socks[0], 0), openPeer(t, socks[1], 0), openPeer(t, socks[2], 0)
-	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), b.qp.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), a.qp.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
 	for i := range c.buf.Bytes[:4096] {

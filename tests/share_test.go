@@ -59,10 +59,10 @@ func TestShareRateBounds(t *testing.T) {
 	hygiene(t)
 	d, socks := startDaemon(t, 2)
 	a, b := openPeer(t, socks[0], 0), openPeer(t, socks[1], 0)
-	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), b.qp.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), a.qp.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
 	dev, ok := d.Device("dev0")

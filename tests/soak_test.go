@@ -117,10 +117,10 @@ func TestSoak(t *testing.T) {
 	peers := make([]*soakPeer, 4)
 	connectPair := func(i int) {
 		a, b := peers[2*i], peers[2*i+1]
-		if err := a.qp.ConnectRC(b.gid, b.qp.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+		if err := a.qp.ConnectRC(b.gid, b.qp.Num(), b.qp.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 			t.Fatalf("connect: %v", err)
 		}
-		if err := b.qp.ConnectRC(a.gid, a.qp.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+		if err := b.qp.ConnectRC(a.gid, a.qp.Num(), a.qp.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 			t.Fatalf("connect: %v", err)
 		}
 	}

@@ -60,10 +60,10 @@ func pair(t *testing.T) (a, b *peer) {
 	hygiene(t)
 	_, socks := startDaemon(t, 2)
 	a, b = openPeer(t, socks[0], 0), openPeer(t, socks[1], 0)
-	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), b.qp.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
+	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), a.qp.PSN(), abi.AccessAll&^abi.AccessLocalWrite); err != nil {
 		t.Fatal(err)
 	}
 	return a, b
@@ -368,10 +368,10 @@ func TestVerbsQueueFullAndEvents(t *testing.T) {
 	if err := a.qp.Modify(abi.QPAttr{QPState: abi.QPSReset}, abi.QPAttrState); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), 0); err != nil {
+	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), b.qp.PSN(), 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), abi.AccessRemoteWrite); err != nil {
+	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), a.qp.PSN(), abi.AccessRemoteWrite); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.cq.ReqNotify(false); err != nil {
@@ -409,10 +409,10 @@ func TestVerbsIndirectMR(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), 0); err != nil {
+	if err := a.qp.ConnectRC(b.gid, b.qp.Num(), b.qp.PSN(), 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), abi.AccessRemoteWrite); err != nil {
+	if err := b.qp.ConnectRC(a.gid, a.qp.Num(), a.qp.PSN(), abi.AccessRemoteWrite); err != nil {
 		t.Fatal(err)
 	}
 	// Write from the first and the last page of the big MR: both ends of

@@ -196,11 +196,11 @@ func connectPair(s1, s2 string, bufBytes int) (*pair, error) {
 		return nil, err
 	}
 	acc := abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic
-	if err := p.a.qp.ConnectRC(p.b.gid, p.b.qp.Num(), acc); err != nil {
+	if err := p.a.qp.ConnectRC(p.b.gid, p.b.qp.Num(), p.b.qp.PSN(), acc); err != nil {
 		p.close()
 		return nil, fmt.Errorf("connect: %w", err)
 	}
-	if err := p.b.qp.ConnectRC(p.a.gid, p.a.qp.Num(), acc); err != nil {
+	if err := p.b.qp.ConnectRC(p.a.gid, p.a.qp.Num(), p.a.qp.PSN(), acc); err != nil {
 		p.close()
 		return nil, fmt.Errorf("connect: %w", err)
 	}

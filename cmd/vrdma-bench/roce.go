@@ -257,11 +257,11 @@ func openRoceClientOn(socks [2]string, addrs [2]netip.Addr, paths uint32, sq int
 	}
 	acc := abi.AccessRemoteWrite | abi.AccessRemoteRead
 	opts := verbs.ConnectOpts{SGIDIndex: 1, Paths: paths}
-	if err := c.a.qp.ConnectRCOpts(gids[1], c.b.qp.Num(), acc, opts); err != nil {
+	if err := c.a.qp.ConnectRCOpts(gids[1], c.b.qp.Num(), c.b.qp.PSN(), acc, opts); err != nil {
 		c.close()
 		return nil, fmt.Errorf("connect a: %w", err)
 	}
-	if err := c.b.qp.ConnectRCOpts(gids[0], c.a.qp.Num(), acc, opts); err != nil {
+	if err := c.b.qp.ConnectRCOpts(gids[0], c.a.qp.Num(), c.a.qp.PSN(), acc, opts); err != nil {
 		c.close()
 		return nil, fmt.Errorf("connect b: %w", err)
 	}

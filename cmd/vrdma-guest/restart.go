@@ -222,10 +222,10 @@ func (l *loop) setup() error {
 		}
 	}
 	acc := abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic
-	if err := l.qa.ConnectRC(gid, l.qb.Num(), acc); err != nil {
+	if err := l.qa.ConnectRC(gid, l.qb.Num(), l.qb.PSN(), acc); err != nil {
 		return fmt.Errorf("connect qp: %w", err)
 	}
-	if err := l.qb.ConnectRC(gid, l.qa.Num(), acc); err != nil {
+	if err := l.qb.ConnectRC(gid, l.qa.Num(), l.qa.PSN(), acc); err != nil {
 		return fmt.Errorf("connect qp: %w", err)
 	}
 	return nil

@@ -183,10 +183,10 @@ func measure(ctx context.Context, o options, out io.Writer) error {
 	// Exchange (GID, QPN) in-process and connect, as perftest does over TCP.
 	remote := abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic
 	for i := range o.qps {
-		if err := bn.a.qps[i].ConnectRC(bn.b.gid, bn.b.qps[i].Num(), remote); err != nil {
+		if err := bn.a.qps[i].ConnectRC(bn.b.gid, bn.b.qps[i].Num(), bn.b.qps[i].PSN(), remote); err != nil {
 			return fmt.Errorf("connect requester qp %d: %w", i, err)
 		}
-		if err := bn.b.qps[i].ConnectRC(bn.a.gid, bn.a.qps[i].Num(), remote); err != nil {
+		if err := bn.b.qps[i].ConnectRC(bn.a.gid, bn.a.qps[i].Num(), bn.a.qps[i].PSN(), remote); err != nil {
 			return fmt.Errorf("connect responder qp %d: %w", i, err)
 		}
 	}
@@ -246,7 +246,7 @@ func (bn *bench) info() testInfo {
 		outReads:  int(bn.a.ctx.Config().MaxQPRdAtom),
 	}
 	addr := func(s *side, i int) qpAddr {
-		return qpAddr{lid: s.port.LID, qpn: s.qps[i].Num(), rkey: s.mr.RKey, vaddr: s.mr.Addr + bn.regionOff(i), gid: s.gid}
+		return qpAddr{lid: s.port.LID, qpn: s.qps[i].Num(), psn: s.qps[i].PSN(), rkey: s.mr.RKey, vaddr: s.mr.Addr + bn.regionOff(i), gid: s.gid}
 	}
 	for i := range bn.o.qps {
 		ti.local = append(ti.local, addr(bn.a, i))

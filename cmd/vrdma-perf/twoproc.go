@@ -109,7 +109,7 @@ func twoProc(ctx context.Context, o options, out io.Writer) error {
 	defer s.Close()
 	ep := s.Endpoint()
 	me := hello{op: o.op, verify: o.verify, txDepth: uint32(o.txDepth), size: cfg.Size, iters: uint64(cfg.Iters),
-		latIters: uint64(cfg.LatIters), qpn: ep.QPN, psn: 0 /* verbs.ConnectRC's */, gid: gid,
+		latIters: uint64(cfg.LatIters), qpn: ep.QPN, psn: ep.PSN, gid: gid,
 		rkey: ep.RKey, addr: ep.Addr, bufSize: ep.Size}
 
 	var conn net.Conn
@@ -137,7 +137,7 @@ func twoProc(ctx context.Context, o options, out io.Writer) error {
 		rep.header()
 	}
 
-	pe := perftest.Endpoint{GID: net.IP(peer.gid[:]).String(), QPN: peer.qpn, RKey: peer.rkey, Addr: peer.addr, Size: peer.bufSize}
+	pe := perftest.Endpoint{GID: net.IP(peer.gid[:]).String(), QPN: peer.qpn, PSN: peer.psn, RKey: peer.rkey, Addr: peer.addr, Size: peer.bufSize}
 	var r result
 	var runErr error
 	if server {
@@ -236,9 +236,6 @@ func exchangeHellos(conn net.Conn, me *hello, server bool) (*hello, error) {
 			conn.Write(f.encode())
 		}
 		return nil, fmt.Errorf("the peer runs a different test: %s", d)
-	}
-	if peer.psn != 0 {
-		return nil, fmt.Errorf("%w: PSN %#x: vrdma QPs start at PSN 0", errMalformed, peer.psn)
 	}
 	if server {
 		if _, err := conn.Write(me.encode()); err != nil {

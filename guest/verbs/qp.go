@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"math/bits"
@@ -56,6 +57,7 @@ type QP struct {
 	recvCQ *CQ      // immutable
 	db     int      // immutable: doorbell queue
 	cap    QPCap    // immutable: the capacities granted
+	psn    uint32   // immutable: initial send PSN, random, 24 bits
 
 	sqDepth, rqDepth uint32 // immutable, powers of two
 	sqShift, rqShift uint   // immutable: log2 of the WQE strides
@@ -170,6 +172,7 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 		sq:  mem.Buf[:sqBytes:sqBytes],
 		rq:  mem.Buf[sqAlloc : sqAlloc+rqBytes : sqAlloc+rqBytes],
 		rec: mem.Buf[recOff : recOff+abi.QPNotifyRecordSize : recOff+abi.QPNotifyRecordSize],
+		psn: randomPSN(),
 	}
 	c.objMu.Lock()
 	c.qps[qp.num] = qp
@@ -179,6 +182,22 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 
 // Num returns the QP number.
 func (qp *QP) Num() uint32 { return qp.num }
+
+// PSN returns the QP's initial send PSN: 24 random bits drawn from
+// crypto/rand at CreateQP, as perftest draws lrand48() & 0xffffff. It is
+// what the peer passes as remotePSN to its ConnectRC (the responder
+// expects it) and what this QP's ConnectRC sets as sq_psn. A random start
+// makes an off-path spoofer guess the 24-bit PSN window (docs/wire.md,
+// "Security") instead of knowing that every connection starts at 0.
+func (qp *QP) PSN() uint32 { return qp.psn }
+
+// randomPSN draws a 24-bit PSN from crypto/rand (which does not fail: Go's
+// crypto/rand.Read panics rather than return an error since Go 1.24).
+func randomPSN() uint32 {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint32(b[:]) & 0xffffff
+}
 
 // Cap returns the capacities granted (depths rounded up).
 func (qp *QP) Cap() QPCap { return qp.cap }
@@ -221,11 +240,13 @@ const (
 
 // ConnectRC moves the QP RESET → INIT → RTR → RTS towards the peer QP
 // remoteQPN on the device with GID remoteGID, allowing the peer the remote
-// access flags in access — what perftest does after exchanging (GID, QPN).
-// It connects from GID index 0 with a 4096-byte path MTU; ConnectRCOpts
-// chooses.
-func (qp *QP) ConnectRC(remoteGID [16]byte, remoteQPN uint32, access int) error {
-	return qp.ConnectRCOpts(remoteGID, remoteQPN, access, ConnectOpts{})
+// access flags in access — what perftest does after exchanging (GID, QPN,
+// PSN). remotePSN is the peer's initial send PSN (its PSN(), or what the
+// peer sent in the exchange): RTR sets rq_psn to it; RTS sets sq_psn to
+// qp.PSN(). It connects from GID index 0 with a 4096-byte path MTU;
+// ConnectRCOpts chooses.
+func (qp *QP) ConnectRC(remoteGID [16]byte, remoteQPN, remotePSN uint32, access int) error {
+	return qp.ConnectRCOpts(remoteGID, remoteQPN, remotePSN, access, ConnectOpts{})
 }
 
 // ConnectOpts are ConnectRCOpts' choices; zero fields take ConnectRC's.
@@ -243,7 +264,7 @@ type ConnectOpts struct {
 }
 
 // ConnectRCOpts is ConnectRC with opts.
-func (qp *QP) ConnectRCOpts(remoteGID [16]byte, remoteQPN uint32, access int, opts ConnectOpts) error {
+func (qp *QP) ConnectRCOpts(remoteGID [16]byte, remoteQPN, remotePSN uint32, access int, opts ConnectOpts) error {
 	mtu := opts.PathMTU
 	if mtu == 0 {
 		mtu = abi.MTU4096
@@ -260,10 +281,10 @@ func (qp *QP) ConnectRCOpts(remoteGID [16]byte, remoteQPN uint32, access int, op
 	}{
 		{"init", abi.QPAttr{QPState: abi.QPSInit, PKeyIndex: 0, PortNum: 1, QPAccessFlags: uint32(access)},
 			abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags},
-		{"rtr", abi.QPAttr{QPState: abi.QPSRTR, PathMTU: mtu, DestQPNum: remoteQPN, RQPSN: 0, MaxDestRdAtomic: rd,
+		{"rtr", abi.QPAttr{QPState: abi.QPSRTR, PathMTU: mtu, DestQPNum: remoteQPN, RQPSN: remotePSN & 0xffffff, MaxDestRdAtomic: rd,
 			MinRNRTimer: DefaultMinRNRTimer, DGID: remoteGID, SGIDIndex: opts.SGIDIndex, HopLimit: 1, Paths: opts.Paths},
 			rtrMask},
-		{"rts", abi.QPAttr{QPState: abi.QPSRTS, SQPSN: 0, Timeout: DefaultTimeout, RetryCnt: DefaultRetryCnt,
+		{"rts", abi.QPAttr{QPState: abi.QPSRTS, SQPSN: qp.psn, Timeout: DefaultTimeout, RetryCnt: DefaultRetryCnt,
 			RNRRetry: DefaultRNRRetry, MaxRdAtomic: rd},
 			abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic},
 	}

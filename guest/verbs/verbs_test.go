@@ -110,9 +110,9 @@ func TestCommandEncoding(t *testing.T) {
 		{"Modify", func() error { return qp.Modify(abi.QPAttr{QPState: abi.QPSErr}, abi.QPAttrState) }, abi.CmdModifyQP,
 			abi.Marshal(&abi.QPAttr{QPN: qp.Num(), AttrMask: abi.QPAttrState, QPState: abi.QPSErr})},
 		{"Query", func() error { _, err := qp.Query(); return err }, abi.CmdQueryQP, abi.Marshal(&abi.Handle{Handle: qp.Num()})},
-		{"ConnectRC", func() error { return qp.ConnectRC(gid, 77, abi.AccessRemoteWrite) }, abi.CmdModifyQP,
+		{"ConnectRC", func() error { return qp.ConnectRC(gid, 77, 0x123456, abi.AccessRemoteWrite) }, abi.CmdModifyQP,
 			abi.Marshal(&abi.QPAttr{QPN: qp.Num(), AttrMask: abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic,
-				QPState: abi.QPSRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16})},
+				QPState: abi.QPSRTS, SQPSN: qp.PSN(), Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16})},
 		{"DestroyQP", func() error { return qp.Destroy() }, abi.CmdDestroyQP, abi.Marshal(&abi.Handle{Handle: qp.Num()})},
 		{"DestroyCQ", func() error { return cq.Destroy() }, abi.CmdDestroyCQ, abi.Marshal(&abi.Handle{Handle: cq.Num()})},
 		{"DeallocPD", func() error { return pd.Dealloc() }, abi.CmdDestroyPD, abi.Marshal(&abi.Handle{Handle: pd.Num()})},
@@ -159,15 +159,16 @@ func TestConnectRCSequence(t *testing.T) {
 	n := len(f.cmds)
 	var gid [16]byte
 	gid[0] = 0xfe
-	if err := qp.ConnectRC(gid, 99, abi.AccessRemoteRead); err != nil {
+	const remotePSN = 0xabcdef
+	if err := qp.ConnectRC(gid, 99, remotePSN, abi.AccessRemoteRead); err != nil {
 		t.Fatal(err)
 	}
 	want := []abi.QPAttr{
 		{QPN: qp.Num(), AttrMask: abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags, QPState: abi.QPSInit, PortNum: 1, QPAccessFlags: abi.AccessRemoteRead},
 		{QPN: qp.Num(), AttrMask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer,
-			QPState: abi.QPSRTR, PathMTU: abi.MTU4096, DestQPNum: 99, MaxDestRdAtomic: 16, MinRNRTimer: 12, DGID: gid, HopLimit: 1},
+			QPState: abi.QPSRTR, PathMTU: abi.MTU4096, DestQPNum: 99, RQPSN: remotePSN, MaxDestRdAtomic: 16, MinRNRTimer: 12, DGID: gid, HopLimit: 1},
 		{QPN: qp.Num(), AttrMask: abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic,
-			QPState: abi.QPSRTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
+			QPState: abi.QPSRTS, SQPSN: qp.PSN(), Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
 	}
 	if got := len(f.cmds) - n; got != len(want) {
 		t.Fatalf("got %d commands, want %d", got, len(want))
@@ -178,10 +179,43 @@ func TestConnectRCSequence(t *testing.T) {
 		}
 	}
 	f.status[abi.CmdModifyQP] = abi.StatusNotFound
-	err = qp.ConnectRC(gid, 99, 0)
+	err = qp.ConnectRC(gid, 99, 0, 0)
 	var st abi.Status
 	if !errors.As(err, &st) || st != abi.StatusNotFound {
 		t.Errorf("got %v, want a NOT_FOUND status", err)
+	}
+}
+
+// TestQPPSNRandom checks that CreateQP draws each QP's initial send PSN at
+// random over 24 bits (docs/wire.md, "Security"): never above 0xffffff, not
+// all equal, and spread over the range (both halves of the top bit occur).
+func TestQPPSNRandom(t *testing.T) {
+	c, _ := openFake(t, 8<<20)
+	pd, _ := c.AllocPD()
+	cq, _ := c.CreateCQ(16)
+	const n = 64
+	seen := map[uint32]bool{}
+	var or, and uint32 = 0, 0xffffff
+	for i := 0; i < n; i++ {
+		qp, err := pd.CreateQP(QPInitAttr{SendCQ: cq, RecvCQ: cq, Cap: QPCap{MaxSendWR: 1, MaxRecvWR: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := qp.PSN()
+		if p > 0xffffff {
+			t.Fatalf("got PSN %#x, want 24 bits", p)
+		}
+		seen[p] = true
+		or |= p
+		and &= p
+	}
+	// 64 draws of 24 bits: a collision has odds about 2^-12, a bit that is
+	// the same in all 64 about 2^-63 per bit.
+	if len(seen) < n-2 {
+		t.Errorf("got %d distinct PSNs of %d QPs, want about %d", len(seen), n, n)
+	}
+	if or != 0xffffff || and != 0 {
+		t.Errorf("got PSN bits or %#x and %#x, want every bit both set and clear somewhere", or, and)
 	}
 }
 

@@ -101,7 +101,7 @@ func (s *Side) Run(peer Endpoint) (Result, error) {
 func (s *Side) hello(gid [16]byte, peer Endpoint) error {
 	deadline := time.Now().Add(s.cfg.Timeout)
 	for {
-		if err := s.qp.ConnectRCOpts(gid, peer.QPN, abi.AccessRemoteWrite|abi.AccessRemoteRead|abi.AccessRemoteAtomic, s.cfg.connectOpts()); err != nil {
+		if err := s.qp.ConnectRCOpts(gid, peer.QPN, peer.PSN, abi.AccessRemoteWrite|abi.AccessRemoteRead|abi.AccessRemoteAtomic, s.cfg.connectOpts()); err != nil {
 			return fmt.Errorf("connect: %w", err)
 		}
 		m := message{kind: kindHello, op: opIndex(s.cfg.Op), size: s.cfg.Size, iters: uint64(s.cfg.Iters), latIter: uint64(s.cfg.LatIters)}

@@ -5,8 +5,8 @@
 // (fetch-and-add), with verification.
 //
 // The two sides may live in different processes: each creates its
-// resources (NewSide) and publishes an Endpoint (GID, QPN, rkey, address,
-// size); the harness exchanges the endpoints out of band. The server
+// resources (NewSide) and publishes an Endpoint (GID, QPN, initial PSN,
+// rkey, address, size); the harness exchanges the endpoints out of band. The server
 // (Serve) is passive for write, read and atomic and posts receives for
 // send; the client (Run) measures. Control messages travel as SENDs on the
 // same QP: the client's hello (retried until the server's QP is ready to

@@ -90,8 +90,12 @@ func (c *Config) slots() int {
 
 // Endpoint is what a side publishes for its peer.
 type Endpoint struct {
-	GID  string `json:"gid"`
-	QPN  uint32 `json:"qpn"`
+	GID string `json:"gid"`
+	QPN uint32 `json:"qpn"`
+	// PSN is the QP's initial send PSN (verbs.QP.PSN: 24 random bits);
+	// the peer's responder expects it. A missing "psn" decodes as 0, what
+	// an endpoint published before PSNs were random meant.
+	PSN  uint32 `json:"psn"`
 	RKey uint32 `json:"rkey"`
 	Addr uint64 `json:"addr"`
 	Size uint64 `json:"size"`
@@ -189,7 +193,7 @@ func NewSide(c *verbs.Context, cfg Config, server bool) (*Side, error) {
 
 // Endpoint returns what the peer needs.
 func (s *Side) Endpoint() Endpoint {
-	return Endpoint{GID: net.IP(s.gid[:]).String(), QPN: s.qp.Num(), RKey: s.mr.RKey, Addr: s.mr.Addr,
+	return Endpoint{GID: net.IP(s.gid[:]).String(), QPN: s.qp.Num(), PSN: s.qp.PSN(), RKey: s.mr.RKey, Addr: s.mr.Addr,
 		Size: uint64(s.slots) * s.cfg.Size}
 }
 

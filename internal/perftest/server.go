@@ -17,7 +17,7 @@ func (s *Side) Serve(peer Endpoint) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	if err := s.qp.ConnectRCOpts(gid, peer.QPN, abi.AccessRemoteWrite|abi.AccessRemoteRead|abi.AccessRemoteAtomic, s.cfg.connectOpts()); err != nil {
+	if err := s.qp.ConnectRCOpts(gid, peer.QPN, peer.PSN, abi.AccessRemoteWrite|abi.AccessRemoteRead|abi.AccessRemoteAtomic, s.cfg.connectOpts()); err != nil {
 		return Result{}, fmt.Errorf("connect: %w", err)
 	}
 	// Receive order: hello, then (send) one per message, then done.
