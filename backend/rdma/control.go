@@ -373,10 +373,14 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		return nil, err
 	}
 	rqNotify := c.Flags&abi.QPFlagRQNotify != 0
+	h := d.eng.NewHandle(engine.KindQP, qpnBits) // reserved on the fabric
+	if h == 0 {
+		return nil, errStatus(abi.StatusNoResources)
+	}
 	if err := d.pinRing(t, pages, c.Record, engine.QPRecordSize(rqNotify)); err != nil {
+		d.eng.ReleaseQPN(h)
 		return nil, err
 	}
-	h := d.eng.NewHandle(engine.KindQP, qpnBits)
 	qp := &engine.QP{
 		Num:           h,
 		PD:            c.PDN,
@@ -395,6 +399,7 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 	}
 	qp.InitRecord(t)
 	if err := d.eng.AddQP(qp); err != nil { // the PD was checked under d.mu
+		d.eng.ReleaseQPN(h)
 		d.unpinQP(qp)
 		return nil, errStatus(abi.StatusNotFound)
 	}

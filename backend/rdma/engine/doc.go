@@ -91,6 +91,19 @@
 // allocation per WQE. RNIC.Reset, which runs on no engine and under no
 // Guard, reads peers' records through a guarded load (loadSQPI).
 //
+// # Tenants
+//
+// Each device is a tenant's, and a hostile one may name any GID and QP
+// number it likes. A QP answers only its peer (respond.go): the responder
+// must be connected back to the requester — dest QPN, dgid equal to the
+// GID the requester sends from (QP.sgid, resolved with QP.peer at INIT→RTR)
+// and that GID's device — or the request is answered as one to a QP that
+// does not exist, touches nothing and is counted (Stats.WrongPeer). QP
+// numbers are drawn uniformly from 24 bits and reserved on the fabric as
+// they are drawn (NewHandle), so probing finds nothing near a known one.
+// Across hosts the transport keeps the same rule (roce/udp: the peer's
+// address, and its source port once learned).
+//
 // # Invariants
 //
 //   - Guest structures are copied once and validated as copies; ring and

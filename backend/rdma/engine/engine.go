@@ -361,7 +361,7 @@ func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
 	// The responder: a QP that does not exist or is not in RTR/RTS is
 	// RETRY_EXC_ERR, "as a real fabric's retries would".
 	q.mu.Lock()
-	peer, dest, rnrRetry := q.peer, q.attr.DestQPNum, q.attr.RNRRetry
+	peer, dest, rnrRetry, sgid := q.peer, q.attr.DestQPNum, q.attr.RNRRetry, q.sgid
 	q.mu.Unlock()
 	if peer == nil {
 		return failed(abi.WCRetryExcErr)
@@ -377,7 +377,7 @@ func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
 	defer pt.Release()
 	r := &sc.req
 	*r = request{q: q, pq: pq, t: t, pt: pt, w: w, sc: sc, lsge: lsge, lmr: lmr,
-		total: total, rnrRetry: rnrRetry, now: now}
+		total: total, rnrRetry: rnrRetry, sgid: sgid, now: now}
 	o := r.respondContained() // fault.go
 	*r = request{}            // drop the references until the next WQE
 	return o

@@ -203,6 +203,7 @@ type QP struct {
 	mu          sync.Mutex
 	attr        abi.QPAttr // current attributes; attr.QPState is the state (protected by mu)
 	peer        *RNIC      // resolved at INIT→RTR (protected by mu)
+	sgid        [16]byte   // the GID the QP sends from, resolved with peer (protected by mu)
 	net         *netQP     // connected over the network at INIT→RTR, else nil (protected by mu)
 	dead        bool       // destroyed (protected by mu)
 	lostPeer    bool       // the peer device was reset: outstanding sends end with RETRY_EXC_ERR (protected by mu)

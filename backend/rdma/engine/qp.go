@@ -89,8 +89,10 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 	// needs no lock of the QP), and closed again if the transition fails.
 	var peer *RNIC
 	var nq *netQP
+	var sgid [16]byte
 	if m&abi.QPAttrAV != 0 && q.Dev != nil && q.Dev.fabric != nil {
-		sgid, ok := q.Dev.GIDAt(int(a.SGIDIndex))
+		var ok bool
+		sgid, ok = q.Dev.GIDAt(int(a.SGIDIndex))
 		if !ok {
 			return abi.StatusInvalid
 		}
@@ -151,7 +153,7 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 		}
 		q.apply(&a)
 		if m&abi.QPAttrAV != 0 {
-			q.peer = peer
+			q.peer, q.sgid = peer, sgid
 			if nq != nil {
 				q.net, nq = nq, nil
 			}
@@ -244,7 +246,7 @@ func (q *QP) reset(mask uint32) abi.Status {
 		return abi.StatusNotFound
 	}
 	q.attr = abi.QPAttr{QPN: q.Num, QPState: abi.QPSReset}
-	q.peer = nil
+	q.peer, q.sgid = nil, [16]byte{}
 	q.lostPeer = false
 	q.rnrWait, q.rnrTries = 0, 0
 	if q.rnrTimer != nil {

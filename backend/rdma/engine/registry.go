@@ -53,10 +53,17 @@ const (
 // NewHandle returns a handle that no object of kind k holds: a sequence
 // number in bits 8 … bits−1 and a random low byte, so that handles and
 // keys cannot be guessed from one another. Zero is never a handle. bits is
-// 9 … 32 (QP numbers are 24 bits wide, as a BTH carries them). The loop
-// ends: a device's objects of one kind are far fewer than the 2^(bits−8)
-// sequence numbers.
+// 9 … 32. The loop ends: a device's objects of one kind are far fewer than
+// the 2^(bits−8) sequence numbers.
+//
+// QP numbers (KindQP; bits is 24, as a BTH carries them) are drawn
+// uniformly instead (newQPN): a peer on the network, or another tenant of
+// this host, that knows one of a device's QP numbers learns nothing of its
+// others. They are 0 when none could be drawn.
 func (d *RNIC) NewHandle(k Kind, bits uint) uint32 {
+	if k == KindQP {
+		return d.newQPN(bits)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var b [1]byte
@@ -69,10 +76,48 @@ func (d *RNIC) NewHandle(k Kind, bits uint) uint32 {
 		}
 		rand.Read(b[:])
 		h := seq<<8 | uint32(b[0])
-		// QP numbers are unique on the fabric too (see Fabric).
-		if h != 0 && !d.takenLocked(k, h) && (k != KindQP || d.fabric == nil || !d.fabric.qpnTaken(d, h)) {
+		if h != 0 && !d.takenLocked(k, h) {
 			return h
 		}
+	}
+}
+
+// qpnTries bounds the draws of newQPN. A fabric holds far fewer QPs than
+// the 2^24 numbers (the daemon's limits), so one draw in a few thousand
+// collides; 64 in a row do not happen.
+const qpnTries = 64
+
+// newQPN draws a QP number uniformly from 2 … 2^bits−2 (0 and 1 name the
+// special QPs of InfiniBand, 0xffffff the multicast QPN) that no QP of d
+// nor of another device of the fabric holds, and reserves it on the
+// fabric for d: AddQP takes it, ReleaseQPN gives it back when the QP is
+// not created after all. 0: none found in qpnTries draws.
+func (d *RNIC) newQPN(bits uint) uint32 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	span := uint32(1)<<bits - 3
+	var b [4]byte
+	for range qpnTries {
+		rand.Read(b[:])
+		h := 2 + binary.LittleEndian.Uint32(b[:])%span
+		if d.takenLocked(KindQP, h) {
+			continue
+		}
+		if d.fabric == nil || d.fabric.claimQPN(d, h) {
+			return h
+		}
+	}
+	return 0
+}
+
+// ReleaseQPN gives back a QP number NewHandle reserved for a QP that was
+// not added (AddQP failed). A number a QP of d holds stays taken.
+func (d *RNIC) ReleaseQPN(num uint32) {
+	d.mu.RLock()
+	held := d.qps[num] != nil
+	d.mu.RUnlock()
+	if !held && d.fabric != nil {
+		d.fabric.releaseQPN(d, num)
 	}
 }
 

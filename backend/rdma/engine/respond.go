@@ -38,19 +38,37 @@ type request struct {
 	lmr      []*MR         // the MRs of lsge, checked
 	total    uint64        // message length
 	rnrRetry uint32        // q's rnr_retry
+	sgid     [16]byte      // the GID q sends from
 	now      int64         // monotonic ns of this pass
 }
 
 // respond runs r on the responder QP under its rqMu. Remote errors move
 // the responder QP to ERR with a QP_FATAL event (remoteErr).
+//
+// "A QP accepts requests only from the QP it is connected to" (docs/spec.md
+// § Semantics): the responder must be connected back to the requester —
+// its dest QPN is the requester's number, its dgid the GID the requester
+// sends from, and that GID resolved to the requester's device. A request
+// from any other QP, of this device or another tenant's, is answered as
+// one to a QP that does not exist (RETRY_EXC_ERR, as a fabric's retries
+// would end), touches nothing of the responder, and is counted on the
+// responder's device (Stats.WrongPeer). The check is a few compares under
+// the lock the state check takes anyway.
 func (r *request) respond() outcome {
 	pq := r.pq
 	pq.rqMu.Lock()
 	defer pq.rqMu.Unlock()
 	pq.mu.Lock()
 	pst, pdead, pacc, minRNR := pq.attr.QPState, pq.dead, pq.attr.QPAccessFlags, pq.attr.MinRNRTimer
+	ours := pq.peer == r.q.Dev && pq.net == nil && pq.attr.DestQPNum == r.q.Num && pq.attr.DGID == r.sgid
 	pq.mu.Unlock()
 	if pdead || (pst != abi.QPSRTR && pst != abi.QPSRTS) {
+		return failed(abi.WCRetryExcErr)
+	}
+	if !ours {
+		if pq.Dev != nil {
+			pq.Dev.wrongPeer.Add(1)
+		}
 		return failed(abi.WCRetryExcErr)
 	}
 	switch r.w.opcode {

@@ -22,6 +22,10 @@ type Stats struct {
 	Ops              [7]uint64               // executed send WQEs by send opcode
 	CompletionErrors map[abi.WCStatus]uint64 // error CQEs (written or lost) by wc status
 	EventsDropped    uint64                  // events raised while no EventSink was attached
+	// WrongPeer counts requests that reached one of the device's QPs from
+	// a QP it is not connected to (another tenant's, say): each was
+	// answered as one to a QP that does not exist and touched nothing.
+	WrongPeer uint64
 }
 
 // maxWCStatus bounds the wc statuses counted in Stats.
@@ -56,6 +60,7 @@ type RNIC struct {
 	ops           [7]atomic.Uint64
 	wcErrors      [maxWCStatus]atomic.Uint64
 	eventsDropped atomic.Uint64
+	wrongPeer     atomic.Uint64
 }
 
 // NewRNIC returns an RNIC with GID gid on fabric f. It does not register
@@ -192,6 +197,7 @@ func (d *RNIC) Stats() Stats {
 		BytesMoved:       d.bytesMoved.Load(),
 		CompletionErrors: make(map[abi.WCStatus]uint64),
 		EventsDropped:    d.eventsDropped.Load(),
+		WrongPeer:        d.wrongPeer.Load(),
 	}
 	for i := range s.Ops {
 		s.Ops[i] = d.ops[i].Load()
