@@ -19,6 +19,16 @@
 // Table.Reuse keeps a region's mapping (and its pins) when a front-end
 // sends the same memory table again.
 //
+// Pins are exact across memory-table changes (security issue 25): a
+// device pins on behalf of an owner (PinFor, PinPagesFor; an MR, a ring),
+// the pin is on the pages of the region mapping it was taken in, and
+// UnpinOwner drops exactly those, never by translating guest-physical
+// addresses through the table current then. A region that leaves the
+// table (SET_MEM_TABLE, REM_MEM_REG) keeps its mapping and the pins live
+// owners hold until they go; its pin=all pin and its cached pages are
+// dropped at once. So a table change never drops a live object's pin, and
+// destroying an object never unpins pages another object holds.
+//
 // Non-goals: the dirty-page log; anything of the vhost-user wire
 // (package virtio/vhostuser decodes messages; this package only sees
 // RegionSpecs and fds); and what the guest shares with the host. The
@@ -51,6 +61,11 @@
 //     guest write it concurrently; a front-end may truncate the file): copy
 //     guest structures once before validating them, use abi's atomic
 //     accessors for shared ring fields, and touch guest memory under Guard.
+//   - A Pinner's pinned bytes are exactly the pages its owners' pins and
+//     the pin=all pins name, counted per mapping (a guest page pinned
+//     through two mappings of it counts twice); a region it tracks is in
+//     the current table or still pinned by a live owner, and at most
+//     maxTracked regions are tracked.
 //
 // # Lock order
 //

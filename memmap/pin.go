@@ -20,14 +20,43 @@ package memmap
 // A tracked region (regionPins, keyed by its *Region) carries one reference
 // on its Region: its mapping (and the host addresses munlock is given)
 // cannot go away, nor be reused by another mmap, while any of its pages is
-// pinned or cached. A region is tracked from the first Pin (or pin=all
-// SetTable) that touches it until a SetTable whose table no longer holds
-// it, or Close: then all its pages are munlocked with one call, forgotten,
-// and the reference released. Unpin of a forgotten region does nothing.
-// Regions are identified by *Region, so a SET_MEM_TABLE that maps the same
-// memory anew as new Regions drops the pins of the old ones: the caller
-// re-pins what it still needs. At most maxTracked regions are tracked at
-// once (ErrTooManyRegions).
+// pinned or cached. A pin is therefore a pin on the memory of one mapping
+// (one file range), not on a guest-physical address: it stays on that
+// memory whatever table is current later. A region is tracked from the
+// first Pin (or pin=all SetTable) that touches it until no pin is left on
+// it after it left the current table, or Close. At most maxTracked regions
+// are tracked at once (ErrTooManyRegions), orphans included.
+//
+// # Owners and memory-table changes
+//
+// A device pins on behalf of an owner (an MR, a CQ's or QP's rings:
+// PinFor, PinPagesFor): the Pinner records the runs of mapped pages each
+// call pinned under the owner, and UnpinOwner drops exactly those pins, in
+// the regions they were taken in, whatever table is current then. The
+// rule across SET_MEM_TABLE, ADD_MEM_REG and REM_MEM_REG (SetTable):
+//
+//   - A region the new table still holds (the same *Region: Table.Reuse
+//     keeps it when the front-end sends the same region again) keeps its
+//     pins and its cached pages.
+//   - A region the new table no longer holds is orphaned: its pin=all pin
+//     is dropped and its cached pages are munlocked at once (no later pin
+//     can find them: a region that left the current table never comes
+//     back, Reuse only looks in the current table), but the pins live
+//     owners hold stay, with the region's mapping, until their owners
+//     unpin them; pages released there are munlocked, never cached. The
+//     region is forgotten (its reference released, its mapping unmapped
+//     once no table holds it either) when its last pin goes.
+//   - A table that maps the same guest-physical range anew (new Regions,
+//     even of the same file) is different memory to the Pinner: an object
+//     registered after the change pins the new mapping, and the old
+//     object's pins stay on the old one. So an object created on table T
+//     keeps its pages locked until it is destroyed, and destroying it
+//     never unpins pages another object holds; the same guest page pinned
+//     through two mappings counts (and is locked) twice.
+//
+// The table-keyed Unpin and UnpinPages remain for callers that pin through
+// one table (tests, benchmarks); they translate through the table given,
+// so they are exact only with the table the pins were taken in.
 //
 // A region is pinnable only if its guest-physical and host addresses are
 // congruent modulo PageSize (GuestAddr ≡ MmapOffset), so that each guest
@@ -136,10 +165,14 @@ const (
 	pageShift = 12
 	pageMask  = PageSize - 1
 
-	// maxTracked bounds the regions a Pinner tracks at once. SetTable
-	// forgets the regions of old tables, so only a caller that pins
-	// through many tables without SetTable can reach it.
-	maxTracked = 1 << 16
+	// maxTracked bounds the regions a Pinner tracks at once: those of the
+	// current table and the orphans, regions of older tables that live
+	// owners still pin. Each keeps a mapping of the daemon alive, so a
+	// front-end that switches tables over and over while it keeps objects
+	// registered in each is refused new pins (ErrTooManyRegions) rather
+	// than allowed to pile up mappings (vm.max_map_count is per process,
+	// shared by every device of the daemon).
+	maxTracked = 8 * MaxRegions
 )
 
 var (
@@ -243,6 +276,8 @@ type regionPins struct {
 	head   *extent // lowest extent; the address list follows next
 	exts   uint64  // number of extents
 	all    bool    // pinned wholly by pin=all
+	orphan bool    // not in the table of the last SetTable: nothing cached
+	holds  uint64  // runs of owners' pin sets naming this region
 	pinned uint64  // pages with count > 0
 	cached uint64  // pages in the cache
 }
@@ -282,6 +317,8 @@ type Pinner struct {
 	mu       sync.Mutex
 	closed   bool                    // protected by mu
 	byRegion map[*Region]*regionPins // protected by mu
+	table    map[*Region]bool        // protected by mu; regions of the last SetTable (nil: none yet)
+	owners   map[any]*pinSet         // protected by mu; what each owner pinned
 	oldest   *extent                 // protected by mu; LRU list: least recently released
 	newest   *extent                 // protected by mu; most recently released
 	lruLen   uint64                  // protected by mu; extents in the LRU list
@@ -303,6 +340,7 @@ func NewPinner(cfg PinConfig) *Pinner {
 		cfg:        cfg,
 		cachePages: cfg.CacheBytes / PageSize,
 		byRegion:   make(map[*Region]*regionPins),
+		owners:     make(map[any]*pinSet),
 	}
 }
 
@@ -380,6 +418,7 @@ func (p *Pinner) Unpin(t *Table, gpa abi.GPA, n uint64) {
 	}
 	p.scratch.runs = runs[:0]
 	p.unpinRuns(runs)
+	p.dropEmptyOrphans(runs)
 }
 
 // UnpinPages drops one pin per listed page occurrence, as PinPages took
@@ -397,12 +436,15 @@ func (p *Pinner) UnpinPages(t *Table, pages []abi.GPA) {
 	runs, _ := p.pageRuns(t, pages, false, p.scratch.runs[:0])
 	p.scratch.runs = runs[:0]
 	p.unpinRuns(runs)
+	p.dropEmptyOrphans(runs)
 }
 
 // SetTable is called after every table swap with the new table (the caller
 // holds a reference on it during the call; the Pinner keeps none on the
 // table, only on the regions it tracks). Regions no longer present are
-// forgotten: their pages are munlocked and their counts dropped. With
+// orphaned (see "Owners and memory-table changes" above): their pin=all
+// pin and their cached pages go, the pins owners hold stay until they are
+// unpinned, and a region left with no pin is forgotten. With
 // PinConfig.All, every region of t not yet pinned wholly is pinned wholly;
 // the first failure is returned (the table is still adopted, and the
 // regions that could not be pinned are retried at the next SetTable).
@@ -416,12 +458,15 @@ func (p *Pinner) SetTable(t *Table) error {
 	for _, r := range t.regions {
 		keep[r] = true
 	}
-	for r, rp := range p.byRegion {
-		if !keep[r] {
-			p.forget(rp)
+	p.table = keep
+	for r, rp := range p.byRegion { // deleting while ranging is allowed
+		switch {
+		case keep[r]:
+			rp.orphan = false
+		case !rp.orphan:
+			p.orphan(rp)
 		}
 	}
-	p.fixup()
 	if !p.cfg.All {
 		return nil
 	}
@@ -442,9 +487,9 @@ func (p *Pinner) SetTable(t *Table) error {
 	return nil
 }
 
-// Close munlocks everything, forgets all pins, releases the region
-// references and returns the accounting to zero. It is idempotent; later
-// Pins fail with ErrClosed and later Unpins do nothing.
+// Close munlocks everything, forgets all pins (owners' included), releases
+// the region references and returns the accounting to zero. It is
+// idempotent; later Pins fail with ErrClosed and later Unpins do nothing.
 func (p *Pinner) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -455,6 +500,7 @@ func (p *Pinner) Close() {
 		p.forget(rp)
 	}
 	p.fixup()
+	clear(p.owners)
 	p.spare = nil
 	p.closed = true
 }

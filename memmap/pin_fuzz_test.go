@@ -129,10 +129,18 @@ func (m *pinModel) unpin(keys []pinKeyMult) {
 	}
 }
 
-// forget drops every page of region r.
-func (m *pinModel) forget(r int) {
-	for k := range m.count {
-		if k.r == r {
+// orphan is SetTable without region r: its pin=all pin and its cached
+// pages go; the other pins on it stay (they are the pins' to drop).
+func (m *pinModel) orphan(r int) {
+	if m.all[r] {
+		for k, c := range m.count {
+			if k.r != r {
+				continue
+			}
+			if c > 1 {
+				m.count[k] = c - 1
+				continue
+			}
 			delete(m.count, k)
 			m.locked--
 		}
@@ -403,6 +411,7 @@ func FuzzPinner(f *testing.F) {
 			}
 		}()
 		cur := tab
+		orphaned := map[int]bool{}
 		setTable := func(next *Table) {
 			cur = next
 			err := p.SetTable(next)
@@ -411,8 +420,12 @@ func FuzzPinner(f *testing.F) {
 				in[env.index(s)] = true
 			}
 			for i := range regions {
-				if !in[i] {
-					m.forget(i)
+				if !in[i] && !orphaned[i] {
+					m.orphan(i)
+					orphaned[i] = true
+				}
+				if in[i] {
+					orphaned[i] = false
 				}
 			}
 			wantOK := true

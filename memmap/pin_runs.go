@@ -37,6 +37,10 @@ func (p *Pinner) track(r *Region) (*regionPins, error) {
 		start: uint64(s.GuestAddr),
 		end:   uint64(s.GuestAddr) + s.Size, // validated: no overflow
 		first: uint64(s.GuestAddr) >> pageShift,
+		// A region pinned through a table older than the last SetTable's
+		// (a command that acquired its table before the swap) is an
+		// orphan from the start.
+		orphan: p.table != nil && !p.table[r],
 	}
 	p.byRegion[r] = rp
 	return rp, nil
@@ -67,6 +71,57 @@ func (p *Pinner) forget(rp *regionPins) {
 	rp.pinned, rp.cached = 0, 0
 	delete(p.byRegion, rp.r)
 	rp.r.Release()
+}
+
+// orphan marks rp, which the current table no longer holds, an orphan:
+// its pin=all pin is dropped, its cached pages are munlocked (no later pin
+// can hit them), and it is forgotten if no pin is left on it.
+func (p *Pinner) orphan(rp *regionPins) {
+	rp.orphan = true
+	if rp.all {
+		rp.all = false
+		p.unpinRuns([]pinRun{{rp: rp, first: 0, last: rp.lastPage(), mult: 1}})
+	}
+	p.dropCached(rp)
+	if rp.pinned == 0 && rp.holds == 0 {
+		p.forget(rp)
+		p.fixup()
+	}
+}
+
+// dropCached munlocks the cached extents of rp, one call each, and drops
+// them from the cache and the accounting (not counted as evictions: the
+// region left the table, as forget).
+func (p *Pinner) dropCached(rp *regionPins) {
+	for e := rp.head; e != nil; { // bounded by rp.exts
+		p.work++
+		next := e.next
+		if e.count == 0 {
+			n := e.pages()
+			_ = unix.Munlock(rp.hostRun(e.first, e.last))
+			p.lruRemove(e)
+			rp.unlink(e)
+			p.freeExtent(e)
+			rp.cached -= n
+			p.cached -= n
+			p.locked -= n
+			p.unaccount(n)
+		}
+		e = next
+	}
+	p.fixup()
+}
+
+// dropEmptyOrphans forgets the orphaned regions of runs that no pin and no
+// owner names any more.
+func (p *Pinner) dropEmptyOrphans(runs []pinRun) {
+	for _, r := range runs {
+		rp := r.rp
+		if rp.orphan && rp.pinned == 0 && rp.holds == 0 && p.byRegion[rp.r] == rp {
+			p.forget(rp)
+		}
+	}
+	p.fixup()
 }
 
 // unaccount returns n pages to the global accounting.
@@ -399,7 +454,7 @@ func (p *Pinner) unpinRuns(runs []pinRun) {
 			if e.count == 0 {
 				n := e.pages()
 				rp.pinned -= n
-				if p.cachePages > 0 {
+				if p.cachePages > 0 && !rp.orphan {
 					p.lruPush(e)
 					rp.cached += n
 					p.cached += n

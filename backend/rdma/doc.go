@@ -28,4 +28,9 @@
 // PVDMA: REG_MR, CREATE_CQ and CREATE_QP pin exactly the pages they name
 // (memmap.Pinner: refcounted, released pages kept in a bounded map cache);
 // destroying the object unpins them; a reset or disconnect unpins all.
+// Each object's pins are recorded under the object (pin.go), in the region
+// mappings of the table it was created on: a later SET_MEM_TABLE,
+// ADD_MEM_REG or REM_MEM_REG neither drops them nor lets the object's
+// DEREG_MR or DESTROY unpin pages another object holds. The data path
+// translates through the current table, as before.
 package rdma

@@ -4,6 +4,9 @@ import (
 	"encoding/binary"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
@@ -113,5 +116,170 @@ func TestRegMRLargePages(t *testing.T) {
 		if got := d.Stats(); got.Pin.PinnedBytes != 0 || got.MRs != 0 {
 			t.Errorf("%s: left %d MRs and %d pinned bytes", tt.name, got.MRs, got.Pin.PinnedBytes)
 		}
+	}
+}
+
+// attachedFile is attached with the guest memory's file kept open, so that
+// a test can map the same memory anew as a front-end's SET_MEM_TABLE does.
+func attachedFile(t *testing.T) (d *Device, mem *memmap.Memory, file int, done func()) {
+	t.Helper()
+	fd, err := memmap.NewMemfd("guest", guestSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := memmap.MapRegion(fd, memmap.RegionSpec{Size: guestSize, UserAddr: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := memmap.NewTable([]*memmap.Region{r})
+	r.Release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem = memmap.NewMemory()
+	mem.Swap(tbl)
+	d, err = New(Config{ID: "pins", Limits: Limits{MaxQP: 4, MaxQPWR: 64, MaxSGE: 4, MaxCQ: 4, MaxCQE: 256,
+		MaxMR: 8, MaxPD: 4, MaxAH: 4, MaxMRSize: guestSize, MaxInlineData: 64, MaxQPRdAtom: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Attach(&fakeHost{mem: mem})
+	d.MemoryChanged()
+	return d, mem, file, func() {
+		d.Reset()
+		d.Detach()
+		d.Close()
+		mem.Close()
+		unix.Close(file)
+	}
+}
+
+// TestRegMRPinsAcrossMemTable is security issue 25, item 4, through the
+// control path: MR1, a CQ and a QP created on table T1 keep their pins when
+// the front-end switches to T2 (SET_MEM_TABLE with the same memory mapped
+// anew, or other memory at the same addresses, or REM_MEM_REG of the
+// region); MR2 registered on T2 over MR1's pages gets its own; DEREG_MR of
+// MR1 unpins MR1's pages and never MR2's; when every object is gone nothing
+// is pinned. Before pins had owners, the table change dropped MR1's and the
+// rings' pins (pinned bytes fell to 0) and DEREG_MR of MR1 unpinned MR2.
+func TestRegMRPinsAcrossMemTable(t *testing.T) {
+	const (
+		mrPages   = 4 * abi.PageSize // MR1 and MR2: [0x10000, 0x14000)
+		ringPages = 5 * abi.PageSize // CQ ring + record, SQ + RQ + QP record
+	)
+	tests := []struct {
+		name string
+		// next maps T2: nil for REM_MEM_REG of the only region.
+		next func(t *testing.T, file int) *memmap.Region
+		// both is what is pinned with MR2 registered too (0: no MR2).
+		both uint64
+	}{
+		{"same memory mapped anew", func(t *testing.T, file int) *memmap.Region {
+			fd, err := unix.FcntlInt(uintptr(file), unix.F_DUPFD_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := memmap.MapRegion(fd, memmap.RegionSpec{Size: guestSize, UserAddr: 2 << 40})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}, mrPages + ringPages + mrPages},
+		{"other memory at the same addresses", func(t *testing.T, file int) *memmap.Region {
+			fd, err := memmap.NewMemfd("other", guestSize)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := memmap.MapRegion(fd, memmap.RegionSpec{Size: guestSize, UserAddr: 1 << 40})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}, mrPages + ringPages + mrPages},
+		{"region removed", nil, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d, mem, file, done := attachedFile(t)
+			defer done()
+			t1 := mem.Acquire()
+			cmd := func(tbl *memmap.Table, op abi.Opcode, req []byte) []byte {
+				t.Helper()
+				out, st := d.command(op, req, tbl)
+				if st != abi.StatusOK {
+					t.Fatalf("%v: %v", op, st)
+				}
+				return out
+			}
+			pinned := func(what string, want uint64) {
+				t.Helper()
+				if got := d.Stats().Pin.PinnedBytes; got != want {
+					t.Errorf("%s: got %#x bytes pinned, want %#x", what, got, want)
+				}
+			}
+			pdn := binary.LittleEndian.Uint32(cmd(t1, abi.CmdCreatePD, nil))
+			mr1 := binary.LittleEndian.Uint32(cmd(t1, abi.CmdRegMR, regMRReq(pdn, 0x10000, mrPages, 12,
+				0x10000, 0x11000, 0x12000, 0x13000)))
+			cqn := binary.LittleEndian.Uint32(cmd(t1, abi.CmdCreateCQ, binary.LittleEndian.AppendUint64(
+				abi.Marshal(&abi.CreateCQ{CQE: 64, NPages: 1, Record: 0x2000}), 0x3000)))
+			qpReq := abi.Marshal(&abi.CreateQP{PDN: pdn, SendCQN: cqn, RecvCQN: cqn, QPType: abi.QPTypeRC,
+				MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1, SQWQEShift: 7, RQWQEShift: 5,
+				SQNPages: 1, RQNPages: 1, Record: 0x4000})
+			qpReq = binary.LittleEndian.AppendUint64(qpReq, 0x6000)
+			qpReq = binary.LittleEndian.AppendUint64(qpReq, 0x7000)
+			qpn := binary.LittleEndian.Uint32(cmd(t1, abi.CmdCreateQP, qpReq))
+			pinned("on T1", mrPages+ringPages)
+
+			// The front-end switches tables: the session swaps, then
+			// tells the device.
+			t2 := memmap.EmptyTable()
+			if tc.next != nil {
+				r := tc.next(t, file)
+				var err error
+				t2, err = memmap.NewTable([]*memmap.Region{r})
+				r.Release()
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			mem.Swap(t2)
+			d.MemoryChanged()
+			t1.Release()
+			pinned("after the table change", mrPages+ringPages)
+
+			cur := mem.Acquire()
+			defer cur.Release()
+			var mr2 uint32
+			if tc.both != 0 {
+				mr2 = binary.LittleEndian.Uint32(cmd(cur, abi.CmdRegMR, regMRReq(pdn, 0x10000, mrPages, 12,
+					0x10000, 0x11000, 0x12000, 0x13000)))
+				pinned("MR2 registered on T2", tc.both)
+			}
+			cmd(cur, abi.CmdDeregMR, abi.Marshal(&abi.Handle{Handle: mr1}))
+			want := uint64(ringPages)
+			if tc.both != 0 {
+				want += mrPages
+			}
+			pinned("after DEREG_MR MR1", want)
+			if tc.both != 0 {
+				if got := d.pinner.OwnerPinned(d.eng.LookupMR(mr2)); got != mrPages {
+					t.Errorf("MR2 holds %#x bytes, want %#x", got, mrPages)
+				}
+			}
+			cmd(cur, abi.CmdDestroyQP, abi.Marshal(&abi.Handle{Handle: qpn}))
+			cmd(cur, abi.CmdDestroyCQ, abi.Marshal(&abi.Handle{Handle: cqn}))
+			if tc.both != 0 {
+				pinned("MR2 alone", mrPages)
+				cmd(cur, abi.CmdDeregMR, abi.Marshal(&abi.Handle{Handle: mr2}))
+			}
+			pinned("every object gone", 0)
+			if got := d.pinner.Owners(); got != 0 {
+				t.Errorf("every object gone: %d pin owners left, want 0", got)
+			}
+		})
 	}
 }
