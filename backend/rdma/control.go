@@ -3,6 +3,7 @@ package rdma
 import (
 	"encoding/binary"
 	"errors"
+	"net/netip"
 
 	"golang.org/x/sys/unix"
 
@@ -501,8 +502,16 @@ func (d *Device) hasGID(index uint32) bool {
 	return ok
 }
 
+// SetAllowedGIDs replaces the addresses the operator assigned the device
+// (Config.AllowedGIDs); entries already in its GID table stay.
+func (d *Device) SetAllowedGIDs(prefixes []netip.Prefix) { d.eng.SetAllowedGIDs(prefixes) }
+
+// AllowedGIDs returns the addresses the operator assigned the device.
+func (d *Device) AllowedGIDs() []netip.Prefix { return d.eng.AllowedGIDs() }
+
 // addGID writes an entry of the port's GID table (docs/spec.md, "The GID
-// table"): "ADD_GID of a GID that another device's table holds answers BUSY
+// table"): "ADD_GID of a GID the operator did not assign to the device
+// answers ACCESS … of a GID that another device's table holds answers BUSY
 // and changes nothing."
 func (d *Device) addGID(req []byte) error {
 	var g abi.GIDEntry
@@ -514,6 +523,10 @@ func (d *Device) addGID(req []byte) error {
 		return errStatus(abi.StatusInvalid)
 	}
 	if err := d.eng.SetGID(int(g.Index), g.GID); err != nil {
+		if errors.Is(err, engine.ErrGIDNotAllowed) {
+			d.log.WithField("gid", netip.AddrFrom16(g.GID).String()).Debug("ADD_GID: not assigned to the device")
+			return errStatus(abi.StatusAccess)
+		}
 		if errors.Is(err, engine.ErrGIDTaken) {
 			return errStatus(abi.StatusBusy)
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -87,6 +88,12 @@ type Config struct {
 	Fabric *engine.Fabric
 	// NetGIDs: the device's own network GIDs (roce_bind), not the fabric's.
 	NetGIDs [][16]byte
+	// AllowedGIDs are the addresses the operator assigned the device:
+	// ADD_GID may claim a GID within these prefixes (an IPv4 prefix covers
+	// the IPv4-mapped GIDs of its addresses), besides the port GID and its
+	// network GIDs. None (the zero value) allows nothing more: a guest's
+	// driver then keeps only the port GID (docs/security.md).
+	AllowedGIDs []netip.Prefix
 	// Pin configures PVDMA pinning (on demand by default, pin-all, map
 	// cache, quota). Its Accounting is shared by a daemon's devices.
 	Pin memmap.PinConfig
@@ -249,6 +256,7 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 	}
 	d.eng = engine.NewRNIC(cfg.Fabric, d.conf.PortGID, d.log)
 	d.eng.SetNetGIDs(cfg.NetGIDs)
+	d.eng.SetAllowedGIDs(cfg.AllowedGIDs)
 	if err := cfg.Fabric.Register(d.eng); err != nil {
 		return nil, fmt.Errorf("rdma: %w", err)
 	}

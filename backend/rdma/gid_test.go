@@ -3,6 +3,7 @@ package rdma
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -26,6 +27,12 @@ func TestGIDTable(t *testing.T) {
 	defer doneB()
 
 	gid := [16]byte{10: 0xff, 11: 0xff, 12: 10, 13: 11, 14: 0, 15: 1} // ::ffff:10.11.0.1
+	// Both devices are assigned 10.11.0.0/24 and fe80::/64 (overlapping
+	// on purpose: ownership is then what tells them apart); b also
+	// nothing else.
+	assigned := []netip.Prefix{netip.MustParsePrefix("10.11.0.0/24"), netip.MustParsePrefix("fe80::/64")}
+	a.SetAllowedGIDs(assigned)
+	b.SetAllowedGIDs(assigned)
 	add := func(d *Device, index uint32, g [16]byte, typ uint32) abi.Status {
 		_, st := d.command(abi.CmdAddGID, abi.Marshal(&abi.GIDEntry{PortNum: 1, Index: index, GID: g, GIDType: typ}), ta)
 		return st
@@ -72,6 +79,13 @@ func TestGIDTable(t *testing.T) {
 		t.Errorf("short ADD_GID: %v, want INVALID", st)
 	}
 
+	// Outside the assignment: ACCESS, whether another device holds the
+	// GID or not.
+	for _, g := range []string{"::ffff:10.12.0.1", "2001:db8::1", "fe81::1"} {
+		if st := add(a, 2, netip.MustParseAddr(g).As16(), abi.GIDTypeRoCEv2); st != abi.StatusAccess {
+			t.Errorf("ADD_GID of %s (not assigned): %v, want ACCESS", g, st)
+		}
+	}
 	if st := add(a, 2, gid, abi.GIDTypeRoCEv1); st != abi.StatusOK {
 		t.Fatalf("ADD_GID: %v", st)
 	}
@@ -184,6 +198,7 @@ func TestGIDsList(t *testing.T) {
 	a, ta, done := attached(t)
 	defer done()
 	gid := [16]byte{10: 0xff, 11: 0xff, 12: 10, 13: 11, 14: 0, 15: 7}
+	a.SetAllowedGIDs([]netip.Prefix{netip.MustParsePrefix("10.11.0.7/32")})
 	want := []GIDEntry{{0, a.conf.PortGID}}
 	if got := a.GIDs(); !slices.Equal(got, want) {
 		t.Fatalf("GIDs after reset: %v, want %v", got, want)

@@ -55,6 +55,8 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 	doorbells := fs.Int("doorbell-queues", 0, "doorbell queues, one per guest vCPU (0: 1)")
 	var roceBind addrList
 	fs.Var(&roceBind, "roce-bind", "the host `ADDR`ess the device's RoCEv2 traffic to other hosts leaves from, instead of vrdmad's --roce-bind (repeatable)")
+	var addresses addressList
+	fs.Var(&addresses, "address", "assign the device this IP `ADDR`ess or PREFIX: its guest's driver may add the GIDs within it (repeatable; without any the device holds only its port GID)")
 	sf := defineShare(fs)
 	return func(pos []string) error {
 		if err := wantArgs("device add", pos, "ID"); err != nil {
@@ -81,7 +83,7 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 			return err
 		}
 		req := controlapi.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, MAC: *mac, DoorbellQueues: *doorbells, Share: share,
-			RoCEBind: roceBind}
+			RoCEBind: roceBind, Addresses: addresses}
 		if *maxQPs != 0 || *maxCQs != 0 || *maxMRs != 0 || pinned != 0 {
 			req.Limits = &controlapi.Limits{MaxQPs: uint32(*maxQPs), MaxCQs: uint32(*maxCQs), MaxMRs: uint32(*maxMRs), MaxPinnedBytes: pinned}
 		}
@@ -369,6 +371,11 @@ func showInfo(out io.Writer, d controlapi.DeviceInfo) error {
 	if len(d.RoCEBind) > 0 {
 		rows = append(rows, [2]string{"roce_bind", strings.Join(d.RoCEBind, ",")})
 	}
+	addrs := "none (port GID only)"
+	if len(d.Addresses) > 0 {
+		addrs = strings.Join(d.Addresses, ",")
+	}
+	rows = append(rows, [2]string{"addresses", addrs})
 	rows = append(rows, shareRows(d.Share)...)
 	rows = append(rows, [][2]string{
 		{"pinned", units.FormatBytes(d.PinnedBytes)}, {"map_cache", units.FormatBytes(d.CachedBytes)},
@@ -391,6 +398,19 @@ func pinnedLimit(n uint64) string {
 
 // addrList is a repeatable flag of addresses, kept as given: vrdmad checks
 // them (its answer names what is wrong).
+// addressList is --address: each value checked as the daemon checks it.
+type addressList []string
+
+func (l *addressList) String() string { return strings.Join(*l, ",") }
+
+func (l *addressList) Set(s string) error {
+	if _, err := controlapi.ParseAddresses([]string{s}); err != nil {
+		return err
+	}
+	*l = append(*l, s)
+	return nil
+}
+
 type addrList []string
 
 func (l *addrList) String() string { return strings.Join(*l, ",") }

@@ -154,6 +154,7 @@ type flags struct {
 	engineThr    int
 	engineCPUs   string
 	roceBind     stringList
+	addresses    stringList
 	rocePaths    int
 }
 
@@ -185,6 +186,7 @@ func newFlags() *flags {
 	fs.StringVar(&f.sockOwner, "socket-owner", "", "owner of the device sockets, `USER[:GROUP]` or :GROUP (QEMU's user or group, e.g. libvirt-qemu:kvm or :kvm)")
 	fs.StringVar(&f.sockMode, "socket-mode", "0600", "permission bits of the device sockets (octal)")
 	fs.StringVar(&f.allowUIDs, "allow-uid", "", "comma-separated uids allowed to connect to device sockets (SO_PEERCRED); empty: anyone who can open them")
+	fs.Var(&f.addresses, "address", "assign the command-line devices (--socket, --socket-path, --fd, socket activation) this IP `ADDR`ess or PREFIX, whose GIDs their guests' drivers may then add (repeatable; \"ID=ADDR\" assigns it to device ID alone; without any a device holds only its port GID)")
 	fs.Var(&f.roceBind, "roce-bind", "carry RDMA traffic to other hosts as RoCEv2 on UDP port 4791 of this host `ADDR`ess (repeatable, IPv4 or IPv6; each address's GID joins every device's GID table)")
 	fs.IntVar(&f.rocePaths, "roce-paths", 1, "spray each QP to another host over `N` paths (1 … 64; the multipath extension, negotiated with the peer: rxe peers get plain RoCEv2) unless the QP says otherwise; paths go between the device's --roce-bind addresses and the peer's")
 	fs.IntVar(&f.engineThr, "engine-threads", 0, "engine workers serving the doorbell queues of all devices (0: one per CPU of --engine-cpus, else one per CPU vrdmad may use)")
@@ -369,30 +371,44 @@ func run(args []string, stdout io.Writer) error {
 
 	// Command-line and inherited devices, then the saved ones: a saved
 	// device that collides with one of them is an error that names it.
+	assigned, err := parseAssigned(f.addresses)
+	if err != nil {
+		return fail(err)
+	}
+	used := make(map[string]bool)
+	devCfg := func(id string) rdma.Config {
+		used[id] = true
+		return rdma.Config{ID: id, DoorbellQueues: f.doorbells, AllowedGIDs: assigned.of(id)}
+	}
 	for i, s := range f.sockets {
 		id, path, ok := strings.Cut(s, "=")
 		if !ok {
 			path, id = s, socketID(s, i)
 		}
-		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: path, Device: rdma.Config{ID: id, DoorbellQueues: f.doorbells}}); err != nil {
+		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: path, Device: devCfg(id)}); err != nil {
 			return fail(fmt.Errorf("--socket %s: %w", s, err))
 		}
 	}
 	if f.socketPath != "" {
 		id := socketID(f.socketPath, len(f.sockets))
-		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: f.socketPath, Device: rdma.Config{ID: id, DoorbellQueues: f.doorbells}}); err != nil {
+		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: f.socketPath, Device: devCfg(id)}); err != nil {
 			return fail(fmt.Errorf("--socket-path %s: %w", f.socketPath, err))
 		}
 	}
 	if ln := inh.takeFD(); ln != nil {
 		id := socketID(ln.Addr().String(), len(f.sockets)+1)
-		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Listener: ln, Device: rdma.Config{ID: id, DoorbellQueues: f.doorbells}}); err != nil {
+		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Listener: ln, Device: devCfg(id)}); err != nil {
 			return fail(fmt.Errorf("--fd %d: %w", f.fd, err))
 		}
 	}
 	for _, nl := range inh.takeDevices() {
-		if _, err := d.AddDevice(daemon.DeviceSpec{ID: nl.Name, Listener: nl.Listener, Device: rdma.Config{ID: nl.Name, DoorbellQueues: f.doorbells}}); err != nil {
+		if _, err := d.AddDevice(daemon.DeviceSpec{ID: nl.Name, Listener: nl.Listener, Device: devCfg(nl.Name)}); err != nil {
 			return fail(fmt.Errorf("socket-activated device %s (fd %d): %w", nl.Name, nl.FD, err))
+		}
+	}
+	for id := range assigned.byID {
+		if !used[id] {
+			return fail(fmt.Errorf("--address %s=…: no device %q on the command line (devices of the control API get theirs with it)", id, id))
 		}
 	}
 	if err := d.Restore(saved); err != nil {

@@ -61,6 +61,10 @@ type DeviceInfo struct {
 	// RoCEBind are the device's own host addresses for RoCE (POST's
 	// roce_bind); absent when it uses the daemon's.
 	RoCEBind []string `json:"roce_bind,omitempty"`
+	// Addresses are the prefixes the operator assigned the device (POST's
+	// addresses and gids, each as a prefix: 10.11.0.5/32); ADD_GID may
+	// claim only GIDs within them besides the port GID. Never null.
+	Addresses []string `json:"addresses"`
 }
 
 // GIDEntry is one filled entry of a device's GID table.
@@ -145,6 +149,16 @@ type AddRequest struct {
 	// instead of the daemon's (vrdmad --roce-bind). Their GIDs fill
 	// entries 1, 2, … of the device's GID table.
 	RoCEBind []string `json:"roce_bind,omitempty"`
+	// Addresses are what the operator assigns the device, each an IP
+	// address or a prefix ("10.11.0.5", "10.11.0.0/24", "2001:db8::/64";
+	// at most 64): the guest's driver may add the GID of an address
+	// within them to its GID table (ADD_GID), as a RoCE driver does for
+	// its interface's addresses. GIDs is the same in GID notation (an
+	// IPv4-mapped GID as ::ffff:a.b.c.d, a prefix as GID/len); the two
+	// lists are merged. Without either the device holds only its port
+	// GID and its network GIDs (docs/security.md).
+	Addresses []string `json:"addresses,omitempty"`
+	GIDs      []string `json:"gids,omitempty"`
 }
 
 // Removed is the answer of DELETE /v1/devices/{id}. (The fields are in

@@ -75,6 +75,7 @@ func (dv *ServedDevice) Info() DeviceInfo {
 		Share:       shareInfo(dv.Dev.Share()),
 		GIDs:        gidEntries(dv.Dev.GIDs()),
 		RoCEBind:    addrStrings(dv.roceBind),
+		Addresses:   controlapi.PrefixStrings(dv.Dev.AllowedGIDs()),
 	}
 }
 
@@ -204,10 +205,15 @@ func requestSpec(r AddRequest) (DeviceSpec, error) {
 	if err != nil {
 		return DeviceSpec{}, err
 	}
+	assigned, err := controlapi.ParseAddresses(append(append([]string(nil), r.Addresses...), r.GIDs...))
+	if err != nil {
+		return DeviceSpec{}, reqErr("addresses", "%v", err)
+	}
 	return DeviceSpec{
-		ID:        r.ID,
-		Socket:    r.Socket,
-		Device:    rdma.Config{ID: r.ID, UUID: u, DoorbellQueues: r.DoorbellQueues, Limits: lim, Share: share},
+		ID:     r.ID,
+		Socket: r.Socket,
+		Device: rdma.Config{ID: r.ID, UUID: u, DoorbellQueues: r.DoorbellQueues, Limits: lim, Share: share,
+			AllowedGIDs: assigned},
 		MaxPinned: maxPinned,
 		RoCEBind:  bind,
 	}, nil

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/vrdma/vrdma/internal/controlapi"
 	"golang.org/x/sys/unix"
 )
 
@@ -348,6 +350,9 @@ func decodeState(b []byte) ([]DeviceSpec, error) {
 func (spec DeviceSpec) record() AddRequest {
 	r := AddRequest{ID: spec.ID, Socket: spec.Socket, DoorbellQueues: spec.Device.DoorbellQueues, Share: shareRecord(spec.Device.Share),
 		RoCEBind: addrStrings(spec.RoCEBind)}
+	if len(spec.Device.AllowedGIDs) > 0 {
+		r.Addresses = controlapi.PrefixStrings(spec.Device.AllowedGIDs)
+	}
 	if u := spec.Device.UUID; u != uuid.Nil {
 		r.UUID = u.String()
 		r.GUID = abi.FormatGUID(abi.GUIDOfUUID(u))

@@ -98,8 +98,11 @@ func (l *Lab) configure(ctx context.Context, cfg Config) error {
 	for i, g := range l.Guests {
 		// The daemon pairs the device with the NIC: node GUID = the MAC's
 		// EUI-64 (docs/spec.md, "The device's MAC").
+		// The guest's address is the device's (docs/security.md): its
+		// kernel driver adds the GID of it, as RoCE does.
 		info, err := l.Daemon.AddDevice(ctx, daemon.AddRequest{ID: g.Name,
-			Socket: filepath.Join(l.Daemon.Dir(), g.Name+".sock"), MAC: g.MAC, DoorbellQueues: cfg.SMP})
+			Socket: filepath.Join(l.Daemon.Dir(), g.Name+".sock"), MAC: g.MAC, DoorbellQueues: cfg.SMP,
+			Addresses: []string{g.IP.Addr().String()}})
 		if err != nil {
 			return err
 		}

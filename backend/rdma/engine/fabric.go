@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
@@ -15,6 +16,10 @@ var (
 	// ErrGIDIndex: the index is outside the GID table, or names an empty
 	// entry where a GID is needed.
 	ErrGIDIndex = errors.New("gid index out of range or empty")
+	// ErrGIDNotAllowed: the device may not hold the GID: it is outside
+	// the addresses its operator assigned (RNIC.SetAllowedGIDs), or it is
+	// a network address of a host (this daemon's, or a remote peer's).
+	ErrGIDNotAllowed = errors.New("gid not assigned to the device")
 )
 
 // GIDError is a Fabric error about one GID; it matches its Err.
@@ -54,6 +59,11 @@ type Fabric struct {
 	net     Network            // protected by mu; nil: this host only
 	netGIDs [][16]byte         // protected by mu; immutable slices
 
+	// remote counts, per GID, the QPs connected over the network to a
+	// peer with that GID: a remote host's address, which no device may
+	// claim while it is in use (protected by mu).
+	remote map[[16]byte]int
+
 	qpnMu sync.Mutex       // a leaf, taken under RNIC.mu
 	qpns  map[uint32]*RNIC // QP numbers in use (protected by qpnMu)
 }
@@ -61,7 +71,7 @@ type Fabric struct {
 // NewFabric returns an empty fabric.
 func NewFabric() *Fabric {
 	return &Fabric{byGID: make(map[[16]byte]*RNIC), members: make(map[*RNIC]struct{}),
-		qpns: make(map[uint32]*RNIC)}
+		qpns: make(map[uint32]*RNIC), remote: make(map[[16]byte]int)}
 }
 
 // SetNetwork gives the fabric its network and the GIDs of the host
@@ -194,13 +204,19 @@ func (f *Fabric) ResetGIDs(d *RNIC) {
 }
 
 // SetGID writes entry index of d's table (ADD_GID). It fails with
-// ErrGIDIndex for an index outside the table and with a *GIDError matching
-// ErrGIDTaken when another device holds gid; then nothing changes.
+// ErrGIDIndex for an index outside the table, with a *GIDError matching
+// ErrGIDNotAllowed when d may not hold gid (mayHoldLocked), and with one
+// matching ErrGIDTaken when another device holds it; then nothing
+// changes. Not-allowed is decided first, so a device learns nothing of
+// other devices' GIDs by trying them.
 func (f *Fabric) SetGID(d *RNIC, index int, gid [16]byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.members[d]; !ok || index < 0 || index >= len(d.gids) {
 		return ErrGIDIndex
+	}
+	if !f.mayHoldLocked(d, gid) {
+		return &GIDError{GID: gid, Err: ErrGIDNotAllowed}
 	}
 	if o, ok := f.byGID[gid]; ok && o != d && !f.isNetGIDLocked(d, gid) {
 		return &GIDError{GID: gid, Err: ErrGIDTaken}
@@ -208,6 +224,58 @@ func (f *Fabric) SetGID(d *RNIC, index int, gid [16]byte) error {
 	f.clearLocked(d, index)
 	f.setLocked(d, index, gid)
 	return nil
+}
+
+// mayHoldLocked reports whether d may put gid in its table: its port GID
+// and its own network GIDs (shared) always; never a host's network address
+// — a network GID of the fabric or of another device (the daemon's
+// --roce-bind addresses, devices' roce_bind), nor the GID of a remote peer
+// a QP is connected to over the network —, so that a local claim never
+// shadows a network destination; otherwise only GIDs within the prefixes
+// its operator assigned (RNIC.SetAllowedGIDs; none by default).
+// Precondition: f.mu held.
+func (f *Fabric) mayHoldLocked(d *RNIC, gid [16]byte) bool {
+	if gid == d.gid || f.isNetGIDLocked(d, gid) {
+		return true
+	}
+	if f.remote[gid] > 0 {
+		return false
+	}
+	for _, g := range f.netGIDs {
+		if g == gid {
+			return false
+		}
+	}
+	for o := range f.members {
+		for _, g := range o.netGIDs {
+			if g == gid {
+				return false
+			}
+		}
+	}
+	a := netip.AddrFrom16(gid).Unmap()
+	for _, p := range d.allowed {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// learnRemote records that a QP connects over the network to the peer
+// with gid; forgetRemote undoes it once the QP's transport closes.
+func (f *Fabric) learnRemote(gid [16]byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.remote[gid]++
+}
+
+func (f *Fabric) forgetRemote(gid [16]byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.remote[gid]--; f.remote[gid] <= 0 {
+		delete(f.remote, gid)
+	}
 }
 
 // ClearGID empties entry index of d's table (DEL_GID). It fails with

@@ -75,6 +75,11 @@ type netQP struct {
 	// reset: its WQEs are discarded, not completed).
 	quiet  atomic.Bool
 	closed atomic.Bool
+	// remote is the peer's GID, recorded on the fabric (learnRemote)
+	// while the transport is open when learned is set (immutable once
+	// the QP reaches RTR).
+	remote  [16]byte
+	learned bool
 
 	// The receives conn took and has not completed, oldest first: a
 	// ring of recvOpen of them from recvHead (plain RC fills one at a
@@ -386,6 +391,9 @@ func (n *netQP) close(quiet bool) {
 		return
 	}
 	n.conn.Close()
+	if n.learned && n.q.Dev != nil && n.q.Dev.fabric != nil {
+		n.q.Dev.fabric.forgetRemote(n.remote)
+	}
 	// Messages were arriving into these receives: they were consumed
 	// (rq_ci advanced), so they complete, flushed, before the ones still
 	// in the ring.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"net/netip"
 	"testing"
 
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
@@ -55,6 +56,7 @@ func TestOnlyThePeer(t *testing.T) {
 					// c's device sends from a second GID of its own:
 					// b's QP named c's port GID.
 					other := [16]byte{0xfe, 0x80, 14: 3, 15: 3}
+					c.d.SetAllowedGIDs([]netip.Prefix{netip.PrefixFrom(netip.AddrFrom16(other), 128)})
 					if err := c.d.SetGID(1, other); err != nil {
 						t.Fatalf("SetGID: %v", err)
 					}

@@ -106,6 +106,10 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 				return abi.StatusBusy
 			}
 			nq.conn = conn
+			// The peer's address is a network destination now: no
+			// device may claim its GID while the QP is connected.
+			f.learnRemote(a.DGID)
+			nq.remote, nq.learned = a.DGID, true
 		}
 	}
 	// RTR→RTS starts a network QP's requester first: the engine may run

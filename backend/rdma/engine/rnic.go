@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"net/netip"
 	"sync"
 	"sync/atomic"
 
@@ -40,6 +41,7 @@ type RNIC struct {
 
 	gids    [abi.GIDTableLen]gidSlot // the GID table (protected by fabric.mu)
 	netGIDs [][16]byte               // the device's own network GIDs, if any (immutable after SetNetGIDs)
+	allowed []netip.Prefix           // what ADD_GID may claim besides the port GID (protected by fabric.mu)
 
 	mu     sync.RWMutex
 	mem    *memmap.Memory // protected by mu; nil while detached
@@ -92,6 +94,33 @@ func (d *RNIC) SetNetGIDs(gids [][16]byte) {
 	if len(gids) > 0 {
 		d.netGIDs = append([][16]byte(nil), gids...)
 	}
+}
+
+// SetAllowedGIDs gives the device the addresses its operator assigned
+// it: ADD_GID may then claim a GID within these prefixes (an IPv4 prefix
+// covers the IPv4-mapped GIDs of its addresses), besides the port GID and
+// the device's network GIDs, which it always may. None (the default)
+// allows nothing more. Entries already in the table stay: a GID that
+// leaves the assignment is the operator's to remove (a device reset).
+func (d *RNIC) SetAllowedGIDs(prefixes []netip.Prefix) {
+	var allowed []netip.Prefix
+	for _, p := range prefixes {
+		allowed = append(allowed, p.Masked())
+	}
+	if d.fabric != nil {
+		d.fabric.mu.Lock()
+		defer d.fabric.mu.Unlock()
+	}
+	d.allowed = allowed
+}
+
+// AllowedGIDs returns what SetAllowedGIDs gave.
+func (d *RNIC) AllowedGIDs() []netip.Prefix {
+	if d.fabric != nil {
+		d.fabric.mu.RLock()
+		defer d.fabric.mu.RUnlock()
+	}
+	return append([]netip.Prefix(nil), d.allowed...)
 }
 
 // GID returns the device's GID.
