@@ -167,19 +167,30 @@ func (q *QP) Post(wr SendWR) error {
 // verified ICRC. p.Payload may be reused once Receive returns. Replies are
 // queued on the Port; the caller calls Flush after a batch of packets, so
 // that ACKs are coalesced.
-func (q *QP) Receive(p *roce.Packet) {
+//
+// It reports whether the packet was accepted: it moved the QP forward —
+// a request at the expected PSN that the responder took (the expected PSN
+// advanced), or a response that acknowledged or answered something
+// outstanding (the oldest unacknowledged PSN advanced). Duplicates, PSNs
+// out of sequence, NAKs, stale responses and refused packets are not.
+// Only a sender that knows the connection's PSNs gets a packet accepted;
+// the owner may trust the packet's source from then on (package udp
+// learns the peer's source port from it).
+func (q *QP) Receive(p *roce.Packet) (accepted bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.err || q.closed {
 		q.ctr.dropState.Add(1)
-		return
+		return false
 	}
 	// The default partition only (what rxe and vrdma send): P_Key
 	// 0xffff, or 0x7fff from a limited member.
 	if err := p.CheckPMTU(q.cfg.PMTU); err != nil || p.BTH.PKey&0x7fff != 0x7fff {
 		q.ctr.dropInvalid.Add(1)
-		return
+		return false
 	}
+	// Both only move forward: a change is progress.
+	epsn, una := q.resp.epsn, q.req.una
 	switch op := p.BTH.Opcode; {
 	case isResponse(op):
 		q.complete(p)
@@ -189,6 +200,7 @@ func (q *QP) Receive(p *roce.Packet) {
 	if !q.err {
 		q.pumpLocked()
 	}
+	return q.resp.epsn != epsn || q.req.una != una
 }
 
 // Flush sends the coalesced ACK, if any, and flushes the Port.

@@ -167,6 +167,10 @@ type Conn struct {
 	pumpFn   func() // immutable
 	rcFlush  atomic.Bool
 	unlinked bool // protected by mu
+	// rcSrc is the source port of the plain RC peer, learned at the
+	// first packet the plain QP accepted (Linux rxe sends from a port of
+	// its own per QP); Locals[0]'s receive goroutine owns it.
+	rcSrc udp.SourcePort
 }
 
 var (
@@ -362,12 +366,14 @@ func (c *Conn) now() time.Time        { return c.clock() }
 func (c *Conn) ts(t time.Time) uint32 { return uint32(t.Sub(c.epoch) / time.Microsecond) }
 
 // ReceiveRC implements udp.PacketHandler: a plain RC packet goes to the
-// plain QP, from the address the QP was connected to only.
+// plain QP, from the address the QP was connected to only, and once the
+// plain QP accepted a packet, from the source port that packet came from
+// only (udp.SourcePort, what an Endpoint checks of its own QPs).
 func (c *Conn) ReceiveRC(p *roce.Packet, src netip.AddrPort, via *udp.Endpoint) udp.Verdict {
-	if src.Addr() != c.cfg.Peer.Addr() || via != c.cfg.Locals[0] {
+	if via != c.cfg.Locals[0] || src.Addr() != c.cfg.Peer.Addr() || !c.rcSrc.Allows(src.Port()) {
 		return udp.WrongPeer
 	}
-	c.qp.Receive(p)
+	c.rcSrc.Learn(src.Port(), c.qp.Receive(p))
 	c.rcFlush.Store(true)
 	return udp.Delivered
 }

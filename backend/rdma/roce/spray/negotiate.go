@@ -45,6 +45,12 @@ func (c *Conn) sendHello(op roce.Opcode) {
 
 // ReceiveVendor implements udp.PacketHandler.
 func (c *Conn) ReceiveVendor(b []byte, src netip.AddrPort, via *udp.Endpoint) udp.Verdict {
+	// Only a vrdma host speaks the extension, and it sends from the port
+	// its endpoints are bound to, the one the routes send to (all of the
+	// peer's addresses share it): any other source port is not the peer.
+	if src.Port() != c.cfg.Peer.Port() {
+		return udp.WrongPeer
+	}
 	p, err := Parse(b, c.cfg.RC.PMTU)
 	if err != nil {
 		c.ctr.dropMalformed.Add(1)

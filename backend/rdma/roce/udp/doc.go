@@ -38,9 +38,25 @@
 // Two batches of Config.Batch buffers of one maximum packet each; at most
 // Config.MaxQPs QPs; nothing per datagram. Datagrams that fail a check are
 // counted (Counters) by reason and dropped, never delivered to a QP: a
-// packet to an unknown QPN, from an address that is not the QP's peer
-// (ports are not checked: rxe picks a source port per QP), with a bad
-// ICRC, truncated or malformed.
+// packet to an unknown QPN, from an address that is not the QP's peer or
+// from a source port that is not the peer's learned one, with a bad ICRC,
+// truncated or malformed.
+//
+// # The peer's source port
+//
+// A QP's peer address is its remote GID, fixed at NewQP. Its source port
+// is learned (SourcePort): until the QP accepts a packet (rc.QP.Receive
+// reports it: a request at the expected PSN, a response that acknowledged
+// or answered something outstanding), packets from the peer's address and
+// any port reach it; from then on only those from the port that packet
+// came from, the rest counting as RxWrongPeer. This holds for every peer,
+// because every peer keeps one source port for a connection's life: a
+// vrdmad sends everything from its bound port (4791), Linux rxe everything
+// of a QP from qp->src_port (rxe_net.c prepare4/prepare6), which
+// rxe_modify_qp sets at the address vector from the flow label, or when it
+// is 0 from the QPNs (rdma_get_udp_sport, 0xc000-0xffff). The check is
+// one comparison, on the receive goroutine, which alone owns the learned
+// port. docs/wire.md § 11 says what it is worth.
 //
 // Packets with the manufacturer-specific opcodes of the multipath spray
 // extension (docs/wire.md § 9) are checked as far as the BTH, the length,

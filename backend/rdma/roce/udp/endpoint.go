@@ -76,7 +76,7 @@ type Counters struct {
 	RxICRC        uint64 // ICRC mismatch
 	RxRecoveredID uint64 // IPv4 accepted with a recovered ID
 	RxUnknownQP   uint64
-	RxWrongPeer   uint64 // from an address that is not the QP's peer
+	RxWrongPeer   uint64 // from an address that is not the QP's peer, or a port that is not its learned one
 	TxDatagrams   uint64
 	TxErrors      uint64 // datagrams the kernel refused (dropped)
 	TxCalls       uint64 // sendmmsg calls
@@ -89,13 +89,43 @@ type counters struct {
 }
 
 // qpEntry is a QP and its port, or a PacketHandler (Register); immutable
-// once in the table, but mark, which only the receive goroutine touches.
+// once in the table, but mark and src, which only the receive goroutine
+// touches.
 type qpEntry struct {
 	qp   *rc.QP
 	peer netip.Addr    // the only source address accepted (qp)
 	h    PacketHandler // instead of qp and peer when not nil
 	mark uint64
+	src  SourcePort // the peer's source port (qp)
 }
+
+// SourcePort is the source UDP port a connection's peer sends from,
+// learned from the first packet its QP accepted (rc.QP.Receive: a request
+// at the expected PSN, a response that acknowledged something); until
+// then every port is let through. A vrdmad sends from its bound port,
+// Linux rxe from one port per QP (rdma_get_udp_sport at MODIFY_QP with an
+// address vector); neither changes during a connection. Its zero value
+// has learned nothing. It is not safe for concurrent use: one receive
+// goroutine owns it.
+type SourcePort struct {
+	port    uint16
+	learned bool
+}
+
+// Allows reports whether a packet from port may reach the QP: any port
+// before one was learned, the learned one after.
+func (s *SourcePort) Allows(port uint16) bool { return !s.learned || port == s.port }
+
+// Learn records port if none was learned yet and the QP accepted the
+// packet that came from it.
+func (s *SourcePort) Learn(port uint16, accepted bool) {
+	if accepted && !s.learned {
+		s.port, s.learned = port, true
+	}
+}
+
+// Learned returns the learned port, if any.
+func (s *SourcePort) Learned() (port uint16, ok bool) { return s.port, s.learned }
 
 // Endpoint is one bound UDP socket and the QPs reached through it.
 type Endpoint struct {

@@ -229,10 +229,10 @@ func (e *Endpoint) handle(i int, gen uint64) {
 		v = ent.h.ReceiveVendor(b, src, e)
 	case ent.h != nil:
 		v = ent.h.ReceiveRC(p, src, e)
-	case src.Addr() != ent.peer:
+	case src.Addr() != ent.peer || !ent.src.Allows(src.Port()):
 		v = WrongPeer
 	default:
-		ent.qp.Receive(p)
+		ent.src.Learn(src.Port(), ent.qp.Receive(p))
 	}
 	switch v {
 	case WrongPeer:

@@ -40,8 +40,9 @@ func TestLoopback(t *testing.T) {
 	<-done
 
 	// Hostile datagrams to b from another socket of a's address: a
-	// request out of sequence (the QP drops it), an unknown QPN, a broken
-	// ICRC, truncated headers, an unknown opcode, an oversized datagram.
+	// request from another port than the one b learned for the
+	// connection (wrong peer), an unknown QPN, a broken ICRC, truncated
+	// headers, an unknown opcode, an oversized datagram.
 	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(lo, 0)))
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +72,7 @@ func TestLoopback(t *testing.T) {
 	}
 	waitFor(t, func() bool { x := b.Counters(); return x.RxDatagrams-before.RxDatagrams == 6 && settled(x) })
 	got := b.Counters()
-	if got.RxDelivered-before.RxDelivered != 1 || got.RxUnknownQP-before.RxUnknownQP != 1 || got.RxICRC-before.RxICRC != 1 ||
+	if got.RxDelivered-before.RxDelivered != 0 || got.RxWrongPeer-before.RxWrongPeer != 1 || got.RxUnknownQP-before.RxUnknownQP != 1 || got.RxICRC-before.RxICRC != 1 ||
 		got.RxMalformed-before.RxMalformed != 2 || got.RxTruncated-before.RxTruncated != 1 {
 		t.Fatalf("counters before %+v after %+v", before, got)
 	}
