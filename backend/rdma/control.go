@@ -40,7 +40,10 @@ func status(err error) abi.Status {
 	// mlock itself failing is the host running out of lockable memory
 	// (RLIMIT_MEMLOCK without CAP_IPC_LOCK, vm.max_map_count): a resource
 	// of the device's host, not a malformed command.
-	if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EPERM) {
+	// So is the bound on the mappings a device's pins may keep alive
+	// across memory-table changes (memmap: maxTracked).
+	if errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EPERM) ||
+		errors.Is(err, memmap.ErrTooManyRegions) {
 		return abi.StatusNoResources
 	}
 	if errors.Is(err, memmap.ErrNotMapped) || errors.Is(err, memmap.ErrCrossesRegion) ||

@@ -168,6 +168,7 @@ func TestStatusOfErrors(t *testing.T) {
 		{fmt.Errorf("mlock gpa 0x1000+0x1000: %w", unix.ENOMEM), abi.StatusNoResources},
 		{fmt.Errorf("mlock gpa 0x1000+0x1000: %w", unix.EAGAIN), abi.StatusNoResources},
 		{fmt.Errorf("mlock gpa 0x1000+0x1000: %w", unix.EPERM), abi.StatusNoResources},
+		{fmt.Errorf("pin: %w", &memmap.RegionError{Err: fmt.Errorf("256 regions tracked: %w", memmap.ErrTooManyRegions)}), abi.StatusNoResources},
 		{errors.New("anything else"), abi.StatusInvalid},
 	} {
 		if got := status(c.err); got != c.want {
