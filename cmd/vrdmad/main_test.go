@@ -94,6 +94,9 @@ func TestFlagErrors(t *testing.T) {
 		{"nothing to serve", []string{"--state-dir="}, "nothing to serve"},
 		{"socket-owner without names", []string{"--socket-owner=:", "--socket", sock}, "want USER[:GROUP] or :GROUP"},
 		{"state dir under a file", []string{"--socket", sock, "--state-dir", filepath.Join(file, "state")}, "create the state directory"},
+		{"address not an address", []string{"--socket", sock, "--state-dir=", "--address", "tenant-a"}, "not an IP address or prefix"},
+		{"address of everything", []string{"--socket", sock, "--state-dir=", "--address", "::/0"}, "assigns every address"},
+		{"address of a device not given", []string{"--socket", "vm1=" + sock, "--state-dir=", "--address", "vm2=10.0.0.1"}, `no device "vm2"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
