@@ -63,6 +63,10 @@ type Fabric struct {
 	// peer with that GID: a remote host's address, which no device may
 	// claim while it is in use (protected by mu).
 	remote map[[16]byte]int
+	// conns holds, per remote QP (its GID and number), the network QP
+	// of this daemon connected to it: an RC QP has one peer, so a second
+	// QP of this host may not connect to it (protected by mu).
+	conns map[remoteQP]*netQP
 
 	qpnMu sync.Mutex       // a leaf, taken under RNIC.mu
 	qpns  map[uint32]*RNIC // QP numbers in use (protected by qpnMu)
@@ -71,7 +75,7 @@ type Fabric struct {
 // NewFabric returns an empty fabric.
 func NewFabric() *Fabric {
 	return &Fabric{byGID: make(map[[16]byte]*RNIC), members: make(map[*RNIC]struct{}),
-		qpns: make(map[uint32]*RNIC), remote: make(map[[16]byte]int)}
+		qpns: make(map[uint32]*RNIC), remote: make(map[[16]byte]int), conns: make(map[remoteQP]*netQP)}
 }
 
 // SetNetwork gives the fabric its network and the GIDs of the host
@@ -262,17 +266,39 @@ func (f *Fabric) mayHoldLocked(d *RNIC, gid [16]byte) bool {
 	return false
 }
 
-// learnRemote records that a QP connects over the network to the peer
-// with gid; forgetRemote undoes it once the QP's transport closes.
-func (f *Fabric) learnRemote(gid [16]byte) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.remote[gid]++
+// remoteQP names a QP on another host.
+type remoteQP struct {
+	gid [16]byte
+	qpn uint32
 }
 
-func (f *Fabric) forgetRemote(gid [16]byte) {
+// claimConn records that n connects over the network to the QP qpn of the
+// peer with gid, and so that gid is a network destination (mayHoldLocked).
+// It fails if another QP of this daemon is connected to that QP: an RC QP
+// answers one peer, and the peer's host tells this host's QPs apart by
+// address and port alone (docs/security.md: a tenant of this host cannot
+// borrow another tenant's connection to a remote QP).
+func (f *Fabric) claimConn(gid [16]byte, qpn uint32, n *netQP) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	k := remoteQP{gid, qpn}
+	if o := f.conns[k]; o != nil && o != n {
+		return false
+	}
+	f.conns[k] = n
+	f.remote[gid]++
+	return true
+}
+
+// releaseConn undoes claimConn once n's transport closed.
+func (f *Fabric) releaseConn(gid [16]byte, qpn uint32, n *netQP) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k := remoteQP{gid, qpn}
+	if f.conns[k] != n {
+		return
+	}
+	delete(f.conns, k)
 	if f.remote[gid]--; f.remote[gid] <= 0 {
 		delete(f.remote, gid)
 	}

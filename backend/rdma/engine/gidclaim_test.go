@@ -86,3 +86,50 @@ func TestGIDClaims(t *testing.T) {
 		t.Fatal("the claimed GID does not resolve to e")
 	}
 }
+
+// TestRemoteQPHasOnePeer: while a's QP is connected over the network to
+// b's QP, no other QP of a's host — another tenant's device, or a's own —
+// may connect to that remote QP (the remote host tells this host's QPs
+// apart by address and port alone); once a's QP lets go, one may.
+func TestRemoteQPHasOnePeer(t *testing.T) {
+	p := newNetPairIdle(t, pairOpts{})
+	c := newNode(t, p.fa, 3, 0x300, qpOpts{})
+	other := newQP(t, p.a.g, p.a.d, 0x101, p.a.scq, p.a.rcq, qpOpts{})
+	rtr := func(q *QP, dest uint32) abi.Status {
+		connectInit(t, q)
+		return q.Modify(abi.QPAttr{QPN: q.Num, QPState: abi.QPSRTR, AttrMask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU |
+			abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer,
+			DGID: hostB, SGIDIndex: 1, PathMTU: abi.MTU1024, DestQPNum: dest, MinRNRTimer: 1, MaxDestRdAtomic: 16})
+	}
+	reset := func(q *QP) {
+		if st := q.Modify(abi.QPAttr{QPState: abi.QPSReset, AttrMask: abi.QPAttrState}); st != abi.StatusOK {
+			t.Fatal(st)
+		}
+	}
+	if st := rtr(c.qp, p.b.qp.Num); st != abi.StatusBusy {
+		t.Fatalf("another device's QP to the connected remote QP: got %v, want BUSY", st)
+	}
+	reset(c.qp)
+	if st := rtr(other, p.b.qp.Num); st != abi.StatusBusy {
+		t.Fatalf("a second QP of the same device to the connected remote QP: got %v, want BUSY", st)
+	}
+	reset(other)
+	if st := rtr(c.qp, p.b.qp.Num+1); st != abi.StatusOK {
+		t.Fatalf("to another remote QP: got %v, want OK", st)
+	}
+	reset(c.qp)
+	reset(p.a.qp) // a's transport closes: the remote QP is free
+	if st := rtr(c.qp, p.b.qp.Num); st != abi.StatusOK {
+		t.Fatalf("to the remote QP a let go of: got %v, want OK", st)
+	}
+	if st := rtr(p.a.qp, p.b.qp.Num); st != abi.StatusBusy {
+		t.Fatalf("a's QP back to the remote QP c now holds: got %v, want BUSY", st)
+	}
+	reset(c.qp)
+	if n := len(p.fa.conns); n != 0 {
+		t.Fatalf("%d remote QPs still claimed with no QP connected, want 0", n)
+	}
+	if n := len(p.fa.remote); n != 0 {
+		t.Fatalf("%d remote GIDs still in use with no QP connected, want 0", n)
+	}
+}

@@ -75,11 +75,10 @@ type netQP struct {
 	// reset: its WQEs are discarded, not completed).
 	quiet  atomic.Bool
 	closed atomic.Bool
-	// remote is the peer's GID, recorded on the fabric (learnRemote)
-	// while the transport is open when learned is set (immutable once
-	// the QP reaches RTR).
-	remote  [16]byte
-	learned bool
+	// remote is the peer QP, claimed on the fabric (claimConn) from
+	// before the transport is made until it closes (immutable once set by
+	// Modify).
+	remote remoteQP
 
 	// The receives conn took and has not completed, oldest first: a
 	// ring of recvOpen of them from recvHead (plain RC fills one at a
@@ -390,9 +389,11 @@ func (n *netQP) close(quiet bool) {
 	if n.closed.Swap(true) {
 		return
 	}
-	n.conn.Close()
-	if n.learned && n.q.Dev != nil && n.q.Dev.fabric != nil {
-		n.q.Dev.fabric.forgetRemote(n.remote)
+	if n.conn != nil {
+		n.conn.Close()
+	}
+	if n.q.Dev != nil && n.q.Dev.fabric != nil {
+		n.q.Dev.fabric.releaseConn(n.remote.gid, n.remote.qpn, n)
 	}
 	// Messages were arriving into these receives: they were consumed
 	// (rq_ci advanced), so they complete, flushed, before the ones still

@@ -326,7 +326,7 @@ func TestNetworkPaths(t *testing.T) {
 	q := newQP(t, p.a.g, p.a.d, 0x300, p.a.scq, p.a.rcq, qpOpts{})
 	connectInit(t, q)
 	rtr := abi.QPAttr{QPState: abi.QPSRTR, AttrMask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN |
-		abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer, DGID: hostB, SGIDIndex: 1, PathMTU: abi.MTU1024, DestQPNum: 0x200}
+		abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer, DGID: hostB, SGIDIndex: 1, PathMTU: abi.MTU1024, DestQPNum: 0x201} // a's QP holds 0x200
 	before, _ := p.na.counts()
 	for _, bad := range []abi.QPAttr{
 		func() abi.QPAttr { a := rtr; a.Paths = 4; return a }(), // no mask bit

@@ -100,16 +100,21 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 		peer = f.Lookup(a.DGID)
 		if n := f.network(); peer == nil && n != nil && to == abi.QPSRTR && f.IsNetGID(q.Dev, sgid) && q.State() == abi.QPSInit {
 			nq = newNetQP(q)
+			// The remote QP is this QP's alone while it is connected,
+			// and the peer's address a network destination no device
+			// may claim (Fabric.claimConn).
+			nq.remote = remoteQP{a.DGID, a.DestQPNum}
+			if !f.claimConn(a.DGID, a.DestQPNum, nq) {
+				q.Dev.log.WithField("qp", q.Num).Debug("MODIFY_QP: another QP of this host is connected to that remote QP")
+				return abi.StatusBusy
+			}
 			conn, err := n.Connect(sgid, a.DGID, f.NetGIDs(q.Dev), int(a.Paths), q.rcConfig(&a), nq)
 			if err != nil {
+				nq.close(true)
 				q.Dev.log.WithError(err).WithField("qp", q.Num).Warn("MODIFY_QP: cannot connect over the network")
 				return abi.StatusBusy
 			}
 			nq.conn = conn
-			// The peer's address is a network destination now: no
-			// device may claim its GID while the QP is connected.
-			f.learnRemote(a.DGID)
-			nq.remote, nq.learned = a.DGID, true
 		}
 	}
 	// RTR→RTS starts a network QP's requester first: the engine may run
