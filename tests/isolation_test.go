@@ -824,14 +824,16 @@ func (q *rawQP) connectNet(t *testing.T, gid [16]byte, dest, psn uint32) {
 }
 
 // TestIsolationOwnRoCEAddress: the same attack through the host's own
-// RoCE address. With a network, B's QP may be connected to C's through
-// it (every device's network GID is the host address's, so B's and C's
-// packets, and A's, all come from that address); A connects a QP from its
-// network GID to B's QPN there and posts, with a PSN of its choosing,
-// the WRs of TestIsolationCrossTenantQP. A gets an error completion,
-// nothing of B changes or comes back, B's QP stays RTS, and B↔C traffic
-// completes verified. Its last case, an attacker that knows the PSN B
-// expects, is skipped: there only the PSN protects B (a known hole).
+// RoCE address. With a network, B's QP may be connected to C's through it
+// (every device's network GID is the host address's, so B's and C's
+// packets, and A's, would all come from that address and port, and only
+// the PSN would tell them apart). A remote QP has one peer on a host
+// (engine: Fabric.claimConn), so A's QP cannot connect to B's QPN or C's
+// there at all: RTR answers BUSY, with any PSN, B's expected one
+// included. A's QP connected to a QPN nobody holds gets an error
+// completion. Nothing of B changes, B's QP stays RTS towards C, and B↔C
+// traffic completes verified (C's next WRITE is not taken for a
+// duplicate).
 func TestIsolationOwnRoCEAddress(t *testing.T) {
 	hygiene(t)
 	d, socks, netGID := startRoCEDaemon(t, 3)
@@ -850,101 +852,75 @@ func TestIsolationOwnRoCEAddress(t *testing.T) {
 	}
 	verifiedWrite(t, b, c, 0x01)
 	verifiedWrite(t, c, b, 0x02)
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
-	cases := []struct {
-		name string
-		wqe  abi.SendWQE
-		n    uint32
-	}{
-		{"SEND", abi.SendWQE{Opcode: abi.WROpSend}, 64},
-		{"RDMA_WRITE with B's rkey", abi.SendWQE{Opcode: abi.WROpRDMAWrite, RemoteAddr: b.mr.Addr + isoTarget, RKey: b.mr.RKey}, 256},
-		{"RDMA_READ of B's MR", abi.SendWQE{Opcode: abi.WROpRDMARead, RemoteAddr: b.mr.Addr + isoTarget, RKey: b.mr.RKey}, 256},
-		{"ATOMIC_FETCH_AND_ADD", abi.SendWQE{Opcode: abi.WROpAtomicFetchAdd, RemoteAddr: b.mr.Addr + isoTarget, RKey: b.mr.RKey,
-			CompareAdd: 1}, 8},
-		{"RDMA_WRITE with a wrong rkey", abi.SendWQE{Opcode: abi.WROpRDMAWrite, RemoteAddr: b.mr.Addr + isoTarget,
-			RKey: b.mr.RKey ^ 0x5a5a00}, 256},
-	}
-	for i, tc := range cases {
-		for _, psn := range []struct {
-			name string
-			v    uint32
-		}{{"PSN 0", 0}, {"random PSN", rng.Uint32N(1 << 24)}} {
-			t.Run(tc.name+", "+psn.name, func(t *testing.T) {
-				seed := byte(0x10*i + 0x10)
-				if err := b.qp.PostRecv(verbs.RecvWR{WRID: 0x100, SGL: []abi.SGE{b.mr.SGE(isoRecv0, 4096)}}); err != nil {
-					t.Fatal(err)
-				}
-				fill(b.mr.Bytes(), seed)
-				bWant := bytes.Clone(b.mr.Bytes())
-				local := a.mr.Bytes()[isoLocal : isoLocal+4096]
-				for k := range local {
-					local[k] = 0xa5
-				}
-				q, st := createRawQP(t, a, rawQPSpec{cq: a.cq.Num()})
-				if st != abi.StatusOK {
-					t.Fatalf("attacker CREATE_QP: got %v, want OK", st)
-				}
-				q.connectNet(t, netGID, b.qp.Num(), psn.v)
-				w := tc.wqe
-				w.WRID, w.Flags, w.NumSGE = 0xbad, abi.WRFlagSignaled, 1
-				q.post(t, wqe(w, abi.SGE{Addr: a.mr.Addr + isoLocal, Length: tc.n, LKey: a.mr.LKey}))
-				if wc := pollOne(t, a.cq); wc.WRID != 0xbad || wc.Status == abi.WCSuccess {
-					t.Errorf("attacker's WR: got %+v, want an error completion", wc)
-				} else {
-					t.Logf("attacker's WR: %v", wc.Status)
-				}
-				sameBytes(t, "B's memory", b.mr.Bytes(), bWant)
-				for k, v := range local {
-					if v != 0xa5 {
-						t.Errorf("A's READ/atomic destination: byte %d is %#02x, want 0xa5 (unchanged)", k, v)
-						break
-					}
-				}
-				cqEmpty(t, "B's CQ after the attack", b.cq)
-				if st, dest := qpState(t, b.qp); st != abi.QPSRTS || dest != c.qp.Num() {
-					t.Fatalf("B's QP: got state %d towards %#x, want RTS (3) towards C's %#x", st, dest, c.qp.Num())
-				}
-				// C's SEND lands in the receive posted before the attack.
-				sendVerified(t, c, b, 0x100, isoRecv0, seed+1, false)
-				verifiedWrite(t, c, b, seed+2)
-				verifiedWrite(t, b, c, seed+3)
-			})
-		}
-	}
+	fill(b.mr.Bytes(), 0x71)
+	bWant := bytes.Clone(b.mr.Bytes())
 
-	// An attacker that knows the PSN B's QP expects next (here: C's
-	// initial PSN, after C's one-packet WRITE).
-	t.Run("RDMA_WRITE with B's rkey at B's expected PSN", func(t *testing.T) {
-		t.Skip("known hole (reported with security issue 25): a request from the host's own RoCE address at the " +
-			"expected PSN is accepted by B's rc responder whoever sent it (udp endpoint: same address, same source " +
-			"port 4791 for every QP); A's WRITE lands in B's memory and C's next WRITE is taken for a duplicate " +
-			"(SUCCESS, bytes not written)")
-		vb, vc := b.withQP(newPeerQP(t, b)), c.withQP(newPeerQP(t, c))
-		if err := vb.qp.ConnectRCOpts(netGID, vc.qp.Num(), vc.qp.PSN(), acc, verbs.ConnectOpts{SGIDIndex: 1}); err != nil {
-			t.Fatal(err)
-		}
-		if err := vc.qp.ConnectRCOpts(netGID, vb.qp.Num(), vb.qp.PSN(), acc, verbs.ConnectOpts{SGIDIndex: 1}); err != nil {
-			t.Fatal(err)
-		}
-		verifiedWrite(t, vc, vb, 0x70) // 4 KiB, one packet at path MTU 4096
-		fill(b.mr.Bytes(), 0x71)
-		bWant := bytes.Clone(b.mr.Bytes())
+	// rtr moves a fresh raw QP of A to INIT and tries RTR towards dest
+	// through the host's address, with rq_psn psn.
+	rtr := func(t *testing.T, dest, psn uint32) (*rawQP, abi.Status) {
+		t.Helper()
 		q, st := createRawQP(t, a, rawQPSpec{cq: a.cq.Num()})
 		if st != abi.StatusOK {
 			t.Fatalf("attacker CREATE_QP: got %v, want OK", st)
 		}
-		q.connectNet(t, netGID, vb.qp.Num(), (vc.qp.PSN()+1)&(1<<24-1))
+		if st := q.modify(t, abi.QPAttr{QPState: abi.QPSInit, PortNum: 1, QPAccessFlags: uint32(acc),
+			AttrMask: abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags}); st != abi.StatusOK {
+			t.Fatalf("attacker INIT: %v", st)
+		}
+		return q, q.modify(t, abi.QPAttr{QPState: abi.QPSRTR, PathMTU: abi.MTU4096, DestQPNum: dest, MinRNRTimer: 1,
+			DGID: netGID, SGIDIndex: 1, HopLimit: 1, RQPSN: psn,
+			AttrMask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN |
+				abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer})
+	}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	for _, tc := range []struct {
+		name      string
+		dest, psn uint32
+	}{
+		{"B's QPN, PSN 0", b.qp.Num(), 0},
+		{"B's QPN, a random PSN", b.qp.Num(), rng.Uint32N(1 << 24)},
+		{"B's QPN, the PSN B expects next", b.qp.Num(), (c.qp.PSN() + 1) & (1<<24 - 1)},
+		{"C's QPN", c.qp.Num(), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q, st := rtr(t, tc.dest, tc.psn)
+			if st != abi.StatusBusy {
+				t.Fatalf("attacker's RTR to a remote QP another QP of the host holds: got %v, want BUSY", st)
+			}
+			if got := q.state(t); got != abi.QPSInit {
+				t.Fatalf("attacker's QP after the refused RTR: state %d, want INIT (1)", got)
+			}
+		})
+	}
+
+	// A QPN nobody holds: A connects, and its WRITE ends in error.
+	t.Run("a QPN nobody holds", func(t *testing.T) {
+		dest := (b.qp.Num() ^ 0x5a5a5a) &^ 1
+		if dest < 2 {
+			dest = 2
+		}
+		q, st := rtr(t, dest, 0)
+		if st != abi.StatusOK {
+			t.Fatalf("attacker's RTR to a free QPN: got %v, want OK", st)
+		}
+		if st := q.modify(t, abi.QPAttr{QPState: abi.QPSRTS, SQPSN: 0, Timeout: 8, RetryCnt: 2, RNRRetry: 0,
+			AttrMask: abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry |
+				abi.QPAttrMaxQPRdAtomic}); st != abi.StatusOK {
+			t.Fatalf("attacker's RTS: %v", st)
+		}
 		q.post(t, wqe(abi.SendWQE{WRID: 0xbad, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled, NumSGE: 1,
 			RemoteAddr: b.mr.Addr + isoTarget, RKey: b.mr.RKey}, abi.SGE{Addr: a.mr.Addr + isoLocal, Length: 256, LKey: a.mr.LKey}))
 		if wc := pollOne(t, a.cq); wc.WRID != 0xbad || wc.Status == abi.WCSuccess {
 			t.Errorf("attacker's WR: got %+v, want an error completion", wc)
 		}
-		sameBytes(t, "B's memory", b.mr.Bytes(), bWant)
-		if st, dest := qpState(t, vb.qp); st != abi.QPSRTS || dest != vc.qp.Num() {
-			t.Fatalf("B's QP: got state %d towards %#x, want RTS (3) towards C's %#x", st, dest, vc.qp.Num())
-		}
-		verifiedWrite(t, vc, vb, 0x72)
-		verifiedWrite(t, vb, vc, 0x73)
 	})
+
+	sameBytes(t, "B's memory", b.mr.Bytes(), bWant)
+	cqEmpty(t, "B's CQ after the attacks", b.cq)
+	if st, dest := qpState(t, b.qp); st != abi.QPSRTS || dest != c.qp.Num() {
+		t.Fatalf("B's QP: got state %d towards %#x, want RTS (3) towards C's %#x", st, dest, c.qp.Num())
+	}
+	verifiedWrite(t, c, b, 0x72)
+	verifiedWrite(t, b, c, 0x73)
 	noRingErrors(t, d, "dev1", "dev2")
 }
