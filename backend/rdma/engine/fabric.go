@@ -231,7 +231,7 @@ func (f *Fabric) SetGID(d *RNIC, index int, gid [16]byte) error {
 }
 
 // mayHoldLocked reports whether d may put gid in its table: its port GID
-// and its own network GIDs (shared) always; never a host's network address
+// (in both EUI-64 forms: flipUL) and its own network GIDs (shared) always; never a host's network address
 // — a network GID of the fabric or of another device (the daemon's
 // --roce-bind addresses, devices' roce_bind), nor the GID of a remote peer
 // a QP is connected to over the network —, so that a local claim never
@@ -239,7 +239,7 @@ func (f *Fabric) SetGID(d *RNIC, index int, gid [16]byte) error {
 // its operator assigned (RNIC.SetAllowedGIDs; none by default).
 // Precondition: f.mu held.
 func (f *Fabric) mayHoldLocked(d *RNIC, gid [16]byte) bool {
-	if gid == d.gid || f.isNetGIDLocked(d, gid) {
+	if gid == d.gid || gid == flipUL(d.gid) || f.isNetGIDLocked(d, gid) {
 		return true
 	}
 	if f.remote[gid] > 0 {
@@ -264,6 +264,16 @@ func (f *Fabric) mayHoldLocked(d *RNIC, gid [16]byte) bool {
 		}
 	}
 	return false
+}
+
+// flipUL is gid with the universal/local bit of its interface identifier
+// flipped: the port GID fe80::GUID in the form a guest's RoCE stack
+// derives from the paired NIC's MAC (its default GID and IPv6 link-local
+// address use the modified EUI-64). Device GUIDs are locally administered,
+// so this form is never another device's port GID.
+func flipUL(gid [16]byte) [16]byte {
+	gid[8] ^= 0x02
+	return gid
 }
 
 // remoteQP names a QP on another host.

@@ -37,6 +37,8 @@ func TestGIDClaims(t *testing.T) {
 		want error
 	}{
 		{"own port GID", e, e.GID(), nil},
+		{"own port GID, modified EUI-64", e, flipUL(e.GID()), nil},
+		{"another device's port GID, modified EUI-64", e, flipUL(p.a.d.GID()), ErrGIDNotAllowed},
 		{"fabric's network GID, shared", e, hostA, nil},
 		{"an address", e, gid("::ffff:10.11.0.5"), ErrGIDNotAllowed},
 		{"another device's port GID", e, p.a.d.GID(), ErrGIDNotAllowed},
