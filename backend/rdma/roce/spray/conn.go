@@ -1,9 +1,10 @@
 package spray
 
 import (
+	crand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -208,7 +209,10 @@ func New(cfg Config, host rc.Host) (*Conn, error) {
 		c.clock = time.Now
 	}
 	c.epoch = c.clock()
-	c.start = roce.PSN(rand.Uint32N(uint32(roce.PSNMask) + 1))
+	// The PSN space starts where nobody can predict (docs/wire.md § 11).
+	var seed [4]byte
+	_, _ = crand.Read(seed[:]) // never fails on Linux (getrandom)
+	c.start = roce.PSN(binary.LittleEndian.Uint32(seed[:]) & uint32(roce.PSNMask))
 	for _, e := range cfg.Locals {
 		c.locals = append(c.locals, e.LocalAddr().Addr())
 	}
