@@ -102,7 +102,13 @@
 // numbers are drawn uniformly from 24 bits and reserved on the fabric as
 // they are drawn (NewHandle), so probing finds nothing near a known one.
 // Across hosts the transport keeps the same rule (roce/udp: the peer's
-// address, and its source port once learned).
+// address, and its source port once learned), and a remote QP has one
+// peer on this host (Fabric.claimConn): the remote host tells this host's
+// QPs apart by address and port alone, which they all share, so a second
+// QP connecting to a remote (GID, QPN) another QP holds gets BUSY. GIDs
+// are the operator's to assign (Fabric.mayHoldLocked): a device holds its
+// port GID, its network GIDs and what RNIC.SetAllowedGIDs allows, never a
+// host's network address. docs/security.md has the whole model.
 //
 // # Invariants
 //
