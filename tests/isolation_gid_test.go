@@ -1,11 +1,15 @@
 package tests
 
 import (
+	"math/rand/v2"
 	"net/netip"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/backend/rdma/roce/hostnet"
+	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
@@ -106,4 +110,74 @@ func TestIsolationGIDClaims(t *testing.T) {
 	verifiedWrite(t, dd, b, 0x31)
 	verifiedWrite(t, b, dd, 0x32)
 	noRingErrors(t, d, "a", "b", "c", "d")
+}
+
+// TestIsolationGIDClaimsRemote: a host's network address can never be
+// claimed locally, however wide the operator's assignment. Daemons X and Y
+// carry RoCE on two loopback addresses; V on X is connected to W on Y
+// through them. Attacker A on X, assigned all of 127.0.0.0/8, tries
+// ADD_GID of Y's address (a remote peer in use) and of X's own address
+// (its shared network GID: held, never owned): the first answers ACCESS,
+// the second OK without making A its owner; V and W then exchange
+// verified traffic, so nothing of it resolves to A.
+func TestIsolationGIDClaimsRemote(t *testing.T) {
+	hygiene(t)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 25))
+	addrX := netip.AddrFrom4([4]byte{127, byte(1 + rng.IntN(250)), byte(rng.IntN(256)), byte(1 + rng.IntN(250))})
+	addrY := addrX.Next()
+	start := func(addr netip.Addr, assign map[string][]netip.Prefix, ids ...string) (*daemon.Daemon, map[string]string) {
+		n, err := hostnet.New(udp.Config{}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.Listen(addr); err != nil {
+			t.Fatalf("RoCE endpoint on %v: %v", addr, err)
+		}
+		t.Cleanup(func() { n.Close() })
+		d := daemon.New(testLogger(t), daemon.Config{RoCE: n, RoCEAddrs: []netip.Addr{addr}})
+		t.Cleanup(func() { d.Close() })
+		dir := t.TempDir()
+		socks := map[string]string{}
+		for _, id := range ids {
+			socks[id] = filepath.Join(dir, id+".sock")
+			if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: socks[id],
+				Device: rdma.Config{ID: id, AllowedGIDs: assign[id]}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return d, socks
+	}
+	dx, sx := start(addrX, map[string][]netip.Prefix{"a": {netip.MustParsePrefix("127.0.0.0/8")}}, "a", "v")
+	dy, sy := start(addrY, nil, "w")
+	a := openPeerCfg(t, sx["a"], frontend.Config{})
+	v := openPeerCfg(t, sx["v"], frontend.Config{})
+	w := openPeerCfg(t, sy["w"], frontend.Config{})
+	gidX, gidY := udp.GID(addrX), udp.GID(addrY)
+
+	acc := abi.AccessAll &^ abi.AccessLocalWrite
+	opts := verbs.ConnectOpts{SGIDIndex: 1, PathMTU: abi.MTU1024}
+	if err := v.qp.ConnectRCOpts(gidY, w.qp.Num(), w.qp.PSN(), acc, opts); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.qp.ConnectRCOpts(gidX, v.qp.Num(), v.qp.PSN(), acc, opts); err != nil {
+		t.Fatal(err)
+	}
+	addGID := func(p *peer, index uint32, g [16]byte) abi.Status {
+		st, _ := rawCmd(t, p, abi.CmdAddGID, abi.Marshal(&abi.GIDEntry{PortNum: 1, Index: index, GID: g, GIDType: abi.GIDTypeRoCEv2}), 0)
+		return st
+	}
+	if st := addGID(a, 2, gidY); st != abi.StatusAccess {
+		t.Fatalf("A's ADD_GID of the remote peer's address (assigned 127.0.0.0/8): got %v, want ACCESS", st)
+	}
+	if st := addGID(a, 3, gidX); st != abi.StatusOK {
+		t.Fatalf("A's ADD_GID of its own network GID: got %v, want OK (shared)", st)
+	}
+	// addrX's and addrY's second octet is at least 1: 127.0.0.77 is neither.
+	if st := addGID(a, 4, netip.MustParseAddr("::ffff:127.0.0.77").As16()); st != abi.StatusOK {
+		t.Fatalf("A's ADD_GID of an assigned address nobody uses: got %v, want OK", st)
+	}
+	verifiedWrite(t, v, w, 0x41)
+	verifiedWrite(t, w, v, 0x42)
+	noRingErrors(t, dx, "a", "v")
+	noRingErrors(t, dy, "w")
 }
