@@ -26,13 +26,17 @@ type Counters struct {
 	DropMalformed uint64 // refused by Parse or inconsistent with its message
 	DropWindow    uint64 // beyond the PSN or message window
 	DropStale     uint64 // ACKs or responses for nothing outstanding
-	DropState     uint64 // before the peer's HELLO, or after an error
+	DropState     uint64 // before the peer's HELLO (a HELLO_ACK before Start), or after an error
+	// DropToken counts HELLOs and HELLO_ACKs from the peer's address and
+	// port whose token is not the connection's initial PSN (docs/wire.md
+	// § 9.2); the endpoint counts them as wrong peer too.
+	DropToken uint64
 }
 
 type counters struct {
 	hellos, negotiated, fallbacks, txPackets, retransmits, rxPackets, duplicates, retired atomic.Uint64
 	acksSent, probes, timeouts, rnrSent, rnrRecv, naksSent, naksRecv                      atomic.Uint64
-	dropMalformed, dropWindow, dropStale, dropState                                       atomic.Uint64
+	dropMalformed, dropWindow, dropStale, dropState, dropToken                            atomic.Uint64
 }
 
 // Counters returns a snapshot of the counters.
@@ -45,7 +49,7 @@ func (c *Conn) Counters() Counters {
 		Probes: k.probes.Load(), Timeouts: k.timeouts.Load(), RNRNAKsSent: k.rnrSent.Load(),
 		RNRNAKsRecv: k.rnrRecv.Load(), NAKsSent: k.naksSent.Load(), NAKsRecv: k.naksRecv.Load(),
 		DropMalformed: k.dropMalformed.Load(), DropWindow: k.dropWindow.Load(),
-		DropStale: k.dropStale.Load(), DropState: k.dropState.Load(),
+		DropStale: k.dropStale.Load(), DropState: k.dropState.Load(), DropToken: k.dropToken.Load(),
 	}
 }
 

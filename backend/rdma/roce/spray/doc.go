@@ -24,7 +24,12 @@
 //     manufacturer-specific range, which rxe drops on an RC QP:
 //     rxe_recv.c check_type_state) from Locals[0] to Peer, listing this
 //     side's addresses, receive window and first PSN; a spray peer answers
-//     HELLO_ACK with its own. Post queues meanwhile. Without an answer
+//     HELLO_ACK with its own. Both carry a token in the BTH PSN, the
+//     initial RC send PSN of the HELLO's sender (its sq_psn at RTS, the
+//     answerer's rq_psn at RTR): a HELLO is taken only with the QP's
+//     initial rq_psn, a HELLO_ACK only after Start with its initial
+//     sq_psn, so forging one is as hard as guessing a plain RC PSN
+//     (docs/wire.md § 9.2, § 11). Post queues meanwhile. Without an answer
 //     after HelloRetries retries (backing off from HelloTimeout), the
 //     requester is plain RC for the QP's life and the queued work goes to
 //     the rc.QP in order. Each direction decides alone: a HELLO answered

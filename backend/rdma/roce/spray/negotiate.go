@@ -30,12 +30,21 @@ func (c *Conn) fallBack() {
 	c.tx.cur, c.tx.tail = c.tx.head, c.tx.head
 }
 
-// sendHello sends a HELLO or HELLO_ACK from Locals[0] to the peer.
+// sendHello sends a HELLO or HELLO_ACK from Locals[0] to the peer. Its
+// token (the BTH PSN, docs/wire.md § 9.2) is the initial RC send PSN of
+// the side that sends the HELLO: on a HELLO this side's (sq_psn at RTS),
+// on a HELLO_ACK the peer's (rq_psn at RTR), the value the HELLO it
+// answers carried. Both are fixed for the QP's life, so every retry and
+// every answer carries the same token however far RC traffic went.
 func (c *Conn) sendHello(op roce.Opcode) {
 	h := Hello{PMTU: c.cfg.RC.PMTU, Paths: uint8(c.cfg.Paths), Window: uint32(c.cfg.Window),
 		Messages: uint32(c.cfg.Messages), StartPSN: c.start, NAddrs: len(c.locals)}
 	copy(h.Addrs[:], c.locals)
-	c.pkt = appendHello(c.pkt[:0], op, c.cfg.RC.DestQPN, &h)
+	token := c.cfg.RC.RQPSN
+	if op == OpHello {
+		token = c.rcCfg.SQPSN
+	}
+	c.pkt = appendHello(c.pkt[:0], op, c.cfg.RC.DestQPN, token, &h)
 	c.qpPort.route.Send(c.pkt)
 	c.dirty |= 1
 	if op == OpHello {
@@ -66,6 +75,16 @@ func (c *Conn) ReceiveVendor(b []byte, src netip.AddrPort, via *udp.Endpoint) ud
 		if src.Addr() != c.cfg.Peer.Addr() || via != c.cfg.Locals[0] {
 			return udp.WrongPeer
 		}
+		if p.Opcode == OpHelloAck && !c.started {
+			c.ctr.dropState.Add(1) // no HELLO sent yet: nothing to answer
+			return udp.Delivered
+		}
+		if !c.helloToken(&p) {
+			// Address and port are no secret (4791 is well known); the
+			// token is the connection's: whoever lacks it is not the peer.
+			c.ctr.dropToken.Add(1)
+			return udp.WrongPeer
+		}
 		c.hello(&p)
 		return udp.Delivered
 	}
@@ -93,7 +112,23 @@ func (c *Conn) ReceiveVendor(b []byte, src netip.AddrPort, via *udp.Endpoint) ud
 	return udp.Delivered
 }
 
-// hello handles a HELLO (answered every time) or HELLO_ACK.
+// helloToken reports whether a HELLO or HELLO_ACK carries the token
+// docs/wire.md § 9.2 asks of it: "A receiver takes a HELLO only if its
+// token equals its QP's initial rq_psn, a HELLO_ACK only if its token
+// equals its QP's initial sq_psn." These are the RC connection's own
+// initial PSNs, which the applications exchanged out of band (random 24
+// bits): a forger that knows the peer's address and port must still
+// guess 24 bits, as it must to inject plain RC. Precondition: c.mu held;
+// for a HELLO_ACK, c.started.
+func (c *Conn) helloToken(p *Packet) bool {
+	if p.Opcode == OpHello {
+		return p.PSN == c.cfg.RC.RQPSN
+	}
+	return p.PSN == c.rcCfg.SQPSN
+}
+
+// hello handles a HELLO (answered every time) or HELLO_ACK whose token
+// was checked.
 func (c *Conn) hello(p *Packet) {
 	h := &p.Hello
 	if h.PMTU != c.cfg.RC.PMTU || !sameFamily(h, c.locals[0].Is4()) {

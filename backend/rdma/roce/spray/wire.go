@@ -92,7 +92,7 @@ func (e *PacketError) Is(target error) bool { return target == ErrPacket }
 type Packet struct {
 	Opcode roce.Opcode
 	DestQP uint32
-	PSN    roce.PSN // DATA
+	PSN    roce.PSN // DATA: the packet's PSN; HELLO, HELLO_ACK: the token (docs/wire.md § 9.2)
 	Hello  Hello
 	Data   Data
 	Ack    Ack
@@ -174,7 +174,7 @@ func Parse(b []byte, pmtu roce.MTU) (Packet, error) {
 	if op != OpData && pad != 0 {
 		return Packet{}, perr(op, "pad on a control packet")
 	}
-	if op != OpData && p.PSN != 0 {
+	if op != OpData && op != OpHello && op != OpHelloAck && p.PSN != 0 {
 		return Packet{}, perr(op, "PSN %#x on a control packet", uint32(p.PSN))
 	}
 	var err error
@@ -324,12 +324,13 @@ func putBTH(b []byte, op roce.Opcode, pad int, dest uint32, psn roce.PSN) {
 	b[9], b[10], b[11] = byte(psn>>16), byte(psn>>8), byte(psn)
 }
 
-// appendHello appends a HELLO or HELLO_ACK to dst.
-func appendHello(dst []byte, op roce.Opcode, dest uint32, h *Hello) []byte {
+// appendHello appends a HELLO or HELLO_ACK to dst, token in its BTH PSN
+// (docs/wire.md § 9.2: the initial RC send PSN of the HELLO's sender).
+func appendHello(dst []byte, op roce.Opcode, dest uint32, token roce.PSN, h *Hello) []byte {
 	n := len(dst)
 	dst = append(dst, make([]byte, roce.BTHLen+helloLen+h.NAddrs*addrLen+roce.ICRCLen)...)
 	b := dst[n:]
-	putBTH(b, op, 0, dest, 0)
+	putBTH(b, op, 0, dest, token)
 	s := b[roce.BTHLen:]
 	s[0], s[1] = version, byte(h.NAddrs)
 	code := byte(8)
