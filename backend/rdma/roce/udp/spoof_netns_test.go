@@ -142,7 +142,7 @@ func TestIsolationSpoofedRoCEEndpoint(t *testing.T) {
 	a := listenIn(t, n.a, Config{Addr: n.addrA})
 	b := listenIn(t, n.b, Config{Addr: n.addrB})
 	const mrSize = 1<<20 + 64
-	x, y := connect(t, a, b, rc.Config{PMTU: roce.MTU1024}, mrSize) // x on A, y on B
+	x, y := connect(t, a, b, rc.Config{PMTU: roce.MTU1024, RetryCnt: 7, RNRRetry: 7}, mrSize) // x on A, y on B
 	// B's first WRITE to A: A learns B's port (4791) from it.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
