@@ -33,15 +33,7 @@ func (p *Pinner) PinFor(owner any, t *Table, gpa abi.GPA, n uint64) error {
 		return err
 	}
 	runs, err := p.rangeRuns(t, gpa, n, p.scratch.runs[:0])
-	p.scratch.runs = runs[:0]
-	if err != nil {
-		return err
-	}
-	if err := p.pinRuns(runs); err != nil {
-		return err
-	}
-	p.record(owner, runs)
-	return nil
+	return p.pinOwned(owner, runs, err)
 }
 
 // PinPagesFor is PinPages on behalf of owner, as PinFor.
@@ -55,6 +47,13 @@ func (p *Pinner) PinPagesFor(owner any, t *Table, pages []abi.GPA) error {
 		return nil
 	}
 	runs, err := p.pageRuns(t, pages, true, p.scratch.runs[:0])
+	return p.pinOwned(owner, runs, err)
+}
+
+// pinOwned pins runs (unless translating them failed with err) and
+// records them under owner; the scratch keeps the runs' array.
+// Precondition: p.mu held.
+func (p *Pinner) pinOwned(owner any, runs []pinRun, err error) error {
 	p.scratch.runs = runs[:0]
 	if err != nil {
 		return err

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/vrdma/vrdma/backend/rdma"
-	"github.com/vrdma/vrdma/backend/rdma/roce/hostnet"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/daemon"
@@ -125,33 +124,12 @@ func TestIsolationGIDClaimsRemote(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 25))
 	addrX := netip.AddrFrom4([4]byte{127, byte(1 + rng.IntN(250)), byte(rng.IntN(256)), byte(1 + rng.IntN(250))})
 	addrY := addrX.Next()
-	start := func(addr netip.Addr, assign map[string][]netip.Prefix, ids ...string) (*daemon.Daemon, map[string]string) {
-		n, err := hostnet.New(udp.Config{}, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := n.Listen(addr); err != nil {
-			t.Fatalf("RoCE endpoint on %v: %v", addr, err)
-		}
-		t.Cleanup(func() { n.Close() })
-		d := daemon.New(testLogger(t), daemon.Config{RoCE: n, RoCEAddrs: []netip.Addr{addr}})
-		t.Cleanup(func() { d.Close() })
-		dir := t.TempDir()
-		socks := map[string]string{}
-		for _, id := range ids {
-			socks[id] = filepath.Join(dir, id+".sock")
-			if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: socks[id],
-				Device: rdma.Config{ID: id, AllowedGIDs: assign[id]}}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return d, socks
-	}
-	dx, sx := start(addrX, map[string][]netip.Prefix{"a": {netip.MustParsePrefix("127.0.0.0/8")}}, "a", "v")
-	dy, sy := start(addrY, nil, "w")
-	a := openPeerCfg(t, sx["a"], frontend.Config{})
-	v := openPeerCfg(t, sx["v"], frontend.Config{})
-	w := openPeerCfg(t, sy["w"], frontend.Config{})
+	dx, sx := roceDaemon(t, addrX, rdma.Config{ID: "a", AllowedGIDs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}},
+		rdma.Config{ID: "v"})
+	dy, sy := roceDaemon(t, addrY, rdma.Config{ID: "w"})
+	a := openPeerCfg(t, sx[0], frontend.Config{})
+	v := openPeerCfg(t, sx[1], frontend.Config{})
+	w := openPeerCfg(t, sy[0], frontend.Config{})
 	gidX, gidY := udp.GID(addrX), udp.GID(addrY)
 
 	acc := abi.AccessAll &^ abi.AccessLocalWrite

@@ -3,15 +3,11 @@ package tests
 import (
 	"bytes"
 	"context"
-	"net"
 	"net/netip"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/vrdma/vrdma/backend/rdma/roce"
 	"github.com/vrdma/vrdma/guest/verbs"
@@ -37,7 +33,11 @@ func TestIsolationSpoofedRoCE(t *testing.T) {
 	vrdmad := needBinary(t, "vrdmad")
 	lab := netlab.NewT(t)
 	addrA, addrB, addrC := netip.MustParseAddr("10.200.251.1"), netip.MustParseAddr("10.200.251.2"), netip.MustParseAddr("10.200.251.3")
-	nsA, nsB, nsC := bridgedHosts(t, lab, addrA, addrB, addrC)
+	hosts, err := lab.Segment(netip.PrefixFrom(addrA, 24), netip.PrefixFrom(addrB, 24), netip.PrefixFrom(addrC, 24))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsA, nsB, nsC := hosts[0], hosts[1], hosts[2]
 
 	metricsA := t.TempDir() + "/metrics.sock"
 	start := func(ns string, addr netip.Addr, extra ...string) *vrdmadproc.Proc {
@@ -96,7 +96,11 @@ func TestIsolationSpoofedRoCE(t *testing.T) {
 	// C forges B's address from port 4792 and WRITEs 0xde bytes over the
 	// start of A's buffer at every PSN within 64 of the expected one.
 	spoofed := netip.AddrPortFrom(addrB, roce.UDPPort+1)
-	c := spoofUDP(t, nsC, spoofed)
+	c, err := nsC.SpoofUDP(spoofed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
 	ip := roce.IPHeader{Src: addrB, Dst: addrA, FlagsFragment: roce.IPv4DF}
 	const window = 64
 	sent := 0
@@ -156,78 +160,6 @@ func TestIsolationSpoofedRoCE(t *testing.T) {
 	}
 	verifiedWrite(t, a, b, 0x34)
 	t.Logf("%d forged WRITEs around PSN %#x dropped as wrong_peer; the connection verified afterwards", sent, uint32(expected))
-}
-
-// bridgedHosts makes namespaces a, b and c, each with a veth v0 holding
-// its address (/24) whose other end is a port of bridge br0 in a fourth
-// namespace: three hosts on one Ethernet segment. ARP requests name each
-// host's own address (arp_announce 2), never a forged source.
-func bridgedHosts(t *testing.T, lab *netlab.Lab, addrA, addrB, addrC netip.Addr) (a, b, c *netlab.NS) {
-	t.Helper()
-	sw, err := lab.AddNS("sw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sw.AddBridge("br0"); err != nil {
-		t.Fatal(err)
-	}
-	var nss []*netlab.NS
-	for i, addr := range []netip.Addr{addrA, addrB, addrC} {
-		label := string(rune('a' + i))
-		ns, err := lab.AddNS(label)
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := "p" + label
-		for _, step := range []func() error{
-			func() error { return lab.Veth(ns, "v0", sw, port) },
-			func() error { return sw.SetMaster(port, "br0") },
-			func() error { return sw.SetUp(port, true) },
-			func() error { return ns.AddAddr("v0", netip.PrefixFrom(addr, 24)) },
-			func() error { return ns.SetUp("v0", true) },
-			func() error { return ns.Sysctl("net.ipv4.conf.all.arp_announce", "2") },
-		} {
-			if err := step(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		nss = append(nss, ns)
-	}
-	return nss[0], nss[1], nss[2]
-}
-
-// spoofUDP opens, in namespace ns, a UDP socket that sends from src, an
-// address ns does not own (IP_TRANSPARENT and IP_FREEBIND; root), with DF
-// and IPv4 Identification 0 as a RoCEv2 sender's, so that an ICRC sealed
-// over the forged addresses and ports is right.
-func spoofUDP(t *testing.T, ns *netlab.NS, src netip.AddrPort) *net.UDPConn {
-	t.Helper()
-	var c *net.UDPConn
-	if err := ns.Do(func() error {
-		lc := net.ListenConfig{Control: func(_, _ string, raw syscall.RawConn) error {
-			var serr error
-			if err := raw.Control(func(fd uintptr) {
-				for _, o := range [][2]int{{unix.IP_TRANSPARENT, 1}, {unix.IP_FREEBIND, 1}, {unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO}} {
-					if serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, o[0], o[1]); serr != nil {
-						return
-					}
-				}
-			}); err != nil {
-				return err
-			}
-			return serr
-		}}
-		pc, err := lc.ListenPacket(context.Background(), "udp4", src.String())
-		if err != nil {
-			return err
-		}
-		c = pc.(*net.UDPConn)
-		return nil
-	}); err != nil {
-		t.Fatalf("spoofing socket on %v: %v", src, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
 }
 
 // metricInt returns the value of the sample named exactly series (name

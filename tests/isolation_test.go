@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/vrdma/vrdma/backend/rdma"
 	"github.com/vrdma/vrdma/backend/rdma/roce/hostnet"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/guest/verbs"
@@ -780,6 +781,18 @@ func startRoCEDaemon(t *testing.T, n int) (*daemon.Daemon, []string, [16]byte) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 4791))
 	addr := netip.AddrFrom4([4]byte{127, byte(1 + rng.IntN(250)), byte(rng.IntN(256)), byte(1 + rng.IntN(250))})
+	var devs []rdma.Config
+	for i := range n {
+		devs = append(devs, rdma.Config{ID: fmt.Sprintf("dev%d", i)})
+	}
+	d, socks := roceDaemon(t, addr, devs...)
+	return d, socks, udp.GID(addr)
+}
+
+// roceDaemon starts a daemon carrying RoCE on addr with the devices devs
+// (their sockets named by ID, in order); everything goes at the test's end.
+func roceDaemon(t *testing.T, addr netip.Addr, devs ...rdma.Config) (*daemon.Daemon, []string) {
+	t.Helper()
 	net, err := hostnet.New(udp.Config{}, 1)
 	if err != nil {
 		t.Fatal(err)
@@ -790,37 +803,16 @@ func startRoCEDaemon(t *testing.T, n int) (*daemon.Daemon, []string, [16]byte) {
 	t.Cleanup(func() { net.Close() })
 	dir := t.TempDir()
 	d := daemon.New(testLogger(t), daemon.Config{RoCE: net, RoCEAddrs: []netip.Addr{addr}})
+	t.Cleanup(func() { d.Close() })
 	var socks []string
-	for i := range n {
-		s := filepath.Join(dir, fmt.Sprintf("dev%d.sock", i))
-		if _, err := d.AddDevice(daemon.DeviceSpec{ID: fmt.Sprintf("dev%d", i), Socket: s}); err != nil {
+	for _, dev := range devs {
+		s := filepath.Join(dir, dev.ID+".sock")
+		if _, err := d.AddDevice(daemon.DeviceSpec{ID: dev.ID, Socket: s, Device: dev}); err != nil {
 			t.Fatal(err)
 		}
 		socks = append(socks, s)
 	}
-	t.Cleanup(func() { d.Close() })
-	return d, socks, udp.GID(addr)
-}
-
-// connectNet moves the raw QP to RTS towards (gid, dest) from GID index
-// 1 (the network GID), sending from PSN psn, with short retries.
-func (q *rawQP) connectNet(t *testing.T, gid [16]byte, dest, psn uint32) {
-	t.Helper()
-	steps := []abi.QPAttr{
-		{QPState: abi.QPSInit, PortNum: 1, QPAccessFlags: abi.AccessAll &^ abi.AccessLocalWrite,
-			AttrMask: abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags},
-		{QPState: abi.QPSRTR, PathMTU: abi.MTU4096, DestQPNum: dest, MinRNRTimer: 1, DGID: gid, SGIDIndex: 1, HopLimit: 1,
-			AttrMask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN |
-				abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer},
-		{QPState: abi.QPSRTS, SQPSN: psn, Timeout: 8, RetryCnt: 2, RNRRetry: 0,
-			AttrMask: abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry |
-				abi.QPAttrMaxQPRdAtomic},
-	}
-	for _, s := range steps {
-		if st := q.modify(t, s); st != abi.StatusOK {
-			t.Fatalf("raw qp %#x to state %d: %v", q.num, s.QPState, st)
-		}
-	}
+	return d, socks
 }
 
 // TestIsolationOwnRoCEAddress: the same attack through the host's own

@@ -31,9 +31,30 @@ func attached(t testing.TB) (*Device, *memmap.Table, func()) {
 // attachedOn is attached for a device named id on fabric f (nil: its own).
 func attachedOn(t testing.TB, f *engine.Fabric, id string) (*Device, *memmap.Table, func()) {
 	t.Helper()
+	d, mem, _, done := attachedMem(t, f, id, false)
+	t2 := mem.Acquire()
+	return d, t2, func() {
+		t2.Release()
+		done()
+	}
+}
+
+// attachedMem builds a device named id on fabric f (nil: its own) with
+// small limits, attached to a guest memory of guestSize in one memfd
+// region at front-end address 1<<40. With keepFile, file is a duplicate of
+// the memfd (so that a test can map the memory anew), else -1; done
+// destroys everything, the file too.
+func attachedMem(t testing.TB, f *engine.Fabric, id string, keepFile bool) (d *Device, mem *memmap.Memory, file int, done func()) {
+	t.Helper()
 	fd, err := memmap.NewMemfd("guest", guestSize)
 	if err != nil {
 		t.Fatal(err)
+	}
+	file = -1
+	if keepFile {
+		if file, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0); err != nil {
+			t.Fatal(err)
+		}
 	}
 	r, err := memmap.MapRegion(fd, memmap.RegionSpec{Size: guestSize, UserAddr: 1 << 40})
 	if err != nil {
@@ -44,21 +65,22 @@ func attachedOn(t testing.TB, f *engine.Fabric, id string) (*Device, *memmap.Tab
 	if err != nil {
 		t.Fatal(err)
 	}
-	mem := memmap.NewMemory()
+	mem = memmap.NewMemory()
 	mem.Swap(tbl)
-	d, err := New(Config{ID: id, Fabric: f, Limits: Limits{MaxQP: 4, MaxQPWR: 64, MaxSGE: 4, MaxCQ: 4, MaxCQE: 256,
+	d, err = New(Config{ID: id, Fabric: f, Limits: Limits{MaxQP: 4, MaxQPWR: 64, MaxSGE: 4, MaxCQ: 4, MaxCQE: 256,
 		MaxMR: 8, MaxPD: 4, MaxAH: 4, MaxMRSize: guestSize, MaxInlineData: 64, MaxQPRdAtom: 4}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	d.Attach(&fakeHost{mem: mem})
-	t2 := mem.Acquire()
-	return d, t2, func() {
-		t2.Release()
+	return d, mem, file, func() {
 		d.Reset()
 		d.Detach()
 		d.Close()
 		mem.Close()
+		if file >= 0 {
+			unix.Close(file)
+		}
 	}
 }
 

@@ -123,39 +123,9 @@ func TestRegMRLargePages(t *testing.T) {
 // a test can map the same memory anew as a front-end's SET_MEM_TABLE does.
 func attachedFile(t *testing.T) (d *Device, mem *memmap.Memory, file int, done func()) {
 	t.Helper()
-	fd, err := memmap.NewMemfd("guest", guestSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	file, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := memmap.MapRegion(fd, memmap.RegionSpec{Size: guestSize, UserAddr: 1 << 40})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tbl, err := memmap.NewTable([]*memmap.Region{r})
-	r.Release()
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem = memmap.NewMemory()
-	mem.Swap(tbl)
-	d, err = New(Config{ID: "pins", Limits: Limits{MaxQP: 4, MaxQPWR: 64, MaxSGE: 4, MaxCQ: 4, MaxCQE: 256,
-		MaxMR: 8, MaxPD: 4, MaxAH: 4, MaxMRSize: guestSize, MaxInlineData: 64, MaxQPRdAtom: 4}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Attach(&fakeHost{mem: mem})
+	d, mem, file, done = attachedMem(t, nil, "pins", true)
 	d.MemoryChanged()
-	return d, mem, file, func() {
-		d.Reset()
-		d.Detach()
-		d.Close()
-		mem.Close()
-		unix.Close(file)
-	}
+	return d, mem, file, done
 }
 
 // TestRegMRPinsAcrossMemTable is security issue 25, item 4, through the

@@ -274,12 +274,18 @@ func newNodeIn(tb testing.TB, f *Fabric, g *guest, gid byte, qpn uint32, o qpOpt
 // connect moves q through INIT and RTR to RTS towards (peer, dest).
 func connect(tb testing.TB, q *QP, peer *RNIC, dest, access, minRNR, rnrRetry uint32) {
 	tb.Helper()
+	connectFrom(tb, q, 0, peer, dest, access, minRNR, rnrRetry)
+}
+
+// connectFrom is connect from the GID at sgidIndex of q's device.
+func connectFrom(tb testing.TB, q *QP, sgidIndex uint32, peer *RNIC, dest, access, minRNR, rnrRetry uint32) {
+	tb.Helper()
 	steps := []abi.QPAttr{
 		{QPN: q.Num, QPState: abi.QPSInit, AttrMask: abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags,
 			PortNum: 1, QPAccessFlags: access},
 		{QPN: q.Num, QPState: abi.QPSRTR, AttrMask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN |
 			abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer,
-			DGID: peer.GID(), PathMTU: abi.MTU4096, DestQPNum: dest, MinRNRTimer: minRNR, MaxDestRdAtomic: 16},
+			DGID: peer.GID(), SGIDIndex: sgidIndex, PathMTU: abi.MTU4096, DestQPNum: dest, MinRNRTimer: minRNR, MaxDestRdAtomic: 16},
 		{QPN: q.Num, QPState: abi.QPSRTS, AttrMask: abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt |
 			abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic, RNRRetry: rnrRetry, Timeout: 14, RetryCnt: 7, MaxRdAtomic: 16},
 	}

@@ -62,7 +62,7 @@ func TestOnlyThePeer(t *testing.T) {
 					}
 					from = c
 					q = newQP(t, c.g, c.d, 0x301, c.scq, c.rcq, qpOpts{})
-					connectFrom(t, q, b.d, 0x200, 1, all)
+					connectFrom(t, q, 1, b.d, 0x200, all, 1, 0)
 				}
 
 				// The attacker sends from the upper half of its MR (b's own
@@ -129,25 +129,6 @@ func TestOnlyThePeer(t *testing.T) {
 					t.Fatalf("received bytes: got %q, want %q", got, "peer")
 				}
 			})
-		}
-	}
-}
-
-// connectFrom is connect from the GID at sgidIndex of q's device.
-func connectFrom(tb testing.TB, q *QP, peer *RNIC, dest, sgidIndex, access uint32) {
-	tb.Helper()
-	steps := []abi.QPAttr{
-		{QPN: q.Num, QPState: abi.QPSInit, AttrMask: abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrAccessFlags,
-			PortNum: 1, QPAccessFlags: access},
-		{QPN: q.Num, QPState: abi.QPSRTR, AttrMask: abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN |
-			abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer,
-			DGID: peer.GID(), SGIDIndex: sgidIndex, PathMTU: abi.MTU4096, DestQPNum: dest, MinRNRTimer: 1, MaxDestRdAtomic: 16},
-		{QPN: q.Num, QPState: abi.QPSRTS, AttrMask: abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt |
-			abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic, Timeout: 14, RetryCnt: 7, MaxRdAtomic: 16},
-	}
-	for _, s := range steps {
-		if st := q.Modify(s); st != abi.StatusOK {
-			tb.Fatalf("modify %v to %d: got %v, want OK", q, s.QPState, st)
 		}
 	}
 }

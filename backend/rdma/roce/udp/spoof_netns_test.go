@@ -5,11 +5,8 @@ import (
 	"context"
 	"net"
 	"net/netip"
-	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/vrdma/vrdma/backend/rdma/roce"
 	"github.com/vrdma/vrdma/backend/rdma/roce/rc"
@@ -28,76 +25,14 @@ type bridged struct {
 // newBridged builds the segment in lab; everything goes with the lab.
 func newBridged(t *testing.T, lab *netlab.Lab) *bridged {
 	t.Helper()
-	sw, err := lab.AddNS("sw")
+	n := &bridged{addrA: netip.MustParseAddr("10.200.250.1"), addrB: netip.MustParseAddr("10.200.250.2"),
+		addrC: netip.MustParseAddr("10.200.250.3")}
+	hosts, err := lab.Segment(netip.PrefixFrom(n.addrA, 24), netip.PrefixFrom(n.addrB, 24), netip.PrefixFrom(n.addrC, 24))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sw.AddBridge("br0"); err != nil {
-		t.Fatal(err)
-	}
-	n := &bridged{addrA: netip.MustParseAddr("10.200.250.1"), addrB: netip.MustParseAddr("10.200.250.2"),
-		addrC: netip.MustParseAddr("10.200.250.3")}
-	for _, h := range []struct {
-		ns   **netlab.NS
-		name string
-		addr netip.Addr
-	}{{&n.a, "a", n.addrA}, {&n.b, "b", n.addrB}, {&n.c, "c", n.addrC}} {
-		ns, err := lab.AddNS(h.name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		*h.ns = ns
-		port := "p" + h.name
-		for _, step := range []func() error{
-			func() error { return lab.Veth(ns, "v0", sw, port) },
-			func() error { return sw.SetMaster(port, "br0") },
-			func() error { return sw.SetUp(port, true) },
-			func() error { return ns.AddAddr("v0", netip.PrefixFrom(h.addr, 24)) },
-			func() error { return ns.SetUp("v0", true) },
-			// ARP requests name the host's own address, never a
-			// forged source: C must not divert B's traffic.
-			func() error { return ns.Sysctl("net.ipv4.conf.all.arp_announce", "2") },
-		} {
-			if err := step(); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	n.a, n.b, n.c = hosts[0], hosts[1], hosts[2]
 	return n
-}
-
-// spoofConn opens, in namespace ns, a UDP socket that sends from src, an
-// address ns does not own (IP_TRANSPARENT; root), with DF and IPv4
-// Identification 0 as a RoCEv2 sender's (so the forged ICRC is right).
-func spoofConn(t *testing.T, ns *netlab.NS, src netip.AddrPort) *net.UDPConn {
-	t.Helper()
-	var c *net.UDPConn
-	if err := ns.Do(func() error {
-		lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
-			var serr error
-			err := rc.Control(func(fd uintptr) {
-				for _, o := range [][2]int{{unix.IP_TRANSPARENT, 1}, {unix.IP_FREEBIND, 1}, {unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO}} {
-					if serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, o[0], o[1]); serr != nil {
-						return
-					}
-				}
-			})
-			if err != nil {
-				return err
-			}
-			return serr
-		}}
-		pc, err := lc.ListenPacket(context.Background(), "udp4", src.String())
-		if err != nil {
-			return err
-		}
-		c = pc.(*net.UDPConn)
-		return nil
-	}); err != nil {
-		t.Fatalf("spoofing socket on %v: %v", src, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
 }
 
 // spoofWrites sends from c, sealed as if from src, an RDMA WRITE ONLY of
@@ -157,7 +92,11 @@ func TestIsolationSpoofedRoCEEndpoint(t *testing.T) {
 
 	// C forges B's address from another port.
 	spoofPort := netip.AddrPortFrom(n.addrB, roce.UDPPort+1)
-	c := spoofConn(t, n.c, spoofPort)
+	c, err := n.c.SpoofUDP(spoofPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
 	sent := spoofWrites(t, c, spoofPort, n.addrA, x.qp.QPN(), expected, 64, testMRAddr, testRKey)
 	// Every datagram A received is counted delivered or dropped a moment
 	// later: wait for the forged ones to be, and for anything they drew.
