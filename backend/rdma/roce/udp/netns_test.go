@@ -96,7 +96,7 @@ func TestNetnsHostilePeer(t *testing.T) {
 	p := mp.Paths[0]
 	a := listenIn(t, mp.A, Config{Addr: p.A})
 	b := listenIn(t, mp.B, Config{Addr: p.B})
-	x, y := connect(t, a, b, rc.Config{PMTU: roce.MTU1024}, 1<<20+64)
+	x, y := connect(t, a, b, rc.Config{PMTU: roce.MTU1024, RetryCnt: 7, RNRRetry: 7}, 1<<20+64)
 	c, err := mp.M.ListenUDP(netip.AddrPortFrom(p.MB, 0))
 	if err != nil {
 		t.Fatal(err)
