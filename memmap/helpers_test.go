@@ -48,6 +48,16 @@ func mapNew(t testing.TB, name string, fileSize uint64, spec RegionSpec) *Region
 	return r
 }
 
+// tableOf is the table of regions rs; the caller keeps its own references.
+func tableOf(t testing.TB, rs ...*Region) *Table {
+	t.Helper()
+	tab, err := NewTable(rs)
+	if err != nil {
+		t.Fatalf("NewTable: %v", err)
+	}
+	return tab
+}
+
 // dupFD duplicates fd with close-on-exec.
 func dupFD(t testing.TB, fd int) int {
 	t.Helper()

@@ -38,11 +38,7 @@ func TestPinOwnerAcrossTableChange(t *testing.T) {
 	}{{
 		name: "same region kept (Table.Reuse)",
 		next: func(t *testing.T, r1 *Region, file int) *Table {
-			tab, err := NewTable([]*Region{r1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return tab
+			return tableOf(t, r1)
 		},
 		mr2: true, pinnedBoth: 4 * pg, pinnedMR2: 4 * pg, tracked: 1,
 	}, {
@@ -55,11 +51,7 @@ func TestPinOwnerAcrossTableChange(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer r2.Release()
-			tab, err := NewTable([]*Region{r2})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return tab
+			return tableOf(t, r2)
 		},
 		mr2: true, pinnedBoth: 8 * pg, pinnedMR2: 4 * pg, tracked: 2,
 	}, {
@@ -67,11 +59,7 @@ func TestPinOwnerAcrossTableChange(t *testing.T) {
 		next: func(t *testing.T, r1 *Region, file int) *Table {
 			r2 := mapNew(t, "other", 16*pg, r1.Spec())
 			defer r2.Release()
-			tab, err := NewTable([]*Region{r2})
-			if err != nil {
-				t.Fatal(err)
-			}
-			return tab
+			return tableOf(t, r2)
 		},
 		mr2: true, pinnedBoth: 8 * pg, pinnedMR2: 4 * pg, tracked: 2,
 	}, {
@@ -86,10 +74,7 @@ func TestPinOwnerAcrossTableChange(t *testing.T) {
 			w := watchLocks(t)
 			live := liveMappings.Load()
 			r1, file := mapNewFile(t, "t1", 16*pg, RegionSpec{GuestAddr: 0, Size: 16 * pg, UserAddr: 1 << 40})
-			t1, err := NewTable([]*Region{r1})
-			if err != nil {
-				t.Fatal(err)
-			}
+			t1 := tableOf(t, r1)
 			acct := NewAccounting(0)
 			p := NewPinner(PinConfig{CacheBytes: 8 * pg, Accounting: acct})
 			defer p.Close()
@@ -266,11 +251,8 @@ func TestPinOwnerOrphanBound(t *testing.T) {
 	refused := false
 	for i := 0; i <= maxTracked && !refused; i++ {
 		r := mapNew(t, "churn", pg, RegionSpec{GuestAddr: 0, Size: pg})
-		tab, err := NewTable([]*Region{r})
+		tab := tableOf(t, r)
 		r.Release()
-		if err != nil {
-			t.Fatal(err)
-		}
 		if err := p.SetTable(tab); err != nil {
 			t.Fatal(err)
 		}

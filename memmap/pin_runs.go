@@ -97,12 +97,7 @@ func (p *Pinner) dropCached(rp *regionPins) {
 		p.work++
 		next := e.next
 		if e.count == 0 {
-			n := e.pages()
-			_ = unix.Munlock(rp.hostRun(e.first, e.last))
-			p.lruRemove(e)
-			rp.unlink(e)
-			p.freeExtent(e)
-			rp.cached -= n
+			n := p.dropExtent(e)
 			p.cached -= n
 			p.locked -= n
 			p.unaccount(n)
@@ -110,6 +105,19 @@ func (p *Pinner) dropCached(rp *regionPins) {
 		e = next
 	}
 	p.fixup()
+}
+
+// dropExtent munlocks the cached (unpinned) extent e whole and removes it
+// from the cache and its region, returning its pages; the caller settles
+// the Pinner's totals.
+func (p *Pinner) dropExtent(e *extent) uint64 {
+	rp, n := e.rp, e.pages()
+	_ = unix.Munlock(rp.hostRun(e.first, e.last))
+	p.lruRemove(e)
+	rp.unlink(e)
+	p.freeExtent(e)
+	rp.cached -= n
+	return n
 }
 
 // dropEmptyOrphans forgets the orphaned regions of runs that no pin and no
@@ -507,16 +515,13 @@ func (p *Pinner) evict(n uint64) {
 		rp := e.rp
 		size := e.pages()
 		if size <= n-count {
-			_ = unix.Munlock(rp.hostRun(e.first, e.last))
-			p.lruRemove(e)
-			rp.unlink(e)
-			p.freeExtent(e)
+			p.dropExtent(e)
 		} else {
 			size = n - count
 			_ = unix.Munlock(rp.hostRun(e.first, e.first+size-1))
 			e.first += size // stays between its neighbours: the treap order holds
+			rp.cached -= size
 		}
-		rp.cached -= size
 		count += size
 		e = next
 	}

@@ -9,51 +9,55 @@ import (
 	"github.com/vrdma/vrdma/internal/daemon"
 )
 
-// assignment is what --address gives the command-line devices: prefixes
-// for every one, and prefixes for one device by ID.
+// assignment is what --address gives the command-line devices: byID[""]
+// holds the prefixes every one gets, byID[id] those of device id (every
+// device's included).
 type assignment struct {
-	all  []string
-	byID map[string][]string
-	ok   map[string][]netip.Prefix // parsed, by ID ("" for all)
+	byID map[string][]netip.Prefix
 }
 
 // parseAssigned parses --address values: ADDR or PREFIX for every
 // command-line device, ID=ADDR for one.
 func parseAssigned(vals []string) (*assignment, error) {
-	a := &assignment{byID: make(map[string][]string), ok: make(map[string][]netip.Prefix)}
+	raw := map[string][]string{"": nil}
 	for _, v := range vals {
-		if id, addr, ok := strings.Cut(v, "="); ok {
-			if err := daemon.CheckID(id); err != nil {
-				return nil, fmt.Errorf("--address %s: %w", v, err)
-			}
-			a.byID[id] = append(a.byID[id], addr)
-		} else {
-			a.all = append(a.all, v)
+		id, addr, ok := strings.Cut(v, "=")
+		if !ok {
+			id, addr = "", v
+		} else if err := daemon.CheckID(id); err != nil {
+			return nil, fmt.Errorf("--address %s: %w", v, err)
 		}
+		raw[id] = append(raw[id], addr)
 	}
-	check := func(id string, ss []string) error {
+	a := &assignment{byID: make(map[string][]netip.Prefix, len(raw))}
+	for id, ss := range raw {
+		if id != "" {
+			ss = append(append([]string(nil), raw[""]...), ss...)
+		}
 		ps, err := controlapi.ParseAddresses(ss)
 		if err != nil {
-			return fmt.Errorf("--address: %w", err)
+			return nil, fmt.Errorf("--address: %w", err)
 		}
-		a.ok[id] = ps
-		return nil
-	}
-	if err := check("", a.all); err != nil {
-		return nil, err
-	}
-	for id, ss := range a.byID {
-		if err := check(id, append(append([]string(nil), a.all...), ss...)); err != nil {
-			return nil, err
-		}
+		a.byID[id] = ps
 	}
 	return a, nil
 }
 
 // of returns device id's prefixes.
 func (a *assignment) of(id string) []netip.Prefix {
-	if ps, ok := a.ok[id]; ok {
+	if ps, ok := a.byID[id]; ok {
 		return ps
 	}
-	return a.ok[""]
+	return a.byID[""]
+}
+
+// named returns the IDs that --address named alone.
+func (a *assignment) named() []string {
+	var ids []string
+	for id := range a.byID {
+		if id != "" {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }

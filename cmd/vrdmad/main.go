@@ -406,7 +406,7 @@ func run(args []string, stdout io.Writer) error {
 			return fail(fmt.Errorf("socket-activated device %s (fd %d): %w", nl.Name, nl.FD, err))
 		}
 	}
-	for id := range assigned.byID {
+	for _, id := range assigned.named() {
 		if !used[id] {
 			return fail(fmt.Errorf("--address %s=…: no device %q on the command line (devices of the control API get theirs with it)", id, id))
 		}

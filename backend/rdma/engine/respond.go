@@ -60,7 +60,9 @@ func (r *request) respond() outcome {
 	defer pq.rqMu.Unlock()
 	pq.mu.Lock()
 	pst, pdead, pacc, minRNR := pq.attr.QPState, pq.dead, pq.attr.QPAccessFlags, pq.attr.MinRNRTimer
-	ours := pq.peer == r.q.Dev && pq.net == nil && pq.attr.DestQPNum == r.q.Num && pq.attr.DGID == r.sgid
+	// A QP connected over the network has no peer device (nil): no
+	// requester of this host is ever its peer.
+	ours := pq.peer == r.q.Dev && pq.attr.DestQPNum == r.q.Num && pq.attr.DGID == r.sgid
 	pq.mu.Unlock()
 	if pdead || (pst != abi.QPSRTR && pst != abi.QPSRTS) {
 		return failed(abi.WCRetryExcErr)
