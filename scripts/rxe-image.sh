@@ -6,6 +6,14 @@
 # runner guest/perftest-jobs and the `rdma` tool with every shared library
 # they load). Built from Debian packages only, as root.
 #
+# internal/hostniclab (vrdma-vmtest hostnic) boots this image with
+# vrdma.run=exec and a second initramfs archive appended at run time
+# (vrdmad, the vrdma-vmtest agent, /extra/job.sh): the image is not rebuilt
+# per change of those programs. A vrdmad built with cgo (the verbs RNIC
+# dlopens libibverbs.so.1) runs here: the image has glibc's loader and
+# libc, libibverbs.so.1 and the rxe provider; hostniclab checks a dynamic
+# vrdmad's DT_NEEDED against this image's files before it boots.
+#
 #   bash scripts/rxe-image.sh              # (re)build what is missing or stale
 #
 # The .debs are cached in ~/.cache/vrdma/rxe (apt-get download runs once).
@@ -104,7 +112,8 @@ stage_modules
 # atomics.
 PERFTEST=(ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat)
 stage_elfs "${PERFTEST[@]/#/usr/bin/}" \
-	usr/bin/rdma usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
+	usr/bin/rdma usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so \
+	usr/lib/x86_64-linux-gnu/libibverbs.so.1
 stage_closure
 mkdir -p "$STAGE/etc/libibverbs.d"
 cp "$POOL/etc/libibverbs.d/rxe.driver" "$STAGE/etc/libibverbs.d/"

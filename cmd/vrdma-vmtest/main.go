@@ -11,6 +11,7 @@
 //	vrdma-vmtest [flags] selftest
 //	vrdma-vmtest [flags] spinup [--rounds N] [--json]
 //	vrdma-vmtest [flags] interop --op write|read|send|atomic|write_lat [--reverse] [--pcap FILE]
+//	vrdma-vmtest [flags] hostnic --op write|read|send|atomic|write_imm[,...] [--reverse] [--local] [--kill] [--rnic verbs:rxe0|soft]
 //
 // exec and exec-pair boot guests of the standard-stack image
 // (scripts/guest-stack-image.sh: the vrdma kernel driver and rdma-core
@@ -25,7 +26,13 @@
 // device rm); --json prints {"attach_s", "detach_s", "rounds", ...}.
 // interop runs one perftest operation over RoCEv2 between a vrdmad device
 // and a soft-RoCE guest in network namespaces and prints one JSON line
-// (interopUsage in interop.go). The exit
+// (interopUsage in interop.go). hostnic proves vrdmad's verbs RNIC
+// (--rnic verbs:rxe0) against a real kernel RDMA device: vrdmad and a
+// vrdma client run inside an rxe guest, Debian's perftest in a second one
+// (or a second vrdma device: --local), one JSON line per op
+// (hostnicUsage in hostnic.go; internal/hostniclab). Its hidden
+// subcommands hostnic-agent and hostnic-client are what runs inside the
+// guest. The exit
 // status is 0 on success, 1 on a failure (the guest's VRDMA-ERROR message
 // is printed), 2 on bad usage.
 package main
@@ -44,6 +51,7 @@ import (
 	"time"
 
 	"github.com/vrdma/vrdma/internal/guestresult"
+	"github.com/vrdma/vrdma/internal/hostniclab"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/guestvm"
@@ -64,6 +72,11 @@ scenarios:
   interop --op OP [--reverse]       RoCEv2 between vrdmad (--roce-bind) and an rxe
                                     guest running perftest, data verified
                                     (vrdma-vmtest interop --help says more)
+  hostnic --op OP[,OP...] [--reverse] [--local] [--kill] [--rnic verbs:rxe0|soft]
+                                    vrdmad's verbs RNIC on rxe inside a guest,
+                                    against perftest in a second guest (or a
+                                    second vrdma device), data and rxe objects
+                                    checked (vrdma-vmtest hostnic --help)
 
 flags:
 `
@@ -108,8 +121,15 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	if fs.Arg(0) == "interop" {
+	switch fs.Arg(0) {
+	case "interop":
 		return runInterop(fs.Args()[1:], o, binDir, stdout, stderr)
+	case "hostnic":
+		return runHostnic(fs.Args()[1:], o, binDir, stdout, stderr)
+	case hostniclab.AgentCommand: // inside guest A
+		return runHostnicAgent(fs.Args()[1:], stdout, stderr)
+	case hostniclab.ClientCommand: // inside guest A, started by the agent
+		return runHostnicClient(fs.Args()[1:], stdout, stderr)
 	}
 	if sc := fs.Arg(0); sc == "exec" || sc == "exec-pair" {
 		kernelSet := false

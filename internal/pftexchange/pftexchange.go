@@ -35,20 +35,30 @@ const (
 	SendBW   Op = "send_bw"
 	AtomicBW Op = "atomic_bw"
 	WriteLat Op = "write_lat"
+	// WriteImmBW is RDMA WRITE with immediate, which the rxe image's
+	// perftest 6.06 has no program for (ib_write_bw --write_with_imm came
+	// later): both sides are Go programs (internal/hostniclab's two vrdma
+	// devices), and the exchange is send_bw's, since each WRITE with
+	// immediate consumes a receive the server posts first.
+	WriteImmBW Op = "write_imm_bw"
 )
 
 // Ops are the programs in the order the interop tests run them.
 var Ops = []Op{WriteBW, ReadBW, AtomicBW, SendBW, WriteLat}
 
-// Valid reports whether the package plays op.
+// Valid reports whether the package plays op: one of Ops, or WriteImmBW.
 func (op Op) Valid() bool {
 	for _, o := range Ops {
 		if o == op {
 			return true
 		}
 	}
-	return false
+	return op == WriteImmBW
 }
+
+// postsReceives reports whether op's server posts receives before the
+// test (send_bw's extra key message).
+func (op Op) postsReceives() bool { return op == SendBW || op == WriteImmBW }
 
 // keyMessages is how many key messages come before the test.
 func (op Op) keyMessages() int {
@@ -362,7 +372,7 @@ func Serve(ctx context.Context, nc net.Conn, op Op, mine Keys, p Peer) (Result, 
 	switch op {
 	case WriteLat:
 		return res, p.Test(ctx)
-	case SendBW:
+	case SendBW, WriteImmBW:
 		if err := p.Test(ctx); err != nil {
 			return res, err
 		}
@@ -403,7 +413,7 @@ func Run(ctx context.Context, nc net.Conn, op Op, version string, mine Keys, p P
 	if res.Peer, err = c.keys(op, mine, p); err != nil {
 		return res, err
 	}
-	if op == SendBW {
+	if op.postsReceives() {
 		// The server posted its receives before it answers this one.
 		if _, err := c.xchg(mine.Marshal()); err != nil {
 			return res, fmt.Errorf("receives posted: %w", err)
@@ -412,7 +422,7 @@ func Run(ctx context.Context, nc net.Conn, op Op, version string, mine Keys, p P
 	if err := p.Test(ctx); err != nil || op == WriteLat {
 		return res, err
 	}
-	if op != SendBW {
+	if !op.postsReceives() {
 		if _, err := c.xchg(mine.Marshal()); err != nil {
 			return res, fmt.Errorf("end of test: %w", err)
 		}

@@ -21,7 +21,7 @@ const (
 func testRun(op pftexchange.Op, role string, size, iters int) *Run {
 	mem := make([]byte, 64<<10)
 	for i := range mem {
-		mem[i] = fill(i)
+		mem[i] = Fill(0, i)
 	}
 	return &Run{Job: Job{op, size, iters}, Role: role, local: HostIP, mem: mem, init: bytes.Clone(mem),
 		Mine: pftexchange.Keys{QPN: testQPN, PSN: testPSN, VAddr: testVA}, Peer: pftexchange.Keys{QPN: testPeerQPN}}

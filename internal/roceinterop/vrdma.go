@@ -48,6 +48,15 @@ type Device struct {
 	GID      [16]byte           // immutable: Local's IPv4-mapped GID
 	GIDIndex int                // immutable: its index in the GID table
 	attr     abi.DeviceAttr     // immutable
+
+	// Seed varies the initial content of the memory of the device's runs
+	// (Fill); zero is the content the interop tests know. Set it before
+	// the first run.
+	Seed byte
+	// OnTest, when set, is called as a run's test starts (after the
+	// exchange connected its QP; a client then posts its work requests).
+	// Set it before the first run.
+	OnTest func(*Run)
 }
 
 // ErrNoRoCEGID means the device's GID table has no entry for the address:
@@ -137,8 +146,9 @@ type Run struct {
 // latOff is where a write_lat side keeps the payload it writes.
 const latOff = 1 << 20
 
-// fill is the initial content of our memory at offset i.
-func fill(i int) byte { return byte(i*7 + i>>8) }
+// Fill is the initial content of a run's memory at offset i on a device
+// whose Seed is seed.
+func Fill(seed byte, i int) byte { return byte(i*7+i>>8) ^ seed }
 
 // newRun creates the job's objects on dev.
 func newRun(dev *Device, job Job, role string) (*Run, error) {
@@ -148,7 +158,7 @@ func newRun(dev *Device, job Job, role string) (*Run, error) {
 		n = max(n, latOff+job.Size)
 	}
 	recvs := 16
-	if job.Op == pftexchange.SendBW && role == "server" {
+	if (job.Op == pftexchange.SendBW || job.Op == pftexchange.WriteImmBW) && role == "server" {
 		recvs = job.Iters
 	}
 	if uint32(max(recvs, sqDepth)) > dev.attr.MaxQPWR {
@@ -178,7 +188,7 @@ func newRun(dev *Device, job Job, role string) (*Run, error) {
 	mem := r.mr.Bytes()
 	r.mem, r.local = mem, dev.Local
 	for i := range mem {
-		mem[i] = fill(i)
+		mem[i] = Fill(dev.Seed, i)
 	}
 	if job.Op == pftexchange.WriteLat {
 		mem[job.Size-1] = 0 // the ping-pong's count starts below 1
@@ -210,6 +220,10 @@ func (r *Run) Close() {
 
 // QPN is our QP's number.
 func (r *Run) QPN() uint32 { return r.qp.Num() }
+
+// Memory is the run's registered memory (at Mine.VAddr): what the peer
+// wrote, what our READs and atomics brought. Valid until Close.
+func (r *Run) Memory() []byte { return r.mem }
 
 // Gbits is the client's measured rate (zero for a server).
 func (r *Run) Gbits() float64 {
@@ -249,10 +263,13 @@ func (r *Run) Connect(peer pftexchange.Keys) error {
 
 // Test runs our side of the test (pftexchange.Peer).
 func (r *Run) Test(ctx context.Context) error {
+	if r.dev.OnTest != nil {
+		r.dev.OnTest(r)
+	}
 	switch {
 	case r.Job.Op == pftexchange.WriteLat:
 		return r.pingPong(ctx)
-	case r.Role == "server" && r.Job.Op == pftexchange.SendBW:
+	case r.Role == "server" && (r.Job.Op == pftexchange.SendBW || r.Job.Op == pftexchange.WriteImmBW):
 		return r.postRecvs()
 	case r.Role == "client":
 		return r.load(ctx)
@@ -366,6 +383,8 @@ func (r *Run) load(ctx context.Context) error {
 				wr.Opcode = abi.WROpRDMARead
 			case pftexchange.SendBW:
 				wr.Opcode = abi.WROpSend
+			case pftexchange.WriteImmBW:
+				wr.Opcode, wr.Imm = abi.WROpRDMAWriteWithImm, uint32(posted)
 			case pftexchange.AtomicBW:
 				wr.Opcode, wr.CompareAdd, wr.SGL = abi.WROpAtomicFetchAdd, 1, []abi.SGE{r.mr.SGE(8*posted, 8)}
 			}
@@ -463,6 +482,19 @@ func (r *Run) checkLocal(ctx context.Context) error {
 			}
 		}
 		note("%d receives completed in order with %d bytes each", j.Iters, j.Size)
+	case r.Role == "server" && j.Op == pftexchange.WriteImmBW:
+		wctx, cancel := context.WithTimeout(ctx, pollTimeout)
+		defer cancel()
+		if err := r.poll(wctx, j.Iters, "write_imm_bw receives"); err != nil {
+			return fmt.Errorf("%s: %w", j, err)
+		}
+		for i, wc := range r.comps {
+			if wc.WRID != uint64(i) || wc.Opcode != abi.WCOpRecvRDMAWithImm || wc.Flags&abi.WCFlagWithImm == 0 ||
+				wc.Imm != uint32(i) || wc.ByteLen != uint32(j.Size) {
+				return fmt.Errorf("%s: receive completion %d: %+v", j, i, wc)
+			}
+		}
+		note("%d WRITEs with immediate completed receives in order, immediates 0..%d, %d bytes each", j.Iters, j.Iters-1, j.Size)
 	case r.Role == "server" && j.Op == pftexchange.ReadBW:
 		if !bytes.Equal(mem, r.init) {
 			return fmt.Errorf("%s: READs changed our memory", j)
