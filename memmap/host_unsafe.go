@@ -30,3 +30,10 @@ func (t *Table) MapsHost(addr uintptr) bool {
 	}
 	return false
 }
+
+// HostAddr returns the host address of b's first byte (0 when b is empty),
+// for a host NIC given guest memory to read during a call (inline data).
+func HostAddr(b []byte) uintptr {
+	lo, _ := hostSpan(b)
+	return lo
+}

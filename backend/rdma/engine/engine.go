@@ -101,7 +101,11 @@ func (q *QP) poll(t *memmap.Table, now int64, b *Budget) (worked bool, retry int
 		q.toErr(true)
 		return false, 0
 	}
-	worked, retry = q.pollLocked(t, rec, now, b)
+	if q.HW != nil {
+		worked = q.pollNIC(t, rec, b)
+	} else {
+		worked, retry = q.pollLocked(t, rec, now, b)
+	}
 	q.publish(t, rec)
 	return worked, retry
 }

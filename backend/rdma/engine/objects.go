@@ -36,6 +36,12 @@ type MR struct {
 
 	dev     *RNIC    // the owner, set by AddMR before the MR is reachable
 	extents []extent // the MR's bytes as contiguous guest-physical runs
+
+	// With a host NIC (hw.go): the registration, its rkey (Key is the
+	// lkey) and the host view of the MR's pages it was made over.
+	HW   NICMR
+	RKey uint32
+	view *memmap.View
 }
 
 // NewMR builds an MR over pages of 1<<shift bytes: the MR's first byte is
@@ -177,6 +183,12 @@ type CQ struct {
 	armSeen       uint32
 	pendAny       bool
 	pendSolicited bool
+
+	// With a host NIC (hw.go): the host CQ whose completions become this
+	// CQ's entries, polled under hwMu into hwWC.
+	HW   NICCQ
+	hwMu sync.Mutex
+	hwWC []NICWC
 }
 
 // QP is an RC queue pair. The exported fields are immutable after AddQP.
@@ -194,6 +206,11 @@ type QP struct {
 	SigAll        bool
 	DoorbellQueue int
 	RQNotify      bool // the record is an abi.QPNotifyRecord (CREATE_QP flag RQ_NOTIFY); immutable
+
+	// With a host NIC (hw.go): the host QP the guest's WQEs are posted to
+	// and what the engine keeps of them until they complete.
+	HW NICQP
+	hw *hwQP
 
 	// sqMu serialises the requester side: the engine of DoorbellQueue holds
 	// it while it works on the QP, Modify holds it to discard WQEs at

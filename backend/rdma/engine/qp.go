@@ -157,7 +157,13 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 		if m&tr.required != tr.required || m&^(tr.required|tr.optional) != 0 {
 			return abi.StatusInvalid, false
 		}
-		if m&abi.QPAttrAV != 0 && peer == nil && nq == nil {
+		if q.HW != nil {
+			// A host NIC's QP: the NIC makes the transition too, and
+			// refuses what it cannot do (an unknown sgid, say).
+			if st := q.modifyNIC(a); st != abi.StatusOK {
+				return st, false
+			}
+		} else if m&abi.QPAttrAV != 0 && peer == nil && nq == nil {
 			return abi.StatusNotFound, false
 		}
 		q.apply(&a)
@@ -172,6 +178,9 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 	}()
 	if nq != nil {
 		nq.close(true) // the transition failed
+	}
+	if toErr {
+		q.nicToErr()
 	}
 	if toErr && q.Dev != nil {
 		q.Dev.wakeQueue(q.DoorbellQueue)
@@ -266,10 +275,16 @@ func (q *QP) reset(mask uint32) abi.Status {
 		q.sc.held = false
 	}
 	if t == nil {
+		if q.HW != nil {
+			q.resetNIC()
+		}
 		return abi.StatusOK
 	}
 	rec, err := t.Slice(q.Record, QPRecordSize(q.RQNotify))
 	if err != nil {
+		if q.HW != nil {
+			q.resetNIC()
+		}
 		return abi.StatusOK
 	}
 	q.rqFlushing = false
@@ -279,6 +294,9 @@ func (q *QP) reset(mask uint32) abi.Status {
 	q.rqCI = abi.LoadUint32(rec, abi.QPRecordRQPI)
 	q.sqCIPub, q.sqPISeen, q.rqPISeen = q.sqCI, q.sqCI, q.rqCI
 	q.resetCI(rec, q.sqCI, q.rqCI)
+	if q.HW != nil {
+		q.resetNIC()
+	}
 	return abi.StatusOK
 }
 
@@ -308,6 +326,7 @@ func (q *QP) toErr(fatal bool) {
 	if !changed || q.Dev == nil {
 		return
 	}
+	q.nicToErr()
 	if fatal {
 		q.Dev.postEvent(abi.EventQPFatal, q.Num)
 	}

@@ -27,6 +27,7 @@ var (
 // PD is a protection domain.
 type PD struct {
 	Num   uint32 // immutable
+	HW    NICPD  // the host NIC's PD (a device with a NIC; immutable)
 	users int    // MRs, QPs and AHs naming it (protected by RNIC.mu)
 }
 
@@ -167,13 +168,8 @@ func (d *RNIC) Count(k Kind) int {
 }
 
 // AddPD registers a protection domain with handle num.
-func (d *RNIC) AddPD(num uint32) *PD {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	p := &PD{Num: num}
-	d.pds[num] = p
-	return p
-}
+// With a host NIC it allocates the host PD first; nil: the NIC refused.
+func (d *RNIC) AddPD(num uint32) *PD { return d.addPDNIC(num) }
 
 // RemovePD removes the PD with num: ErrNoPD if there is none, ErrPDBusy
 // (and nothing changes) while an MR, QP or AH names it.
@@ -188,6 +184,9 @@ func (d *RNIC) RemovePD(num uint32) error {
 		return ErrPDBusy
 	}
 	delete(d.pds, num)
+	if p.HW != nil {
+		p.HW.Close()
+	}
 	return nil
 }
 
@@ -238,6 +237,7 @@ func (d *RNIC) RemoveMR(key uint32) *MR {
 		delete(d.mrs, key)
 		d.gen.Add(1) // after the delete: see keyCache
 		d.releasePDLocked(m.PD)
+		m.closeNIC()
 	}
 	return m
 }
@@ -268,6 +268,7 @@ func (d *RNIC) RemoveCQ(num uint32) *CQ {
 		c.dead = true
 		c.armed = false
 		c.mu.Unlock()
+		c.closeNIC()
 	}
 	return c
 }
@@ -321,6 +322,19 @@ func (d *RNIC) AddQP(q *QP) error {
 // releases its PD and its CQs. The caller must not hold a lock that
 // EventSink or wake take.
 func (d *RNIC) RemoveQP(num uint32) *QP {
+	q := d.removeQP(num)
+	if q != nil && q.HW != nil {
+		// No pass runs on it and no completion of it is written any
+		// more (dead, under sqMu and rqMu): the host QP goes.
+		if err := q.HW.Close(); err != nil {
+			d.log.WithError(err).WithField("qp", q.Num).Warn("destroy host QP")
+		}
+	}
+	return q
+}
+
+// removeQP is RemoveQP but for the host QP.
+func (d *RNIC) removeQP(num uint32) *QP {
 	d.mu.Lock()
 	q := d.qps[num]
 	if q == nil {
@@ -456,7 +470,21 @@ func (d *RNIC) Reset() Released {
 	clear(d.mrs)
 	d.gen.Add(1)
 	clear(d.ahs)
+	pds := make([]*PD, 0, len(d.pds))
+	for _, p := range d.pds {
+		pds = append(pds, p)
+	}
 	clear(d.pds)
 	d.mu.Unlock()
+	// The host NIC's objects go in dependency order: QPs and CQs went
+	// above, MRs before their PDs.
+	for _, m := range rel.MRs {
+		m.closeNIC()
+	}
+	for _, p := range pds {
+		if p.HW != nil {
+			p.HW.Close()
+		}
+	}
 	return rel
 }

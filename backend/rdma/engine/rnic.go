@@ -43,6 +43,12 @@ type RNIC struct {
 	netGIDs [][16]byte               // the device's own network GIDs, if any (immutable after SetNetGIDs)
 	allowed []netip.Prefix           // what ADD_GID may claim besides the port GID (protected by fabric.mu)
 
+	// A host NIC executing the device's work (nic.go), or nil for the
+	// software RNIC; set once by SetNIC before any object exists.
+	nic      NIC
+	nicGIDs  [][16]byte // the GIDs the operator gave the device (protected by mu)
+	nicTable [][16]byte // its GID table as the guest filled it (protected by mu)
+
 	mu     sync.RWMutex
 	mem    *memmap.Memory // protected by mu; nil while detached
 	events EventSink      // protected by mu
@@ -242,6 +248,9 @@ func (d *RNIC) Stats() Stats {
 // SetGID writes entry index of the device's GID table (ADD_GID); see
 // Fabric.SetGID.
 func (d *RNIC) SetGID(index int, gid [16]byte) error {
+	if d.NIC() != nil {
+		return d.nicSetGID(index, gid)
+	}
 	if d.fabric == nil {
 		return ErrGIDIndex
 	}
@@ -250,6 +259,9 @@ func (d *RNIC) SetGID(index int, gid [16]byte) error {
 
 // ClearGID empties entry index of the device's GID table (DEL_GID).
 func (d *RNIC) ClearGID(index int) error {
+	if d.NIC() != nil {
+		return d.nicClearGID(index)
+	}
 	if d.fabric == nil {
 		return ErrGIDIndex
 	}
@@ -259,6 +271,9 @@ func (d *RNIC) ClearGID(index int) error {
 // GIDAt returns entry index of the device's GID table and whether it holds
 // a GID. A device on no fabric has its port GID at entry 0 only.
 func (d *RNIC) GIDAt(index int) ([16]byte, bool) {
+	if d.NIC() != nil {
+		return d.nicGIDAt(index)
+	}
 	if d.fabric == nil {
 		return d.gid, index == 0
 	}
@@ -268,6 +283,10 @@ func (d *RNIC) GIDAt(index int) ([16]byte, bool) {
 // ResetGIDs returns the GID table to its state after a device reset: the
 // port GID at entry 0, the rest empty.
 func (d *RNIC) ResetGIDs() {
+	if d.NIC() != nil {
+		d.nicResetGIDs()
+		return
+	}
 	if d.fabric != nil {
 		d.fabric.ResetGIDs(d)
 	}
