@@ -56,6 +56,19 @@ func BenchmarkRoCEWrite64K(b *testing.B) {
 		}
 		b.ReportMetric(g, "Gbit/s-payload")
 	})
+	b.Run("udp-blast-gso", func(b *testing.B) {
+		u, err := openRawUDP(l)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer u.close()
+		b.ResetTimer()
+		g, err := u.blastGSO(time.Duration(b.N) * 100 * time.Microsecond)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(g, "Gbit/s-payload")
+	})
 }
 
 func benchRoCEWrite(b *testing.B, l *roceLab, wait clientWait) {
@@ -65,7 +78,7 @@ func benchRoCEWrite(b *testing.B, l *roceLab, wait clientWait) {
 	}
 	defer c.close()
 	c.wait = wait
-	a0 := l.counters(0)
+	a0 := l.counters(0, false)
 	c.setSize(roceSize)
 	b.SetBytes(roceSize)
 	b.ReportAllocs()
@@ -80,7 +93,7 @@ func benchRoCEWrite(b *testing.B, l *roceLab, wait clientWait) {
 		}
 		posted += n
 	}
-	a1 := l.counters(0)
+	a1 := l.counters(0, false)
 	b.ReportMetric(float64(a1.TxDatagrams-a0.TxDatagrams)/float64(posted), "datagrams/op")
 	b.ReportMetric(float64(a1.TxDatagrams-a0.TxDatagrams)/float64(max(1, a1.TxCalls-a0.TxCalls)), "datagrams/sendmmsg")
 }
@@ -96,14 +109,17 @@ func TestRoCESection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The veth's four rows, the spray row, and the rxe row where QEMU
+	// The veth's six rows, the spray row, and the rxe row where QEMU
 	// and bin/rxe are found from the working directory (not from a
 	// package's: then a note says so).
-	if len(sec.rows) < 5 || len(sec.rows) > 6 {
-		t.Fatalf("got %d rows, want 5 or 6: %+v", len(sec.rows), sec.rows)
+	if len(sec.rows) < 7 || len(sec.rows) > 8 {
+		t.Fatalf("got %d rows, want 7 or 8: %+v", len(sec.rows), sec.rows)
 	}
-	if r := sec.rows[4]; !strings.Contains(r.name, "sprayed") || r.met == nil {
-		t.Errorf("row 5 is %q (target met %v), want the spray row with its target", r.name, r.met)
+	if r := sec.rows[2]; !strings.Contains(r.name, "IPv6, GSO") || r.met == nil {
+		t.Errorf("row 3 is %q (target met %v), want the IPv6 GSO row with its target", r.name, r.met)
+	}
+	if r := sec.rows[6]; !strings.Contains(r.name, "sprayed") || r.met == nil {
+		t.Errorf("row 7 is %q (target met %v), want the spray row with its target", r.name, r.met)
 	}
 	if want := len(sprayLossRates(s.quick)); len(loss) != want {
 		t.Errorf("got %d points of the loss picture, want %d: %+v", len(loss), want, loss)

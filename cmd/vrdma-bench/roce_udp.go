@@ -1,7 +1,9 @@
 package main
 
-// The roce section's baselines: the same veth's raw UDP, a sendmmsg blast
-// of RoCE-sized datagrams and a 64-byte ping-pong.
+// The roce section's baselines: the same veth's raw UDP, two blasts of
+// RoCE-sized datagrams (sendmmsg of one datagram a message, and UDP_SEGMENT
+// super-datagrams received with UDP_GRO: the kernel's best UDP) and a
+// 64-byte ping-pong.
 
 import (
 	"errors"
@@ -23,12 +25,15 @@ type rawUDP struct {
 	tx, rx *net.UDPConn
 }
 
-func openRawUDP(l *roceLab) (*rawUDP, error) {
-	rx, err := l.ns[1].ListenUDP(netip.AddrPortFrom(roceAddrs[1], 0))
+func openRawUDP(l *roceLab) (*rawUDP, error) { return openRawUDPOn(l, roceAddrs) }
+
+// openRawUDPOn is openRawUDP on addrs (A's and B's, of one family).
+func openRawUDPOn(l *roceLab, addrs [2]netip.Addr) (*rawUDP, error) {
+	rx, err := l.ns[1].ListenUDP(netip.AddrPortFrom(addrs[1], 0))
 	if err != nil {
 		return nil, err
 	}
-	tx, err := l.ns[0].ListenUDP(netip.AddrPortFrom(roceAddrs[0], 0))
+	tx, err := l.ns[0].ListenUDP(netip.AddrPortFrom(addrs[0], 0))
 	if err != nil {
 		rx.Close()
 		return nil, err
@@ -50,8 +55,10 @@ func openRawUDP(l *roceLab) (*rawUDP, error) {
 					_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], roceSockBuf)
 				}
 			}
-			if c == tx {
+			if c == tx && dst.Addr().Is4() {
 				serr = unix.Connect(int(fd), &unix.SockaddrInet4{Port: int(dst.Port()), Addr: dst.Addr().As4()})
+			} else if c == tx {
+				serr = unix.Connect(int(fd), &unix.SockaddrInet6{Port: int(dst.Port()), Addr: dst.Addr().As16()})
 			}
 		}); err != nil {
 			u.close()
@@ -75,11 +82,53 @@ func (u *rawUDP) close() {
 // receives them with recvmmsg, for roceWarmup and then d, and returns
 // the payload (rocePayload bytes a datagram) that arrived during d, in
 // Gbit/s.
-func (u *rawUDP) blast(d time.Duration) (float64, error) {
-	var got atomic.Uint64
+func (u *rawUDP) blast(d time.Duration) (float64, error) { return u.blastWith(d, false) }
+
+// blastGSO is blast with UDP segmentation offload on both sides: A sends
+// super-datagrams of roceGSOSegs datagrams (UDP_SEGMENT = roceDatagram,
+// roceGSOBatch a sendmmsg), B receives with UDP_GRO into 64 KiB buffers;
+// the same datagrams on the veth, the fewest trips through the kernel.
+func (u *rawUDP) blastGSO(d time.Duration) (float64, error) { return u.blastWith(d, true) }
+
+// setGSO sets UDP_SEGMENT on A's socket and UDP_GRO on B's.
+func (u *rawUDP) setGSO(on bool) error {
+	seg, gro := 0, 0
+	if on {
+		seg, gro = roceDatagram, 1
+	}
+	var serr error
+	for _, o := range []struct {
+		c        *net.UDPConn
+		opt, val int
+	}{{u.tx, unix.UDP_SEGMENT, seg}, {u.rx, unix.UDP_GRO, gro}} {
+		raw, err := o.c.SyscallConn()
+		if err != nil {
+			return err
+		}
+		if err := raw.Control(func(fd uintptr) {
+			if serr == nil {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_UDP, o.opt, o.val)
+			}
+		}); err != nil {
+			return err
+		}
+	}
+	return serr
+}
+
+func (u *rawUDP) blastWith(d time.Duration, gso bool) (float64, error) {
+	var got atomic.Uint64 // bytes: datagrams × roceDatagram
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
+	rxBatch, rxSize, txBatch, txSize := roceBatch, 2048, roceBatch, roceDatagram
+	if gso {
+		if err := u.setGSO(true); err != nil {
+			return 0, fmt.Errorf("UDP_SEGMENT, UDP_GRO: %w", err)
+		}
+		defer u.setGSO(false)
+		rxBatch, rxSize, txBatch, txSize = roceGSOBatch, 1<<16, roceGSOBatch, roceGSOSegs*roceDatagram
+	}
 	wg.Add(2)
 	go func() { // the receiver
 		defer wg.Done()
@@ -88,7 +137,7 @@ func (u *rawUDP) blast(d time.Duration) (float64, error) {
 			errs[0] = err
 			return
 		}
-		b := newMmsgBatch(roceBatch, 2048)
+		b := newMmsgBatch(rxBatch, rxSize)
 		for !stop.Load() {
 			var n int
 			var errno unix.Errno
@@ -103,7 +152,11 @@ func (u *rawUDP) blast(d time.Duration) (float64, error) {
 				return
 			}
 			if errno == 0 {
-				got.Add(uint64(n))
+				var bytes uint64
+				for k := range n {
+					bytes += uint64(b.hdrs[k].Len)
+				}
+				got.Add(bytes)
 			}
 		}
 	}()
@@ -114,7 +167,7 @@ func (u *rawUDP) blast(d time.Duration) (float64, error) {
 			errs[1] = err
 			return
 		}
-		b := newMmsgBatch(roceBatch, roceDatagram)
+		b := newMmsgBatch(txBatch, txSize)
 		for !stop.Load() {
 			var errno unix.Errno
 			if err := raw.Write(func(fd uintptr) bool {
@@ -143,14 +196,14 @@ func (u *rawUDP) blast(d time.Duration) (float64, error) {
 	}
 	// Drain what is still queued, so the next repeat starts empty.
 	u.rx.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-	buf := make([]byte, 2048)
+	buf := make([]byte, 1<<16)
 	for {
 		if _, _, err := u.rx.ReadFromUDPAddrPort(buf); err != nil {
 			break
 		}
 	}
 	u.rx.SetReadDeadline(time.Time{})
-	return float64(n1-n0) * rocePayload * 8 / t1.Sub(t0).Seconds() / 1e9, nil
+	return float64(n1-n0) / roceDatagram * rocePayload * 8 / t1.Sub(t0).Seconds() / 1e9, nil
 }
 
 // pingPong sends roceLatSize-byte datagrams from A to B, which echoes each
@@ -199,7 +252,11 @@ func (u *rawUDP) pingPong(d time.Duration, maxSamples int) ([]time.Duration, err
 
 // roceResult is what the section measured: medians over the repeats.
 type roceResult struct {
-	goodput, blast   float64 // Gbit/s of payload
+	goodput, blast   float64 // Gbit/s of payload; blast: the better of blastMmsg and blastGSO
+	blastMmsg        float64 // the sendmmsg blast
+	blastGSO         float64 // the UDP_SEGMENT blast
+	blastsGSO        []float64
+	v6               roce6Result
 	p50, p99         float64 // µs, 64 B WRITE
 	pingP50, pingP99 float64 // µs, UDP ping-pong
 	txPerOp, rxShare float64 // datagrams A sent per 64 KiB WRITE; share of A's datagrams B received
@@ -208,4 +265,13 @@ type roceResult struct {
 	spinGoodput      float64   // Gbit/s, the client busy-polling
 	spinGoodputs     []float64 // its repeats
 	txPerCall        float64   // datagrams per sendmmsg of A's endpoint
+}
+
+// roce6Result is the IPv6 rows: the endpoints with GSO and GRO (on) and
+// without (off), against the same veth's IPv6 blasts.
+type roce6Result struct {
+	on, off, blast, blastMmsg, blastGSO float64 // Gbit/s of payload, medians; blast: the better blast
+	ons, offs, blastsMmsg, blastsGSO    []float64
+	txPerOp, txPerCall, txPerGSO        float64 // A's datagrams per 64 KiB WRITE, per sendmmsg, per super-datagram (on)
+	rxPerGRO                            float64 // B's datagrams per GRO buffer (on)
 }

@@ -19,7 +19,7 @@ func TestHandleNoAllocations(t *testing.T) {
 	e := &Endpoint{
 		cfg:     Config{Addr: local, Port: roce.UDPPort, RecoverIPv4ID: true},
 		local:   netip.AddrPortFrom(local, roce.UDPPort),
-		rx:      newBatch(1, bufSize),
+		rx:      newBatch(1, bufSize, 0),
 		touched: make([]*qpEntry, 0, 1),
 	}
 	h := rctest.NewHost()

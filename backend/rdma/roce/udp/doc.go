@@ -2,7 +2,8 @@
 // one host address on port 4791 (docs/wire.md): an Endpoint receives with
 // recvmmsg, checks each datagram (size, roce.Parse, the ICRC with the IP
 // header it reconstructs, the destination QPN, the peer's address) and
-// hands it to its QP; it sends what the QPs queue with sendmmsg.
+// hands it to its QP; it sends what the QPs queue with sendmmsg, runs of
+// same-size packets to one peer as UDP GSO super-datagrams (IPv6).
 //
 // # On the wire
 //
@@ -15,6 +16,51 @@
 // right for some other ID (roce.RecoverIPv4ID: Linux rxe sends
 // unpredictable IDs), checking 16 of the 32 ICRC bits. Packets leave from
 // the bound port (4791 by default).
+//
+// # Segmentation offload (GSO and GRO)
+//
+// What a flush sends is planned (planRuns): a run of queued packets to one
+// destination, all of one size but the last, which may be shorter (the
+// MIDDLE packets of a WRITE, SEND or READ response and its LAST; a FIRST
+// with its longer RETH starts a run of its own), at most 64 packets and
+// 65487 bytes, goes as one sendmmsg message whose iovecs are the packets'
+// buffers and whose UDP_SEGMENT control message says the run's packet
+// size: one trip through the kernel's UDP and IP layers, and through veth
+// or forwarding, for up to 64 packets. Every other packet is a message of
+// its own, as before. The kernel cuts the super-datagram at the segment
+// size (in the NIC, at a device without offload, or in the receiver's
+// socket), so each segment is exactly the datagram the packet would have
+// been: its own IP and UDP headers, its own BTH, its own ICRC, sealed per
+// packet as before. The bytes on the wire do not change.
+//
+// IPv4 endpoints never send GSO: segmentation numbers the IPv4 IDs of the
+// segments from the super-datagram's (0) up, 0, 1, 2 … (inet_gso_segment
+// in net/ipv4/af_inet.c: only TCP has SKB_GSO_TCP_FIXEDID), while every
+// packet must carry ID 0, the ID its ICRC is sealed over (docs/wire.md §
+// 7; rxe, RNICs and captures see the real ID). IPv6 has no ID.
+//
+// Receiving, the socket has UDP_GRO on (both families): the kernel may hand
+// over several datagrams of one flow in one buffer (a super-datagram that
+// crossed veths unsegmented, or what GRO coalesced), and a control message
+// says their size (gso_size), the last possibly shorter. handle splits the
+// buffer at that size (groSegments) and checks and delivers each datagram
+// on its own, exactly as a datagram received alone; a gso_size that splits
+// nothing (≤ 0, not below the buffer's length) leaves the buffer one
+// datagram, one shorter than any packet counts its pieces as malformed
+// without looping over them, and a buffer whose control message was cut
+// off counts as truncated. The datagrams of a buffer share its source
+// address and port (GRO coalesces one flow only).
+//
+// Fallback: Listen probes setsockopt UDP_GRO and, for IPv6, UDP_SEGMENT;
+// what the kernel refuses (ENOPROTOOPT before Linux 4.18 and 5.0) is
+// logged once and not used. A super-datagram the kernel refuses for want
+// of GSO (EIO: a route through xfrm, or on older kernels a device without
+// checksum offload; EINVAL; ENOPROTOOPT; EOPNOTSUPP) turns GSO off for the
+// socket, with a log line, and the rest of the flush, that message
+// included, goes a datagram at a time: nothing is lost. Any other error
+// drops the message's packets, counted in TxErrors one by one, as it
+// would have dropped each of them. Config.NoOffload uses neither;
+// SetOffload switches them at run time (benchmarks compare).
 //
 // # Goroutines
 //
@@ -35,8 +81,11 @@
 //
 // # Bounds
 //
-// Two batches of Config.Batch buffers of one maximum packet each; at most
-// Config.MaxQPs QPs; nothing per datagram. Datagrams that fail a check are
+// Two batches of Config.Batch buffers, one maximum packet each for sending,
+// 64 KiB each for receiving with UDP_GRO (4 MiB at the default batch;
+// one packet each without GRO); at most Config.MaxQPs QPs; nothing per
+// datagram. A flush plans at most Config.Batch messages, a receive buffer
+// splits into at most its length / 16 datagrams. Datagrams that fail a check are
 // counted (Counters) by reason and dropped, never delivered to a QP: a
 // packet to an unknown QPN, from an address that is not the QP's peer or
 // from a source port that is not the peer's learned one, with a bad ICRC,

@@ -60,6 +60,12 @@ type Config struct {
 	MaxQPs int
 	// SocketBuffer sets SO_RCVBUF and SO_SNDBUF (0: 4 MiB).
 	SocketBuffer int
+	// NoOffload keeps the socket off UDP segmentation and coalescing
+	// offload (no UDP_SEGMENT, no UDP_GRO): every datagram is one entry
+	// of a sendmmsg or recvmmsg, and the receive buffers hold one packet
+	// each instead of 64 KiB. False: GRO where the kernel has it, GSO
+	// too for IPv6 (see the package documentation).
+	NoOffload bool
 	// Logger gets warnings (rate-limited); nil discards.
 	Logger *logrus.Entry
 }
@@ -67,7 +73,9 @@ type Config struct {
 // Counters count the endpoint's datagrams. Every received datagram ends in
 // exactly one of RxDelivered, RxTruncated, RxMalformed, RxICRC,
 // RxUnknownQP and RxWrongPeer; RxRecoveredID counts, besides, the IPv4
-// packets whose ICRC matched only with a recovered ID.
+// packets whose ICRC matched only with a recovered ID. A datagram is one
+// packet on the wire: the segments of a GSO super-datagram count in
+// TxDatagrams one by one, those of a GRO buffer in RxDatagrams.
 type Counters struct {
 	RxDatagrams   uint64
 	RxDelivered   uint64 // handed to a QP
@@ -81,11 +89,14 @@ type Counters struct {
 	TxErrors      uint64 // datagrams the kernel refused (dropped)
 	TxCalls       uint64 // sendmmsg calls
 	RxCalls       uint64 // recvmmsg calls
+	TxGSO         uint64 // GSO super-datagrams sent (UDP_SEGMENT: two or more datagrams each)
+	RxGRO         uint64 // GRO buffers received (UDP_GRO: two or more datagrams each)
 }
 
 type counters struct {
 	rxDatagrams, rxDelivered, rxTruncated, rxMalformed, rxICRC, rxRecoveredID atomic.Uint64
 	rxUnknownQP, rxWrongPeer, txDatagrams, txErrors, txCalls, rxCalls         atomic.Uint64
+	txGSO, rxGRO                                                              atomic.Uint64
 }
 
 // qpEntry is a QP and its port, or a PacketHandler (Register); immutable
@@ -140,11 +151,17 @@ type Endpoint struct {
 	tableMu sync.Mutex                          // serialises writers of table
 	table   atomic.Pointer[map[uint32]*qpEntry] // copy on write
 
-	txMu sync.Mutex // protects tx, txN and the sendmmsg call's state below
-	tx   *batch
+	txMu sync.Mutex // protects tx, txN, txDst, txPlan and the sendmmsg call's state below
+	tx   *batch     // the queued packets, one a message
 	txN  int
+	// txDst and txLen are each queued packet's destination and length;
+	// txPlan the messages of one flush (gso.go).
+	txDst  []netip.AddrPort
+	txLen  []int
+	txPlan *sendPlan
 	// One sendmmsg (sendFn, built once: a closure per call would be an
-	// allocation per batch): from txOff, it sets txSent and txErrno.
+	// allocation per batch): from message txOff of txPlan, it sets
+	// txSent and txErrno.
 	txOff, txSent int
 	txErrno       unix.Errno
 	sendFn        func(fd uintptr) bool
@@ -152,6 +169,14 @@ type Endpoint struct {
 	rxGot   int
 	rxErrno unix.Errno
 	recvFn  func(fd uintptr) bool
+
+	// gso: send runs of packets as UDP_SEGMENT super-datagrams (IPv6
+	// only); cleared for good when the kernel refuses one. gro: the
+	// socket has UDP_GRO on. Both atomic (SetOffload).
+	gso, gro atomic.Bool
+	// groCapable: the receive buffers are 64 KiB with room for the
+	// UDP_GRO control message (immutable).
+	groCapable bool
 
 	rx      *batch      // the receive goroutine's
 	rxPkt   roce.Packet // the receive goroutine's: the packet it handles
@@ -237,15 +262,29 @@ func Listen(cfg Config) (*Endpoint, error) {
 		conn.Close()
 		return nil, err
 	}
+	gso, gro := false, false
+	if !cfg.NoOffload {
+		gso, gro = probeOffload(raw, cfg.Addr.Is6(), log)
+	}
+	rxSize, rxCtl := bufSize, 0
+	if gro {
+		rxSize, rxCtl = groBufSize, rxCtlSpace
+	}
 	e := &Endpoint{
 		cfg: cfg, log: log, conn: conn, raw: raw,
-		local:   conn.LocalAddr().(*net.UDPAddr).AddrPort(),
-		tx:      newBatch(cfg.Batch, bufSize),
-		rx:      newBatch(cfg.Batch, bufSize),
-		touched: make([]*qpEntry, 0, cfg.Batch),
-		ready:   make(chan *port, cfg.MaxQPs),
-		wakes:   make(chan func(), cfg.MaxQPs),
+		local:      conn.LocalAddr().(*net.UDPAddr).AddrPort(),
+		tx:         newBatch(cfg.Batch, bufSize, 0),
+		txDst:      make([]netip.AddrPort, cfg.Batch),
+		txLen:      make([]int, cfg.Batch),
+		txPlan:     newSendPlan(cfg.Batch),
+		rx:         newBatch(cfg.Batch, rxSize, rxCtl),
+		groCapable: gro,
+		touched:    make([]*qpEntry, 0, cfg.Batch),
+		ready:      make(chan *port, cfg.MaxQPs),
+		wakes:      make(chan func(), cfg.MaxQPs),
 	}
+	e.gso.Store(gso)
+	e.gro.Store(gro)
 	e.local = netip.AddrPortFrom(e.local.Addr().Unmap(), e.local.Port())
 	e.sendFn, e.recvFn = e.sendOnce, e.recvOnce
 	empty := map[uint32]*qpEntry{}
@@ -273,6 +312,7 @@ func (e *Endpoint) Counters() Counters {
 		RxMalformed: c.rxMalformed.Load(), RxICRC: c.rxICRC.Load(), RxRecoveredID: c.rxRecoveredID.Load(),
 		RxUnknownQP: c.rxUnknownQP.Load(), RxWrongPeer: c.rxWrongPeer.Load(), TxDatagrams: c.txDatagrams.Load(),
 		TxErrors: c.txErrors.Load(), TxCalls: c.txCalls.Load(), RxCalls: c.rxCalls.Load(),
+		TxGSO: c.txGSO.Load(), RxGRO: c.rxGRO.Load(),
 	}
 }
 

@@ -54,6 +54,7 @@ func (e *Endpoint) send(p *port, pkt []byte) {
 		return
 	}
 	e.tx.setSend(i, len(pkt), p.peer)
+	e.txDst[i], e.txLen[i] = p.peer, len(pkt)
 	e.txN++
 	if e.txN == len(e.tx.hdrs) {
 		e.flushLocked()
@@ -67,34 +68,65 @@ func (e *Endpoint) flush() {
 }
 
 // flushLocked sends the queued datagrams with as few sendmmsg calls as the
-// kernel allows, waiting while the socket buffer is full. A datagram the
-// kernel refuses (EMSGSIZE above the path MTU, an unreachable network) is
-// dropped and counted: the protocol recovers it as a loss.
-// Precondition: txMu held.
+// kernel allows, waiting while the socket buffer is full: runs of packets
+// that GSO can carry go as one super-datagram each (planRuns), the rest
+// one message each. A datagram the kernel refuses (EMSGSIZE above the
+// path MTU, an unreachable network) is dropped and counted, each segment
+// of a refused super-datagram likewise: the protocol recovers it as a
+// loss. A super-datagram refused for want of GSO (gsoRefused) turns GSO
+// off for the socket, and what was not sent goes again without it.
+// Every pass of the loop sends a message, drops one, or (once) turns GSO
+// off. Precondition: txMu held.
 func (e *Endpoint) flushLocked() {
-	e.txOff = 0
-	for e.txOff < e.txN {
+	e.planLocked(0)
+	for e.txOff < len(e.txPlan.runs) {
 		if err := e.raw.Write(e.sendFn); err != nil {
-			e.ctr.txErrors.Add(uint64(e.txN - e.txOff))
+			for _, r := range e.txPlan.runs[e.txOff:] {
+				e.ctr.txErrors.Add(uint64(r.n))
+			}
 			break
 		}
 		e.ctr.txCalls.Add(1)
 		if e.txErrno != 0 {
-			e.ctr.txErrors.Add(1)
+			r := e.txPlan.runs[e.txOff]
+			if r.n > 1 && gsoRefused(e.txErrno) && e.gso.CompareAndSwap(true, false) {
+				e.log.WithField("addr", e.local).WithError(e.txErrno).Warn("udp: the kernel refused a GSO super-datagram: sending a datagram at a time")
+				e.planLocked(r.first)
+				continue
+			}
+			e.ctr.txErrors.Add(uint64(r.n))
 			e.warn("sendmmsg", e.txErrno)
 			e.txOff++
 			continue
 		}
-		e.ctr.txDatagrams.Add(uint64(e.txSent))
+		for _, r := range e.txPlan.runs[e.txOff : e.txOff+e.txSent] {
+			e.ctr.txDatagrams.Add(uint64(r.n))
+			if r.n > 1 {
+				e.ctr.txGSO.Add(1)
+			}
+		}
 		e.txOff += e.txSent
 	}
 	e.txN = 0
 }
 
-// sendOnce is flushLocked's sendmmsg from txOff. Precondition: txMu held.
+// planLocked plans the messages of the queued packets from packet from on
+// and starts the flush at the first. Precondition: txMu held.
+func (e *Endpoint) planLocked(from int) {
+	pl := e.txPlan
+	pl.runs = planRuns(e.txLen[from:e.txN], e.txDst[from:e.txN], e.gso.Load(), pl.runs[:0])
+	for k := range pl.runs {
+		pl.runs[k].first += from
+	}
+	pl.build(e.tx)
+	e.txOff = 0
+}
+
+// sendOnce is flushLocked's sendmmsg from message txOff. Precondition:
+// txMu held.
 func (e *Endpoint) sendOnce(fd uintptr) bool {
 	for {
-		e.txSent, e.txErrno = mmsg(unix.SYS_SENDMMSG, fd, e.tx.hdrs[e.txOff:e.txN])
+		e.txSent, e.txErrno = mmsg(unix.SYS_SENDMMSG, fd, e.txPlan.hdrs[e.txOff:len(e.txPlan.runs)])
 		if e.txErrno != unix.EINTR {
 			return e.txErrno != unix.EAGAIN
 		}
@@ -159,15 +191,54 @@ func (e *Endpoint) receive() {
 // endpoint's goroutines do nothing else.
 func faultsPanic() { debug.SetPanicOnFault(true) }
 
-// handle checks datagram i of the receive batch and hands it to its QP.
+// handle splits message i of the receive batch into its datagrams (one,
+// or those the kernel coalesced with UDP_GRO: its control message gives
+// their size, groSegments the split) and hands each to deliver. A buffer
+// the kernel truncated counts as one truncated datagram, as does a
+// coalesced one whose control message was cut off (MSG_CTRUNC: its
+// datagrams cannot be told apart); datagrams shorter than any packet, which
+// only a broken gso_size makes, count as malformed without a loop.
 func (e *Endpoint) handle(i int, gen uint64) {
-	e.ctr.rxDatagrams.Add(1)
 	h := &e.rx.hdrs[i]
-	if h.Hdr.Flags&unix.MSG_TRUNC != 0 || int(h.Len) > len(e.rx.bufs[i]) {
+	n := int(h.Len)
+	if h.Hdr.Flags&unix.MSG_TRUNC != 0 || n > len(e.rx.bufs[i]) {
+		e.ctr.rxDatagrams.Add(1)
 		e.ctr.rxTruncated.Add(1)
 		return
 	}
-	b := e.rx.bufs[i][:h.Len]
+	seg, _ := groSize(e.rx.control(i))
+	if h.Hdr.Flags&unix.MSG_CTRUNC != 0 && seg == 0 {
+		e.ctr.rxDatagrams.Add(1)
+		e.ctr.rxTruncated.Add(1)
+		return
+	}
+	count, size := groSegments(n, seg)
+	if count > 1 {
+		e.ctr.rxGRO.Add(1)
+		if size < minPacket {
+			e.ctr.rxDatagrams.Add(uint64(count))
+			e.ctr.rxMalformed.Add(uint64(count))
+			return
+		}
+	}
+	b := e.rx.bufs[i][:n]
+	src := e.rx.source(i)
+	for off := 0; ; off += size { // count passes (an empty datagram: one)
+		end := min(off+size, n)
+		e.deliver(b[off:end], src, gen)
+		if end == n {
+			break
+		}
+	}
+}
+
+// deliver checks one datagram from src and hands it to its QP.
+func (e *Endpoint) deliver(b []byte, src netip.AddrPort, gen uint64) {
+	e.ctr.rxDatagrams.Add(1)
+	if len(b) > bufSize {
+		e.ctr.rxTruncated.Add(1)
+		return
+	}
 	// Opcodes of the manufacturer-specific range (the multipath spray
 	// extension, docs/wire.md § 9) are left to the QP's handler: here
 	// only the BTH, the ICRC and the QPN are checked.
@@ -191,7 +262,6 @@ func (e *Endpoint) handle(i int, gen uint64) {
 			return
 		}
 	}
-	src := e.rx.source(i)
 	// The ICRC, without roce.Verify's error value (an allocation per
 	// packet from rxe). With ID recovery one CRC pass does both: the ID
 	// is 0 when the packet is vrdma's.

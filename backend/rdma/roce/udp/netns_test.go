@@ -195,7 +195,7 @@ func BenchmarkNetnsGoodput(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		bt := newBatch(64, 2048)
+		bt := newBatch(64, 2048, 0)
 		for i := range 64 {
 			bt.setSend(i, 1040, rx.LocalAddr().(*net.UDPAddr).AddrPort())
 		}
