@@ -137,7 +137,7 @@ func (d *Device) command(op abi.Opcode, req []byte, t *memmap.Table) ([]byte, ab
 			return nil, abi.StatusInvalid
 		}
 		return abi.Marshal(&abi.PortAttr{
-			State: abi.PortActive, MaxMTU: abi.MTU4096, ActiveMTU: abi.MTU4096, GIDTblLen: abi.GIDTableLen,
+			State: abi.PortActive, MaxMTU: d.conf.ActiveMTU, ActiveMTU: d.conf.ActiveMTU, GIDTblLen: abi.GIDTableLen,
 			MaxMsgSz: abi.MaxMsgSize, LinkLayer: abi.LinkLayerEthernet, ActiveSpeed: 32, ActiveWidth: 1,
 		}), abi.StatusOK
 	case abi.CmdQueryGID:
@@ -218,7 +218,9 @@ func (d *Device) createPD() (any, error) {
 		return nil, errStatus(abi.StatusNoResources)
 	}
 	h := d.eng.NewHandle(engine.KindPD, 32)
-	d.eng.AddPD(h)
+	if d.eng.AddPD(h) == nil {
+		return nil, errStatus(abi.StatusNoResources) // the host NIC refused
+	}
 	return &abi.Handle{Handle: h}, nil
 }
 
@@ -268,13 +270,25 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 	if err := d.pinMR(t, mr); err != nil {
 		return nil, err
 	}
-	mr.Key = d.eng.NewHandle(engine.KindMR, 32)
+	if d.eng.NIC() != nil {
+		// Registered with the host NIC at the guest's IOVA: its keys
+		// are the NIC's.
+		if err := d.eng.RegisterMRNIC(t, mr); err != nil {
+			d.unpinMR(mr)
+			d.log.WithError(err).Warn("REG_MR: host NIC")
+			return nil, errStatus(abi.StatusNoResources)
+		}
+	} else {
+		mr.Key = d.eng.NewHandle(engine.KindMR, 32)
+		mr.RKey = mr.Key
+	}
 	if err := d.eng.AddMR(mr); err != nil { // the PD was checked under d.mu
+		mr.ReleaseNIC()
 		d.unpinMR(mr)
 		return nil, errStatus(abi.StatusNotFound)
 	}
 	r.mrExtents += mr.NumExtents()
-	return &abi.MRKeys{LKey: mr.Key, RKey: mr.Key}, nil
+	return &abi.MRKeys{LKey: mr.Key, RKey: mr.RKey}, nil
 }
 
 func (d *Device) deregMR(key uint32) error {
@@ -316,6 +330,11 @@ func (d *Device) createCQ(req []byte, t *memmap.Table) (any, error) {
 		Ring:      engine.Ring{Pages: pages, Depth: c.CQE, Stride: abi.CQESize},
 		Record:    abi.GPA(c.Record),
 		ArmRecord: armRecord,
+	}
+	if err := d.eng.CreateCQNIC(cq); err != nil {
+		d.unpinCQ(cq)
+		d.log.WithError(err).Warn("CREATE_CQ: host NIC")
+		return nil, errStatus(abi.StatusNoResources)
 	}
 	cq.InitArm(t)
 	d.eng.AddCQ(cq)
@@ -377,9 +396,12 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		return nil, err
 	}
 	rqNotify := c.Flags&abi.QPFlagRQNotify != 0
-	h := d.eng.NewHandle(engine.KindQP, qpnBits) // reserved on the fabric
-	if h == 0 {
-		return nil, errStatus(abi.StatusNoResources)
+	nic := d.eng.NIC() != nil
+	h := uint32(0) // a host NIC's QP takes the NIC's number
+	if !nic {
+		if h = d.eng.NewHandle(engine.KindQP, qpnBits); h == 0 { // reserved on the fabric
+			return nil, errStatus(abi.StatusNoResources)
+		}
 	}
 	if err := d.pinRing(t, pages, c.Record, engine.QPRecordSize(rqNotify)); err != nil {
 		d.eng.ReleaseQPN(h)
@@ -401,13 +423,21 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		DoorbellQueue: int(c.DoorbellQueue),
 		RQNotify:      rqNotify,
 	}
+	if nic {
+		if err := d.eng.CreateQPNIC(qp); err != nil {
+			d.unpinQP(qp)
+			d.log.WithError(err).Warn("CREATE_QP: host NIC")
+			return nil, errStatus(abi.StatusNoResources)
+		}
+	}
 	qp.InitRecord(t)
 	if err := d.eng.AddQP(qp); err != nil { // the PD was checked under d.mu
+		qp.ReleaseNIC()
 		d.eng.ReleaseQPN(h)
 		d.unpinQP(qp)
 		return nil, errStatus(abi.StatusNotFound)
 	}
-	return &abi.Handle{Handle: h}, nil
+	return &abi.Handle{Handle: qp.Num}, nil
 }
 
 func (d *Device) destroyQP(h uint32) error {

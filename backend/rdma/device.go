@@ -71,6 +71,13 @@ type Config struct {
 	// Pool runs the device's doorbell queues; nil means sched.Default(),
 	// a pool shared by every device of the process.
 	Pool *sched.Pool
+	// NIC, if not nil, runs the device's work on a host RDMA NIC (the
+	// "verbs" RNIC, package hostnic) instead of the software RNIC: the
+	// device then belongs to no Fabric, its limits are capped by the
+	// NIC's, and its GID table holds the host port's GIDs within
+	// AllowedGIDs (all of the port's RoCE v2 GIDs when none are
+	// assigned).
+	NIC HostNIC
 }
 
 // maxRequest bounds a control request's size (header included). The largest
@@ -151,6 +158,14 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 		return nil, fmt.Errorf("rdma: %w", err)
 	}
 	cfg.Limits = cfg.Limits.WithDefaults(DefaultLimits())
+	var nicGIDs [][16]byte
+	if cfg.NIC != nil {
+		cfg.Limits = cfg.Limits.Min(cfg.NIC.Limits())
+		var err error
+		if nicGIDs, err = selectGIDs(cfg.NIC, cfg.AllowedGIDs); err != nil {
+			return nil, fmt.Errorf("rdma: %w", err)
+		}
+	}
 	if cfg.UUID == uuid.Nil {
 		cfg.UUID = uuid.New()
 	}
@@ -187,7 +202,15 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 		PortState:         abi.PortActive,
 		MaxQPRdAtom:       l.MaxQPRdAtom,
 	}
+	if cfg.NIC != nil {
+		d.conf.PortGID = nicGIDs[0]
+		d.conf.ActiveMTU = cfg.NIC.ActiveMTU()
+	}
 	copy(d.raw[:], abi.Marshal(&d.conf))
+	if cfg.NIC != nil {
+		d.eng = engine.NewRNIC(nil, d.conf.PortGID, d.log)
+		d.eng.SetNIC(cfg.NIC, nicGIDs)
+	}
 	if cfg.Fabric == nil {
 		cfg.Fabric = engine.NewFabric()
 		d.cfg.Fabric = cfg.Fabric
@@ -205,6 +228,10 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 	if d.cfg.ControlSpin == 0 {
 		d.cfg.ControlSpin = 20 * time.Microsecond
 	}
+	if cfg.NIC != nil {
+		d.eng.SetAllowedGIDs(cfg.AllowedGIDs)
+		return d, nil
+	}
 	d.eng = engine.NewRNIC(cfg.Fabric, d.conf.PortGID, d.log)
 	d.eng.SetNetGIDs(cfg.NetGIDs)
 	d.eng.SetAllowedGIDs(cfg.AllowedGIDs)
@@ -216,7 +243,20 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 
 // Close unregisters the device from its fabric. The server must have been
 // closed (the device detached).
-func (d *Device) Close() { d.cfg.Fabric.Unregister(d.eng) }
+func (d *Device) Close() {
+	if d.cfg.NIC == nil {
+		d.cfg.Fabric.Unregister(d.eng)
+	}
+}
+
+// RNIC names what executes the device's work: "soft" (the software RNIC)
+// or the host NIC's name ("verbs:mlx5_0:1").
+func (d *Device) RNIC() string {
+	if d.cfg.NIC != nil {
+		return d.cfg.NIC.Name()
+	}
+	return "soft"
+}
 
 // ID is the device's ID.
 func (d *Device) ID() string { return d.cfg.ID }

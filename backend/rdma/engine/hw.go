@@ -146,6 +146,17 @@ func (d *RNIC) RegisterMRNIC(t *memmap.Table, m *MR) error {
 	return nil
 }
 
+// ReleaseNIC undoes RegisterMRNIC for an MR that was not added.
+func (m *MR) ReleaseNIC() { m.closeNIC() }
+
+// ReleaseNIC undoes CreateQPNIC for a QP that was not added.
+func (q *QP) ReleaseNIC() {
+	if q.HW != nil {
+		q.HW.Close()
+		q.HW, q.hw = nil, nil
+	}
+}
+
 // closeNIC deregisters the MR from the NIC and unmaps its view.
 func (m *MR) closeNIC() {
 	if m.HW != nil {

@@ -349,10 +349,16 @@ func (q *QP) InitRecord(t *memmap.Table) {
 	if !q.RQNotify || t == nil {
 		return
 	}
-	if rec, err := t.Slice(q.Record, abi.QPNotifyRecordSize); err == nil {
-		abi.StoreUint32(rec, abi.QPRecordRQNotify, 0)
+	// A host NIC's QP wants every receive at once: the engine posts it
+	// to the NIC, which cannot ask for it when a message arrives.
+	v := uint32(0)
+	if q.HW != nil {
+		v = 1
 	}
-	q.rqNotifyPub = 0
+	if rec, err := t.Slice(q.Record, abi.QPNotifyRecordSize); err == nil {
+		abi.StoreUint32(rec, abi.QPRecordRQNotify, v)
+	}
+	q.rqNotifyPub = v
 }
 
 // updateRQNotify stores the record's rq_notify word if it changed: 1
@@ -368,7 +374,7 @@ func (q *QP) updateRQNotify(rec []byte) {
 		return
 	}
 	v := uint32(0)
-	if q.rqFlushing || q.rnrWaiter.Load() != nil {
+	if q.rqFlushing || q.rnrWaiter.Load() != nil || q.HW != nil {
 		v = 1
 	}
 	if v != q.rqNotifyPub {
