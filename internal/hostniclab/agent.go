@@ -246,8 +246,15 @@ func (a *agent) job(ctx context.Context, s string) (JobResult, error) {
 			return res, fmt.Errorf("memory after the job: server %s, want %s; client %s, want %s",
 				srv.MemSHA256, sSum, cli.MemSHA256, cSum)
 		}
-		res.Checks = append(res.Checks, "server: "+strings.Join(srv.Checks, "; "), "client: "+strings.Join(cli.Checks, "; "),
-			"both memories are what the op must leave (SHA-256 of each matches the model)")
+		for _, side := range []struct {
+			name   string
+			checks []string
+		}{{"server", srv.Checks}, {"client", cli.Checks}} {
+			if len(side.checks) > 0 {
+				res.Checks = append(res.Checks, side.name+": "+strings.Join(side.checks, "; "))
+			}
+		}
+		res.Checks = append(res.Checks, "both memories are what the op must leave (SHA-256 of each matches the model)")
 		mine = srv
 		res.GbitsPerS = cli.Gbits
 		res.During = cli.During

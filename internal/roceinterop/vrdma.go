@@ -293,7 +293,7 @@ func Serve(ctx context.Context, dev *Device, conn net.Conn, job Job) (*Run, erro
 	if err != nil {
 		return r, fmt.Errorf("%s: perftest exchange: %w", job, err)
 	}
-	if job.Op != pftexchange.SendBW && job.Op != pftexchange.WriteLat && res.Report.Iters != uint64(job.Iters) {
+	if job.Op != pftexchange.SendBW && job.Op != pftexchange.WriteImmBW && job.Op != pftexchange.WriteLat && res.Report.Iters != uint64(job.Iters) {
 		return r, fmt.Errorf("%s: the client reports %d iterations", job, res.Report.Iters)
 	}
 	return r, r.checkLocal(ctx)
