@@ -96,10 +96,10 @@ type JobResult struct {
 	// PeerGbitsPerS is perftest's own figure (--report_gbits) when guest
 	// B ran its client (Reverse); the host sets it, and GbitsPerS to it.
 	PeerGbitsPerS float64 `json:"perftest_gbits_per_s,omitempty"`
-	Verified   bool    `json:"verified"`
-	RNIC       string  `json:"rnic"`
-	Reverse    bool    `json:"reverse"`
-	Local      bool    `json:"local"`
+	Verified      bool    `json:"verified"`
+	RNIC          string  `json:"rnic"`
+	Reverse       bool    `json:"reverse"`
+	Local         bool    `json:"local"`
 	// The vrdma side's advertised QP, rkey and address (the server's in a
 	// local pair) and its peer's.
 	GIDIndex  int    `json:"gid_index"`
