@@ -57,6 +57,7 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 	fs.Var(&roceBind, "roce-bind", "the host `ADDR`ess the device's RoCEv2 traffic to other hosts leaves from, instead of vrdmad's --roce-bind (repeatable)")
 	var addresses addressList
 	fs.Var(&addresses, "address", "assign the device this IP `ADDR`ess or PREFIX: its guest's driver may add the GIDs within it (repeatable; without any the device holds only its port GID)")
+	rnic := fs.String("rnic", "", "what executes the device's work: soft (vrdmad's software RNIC) or verbs:`DEVICE[:PORT]` (the host's RDMA NIC through rdma-core, e.g. verbs:mlx5_0); default: vrdmad's --rnic")
 	sf := defineShare(fs)
 	return func(pos []string) error {
 		if err := wantArgs("device add", pos, "ID"); err != nil {
@@ -83,7 +84,7 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 			return err
 		}
 		req := controlapi.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, MAC: *mac, DoorbellQueues: *doorbells, Share: share,
-			RoCEBind: roceBind, Addresses: addresses}
+			RoCEBind: roceBind, Addresses: addresses, RNIC: *rnic}
 		if *maxQPs != 0 || *maxCQs != 0 || *maxMRs != 0 || pinned != 0 {
 			req.Limits = &controlapi.Limits{MaxQPs: uint32(*maxQPs), MaxCQs: uint32(*maxCQs), MaxMRs: uint32(*maxMRs), MaxPinnedBytes: pinned}
 		}
@@ -376,6 +377,7 @@ func showInfo(out io.Writer, d controlapi.DeviceInfo) error {
 		addrs = strings.Join(d.Addresses, ",")
 	}
 	rows = append(rows, [2]string{"addresses", addrs})
+	rows = append(rows, [2]string{"rnic", d.RNIC})
 	rows = append(rows, shareRows(d.Share)...)
 	rows = append(rows, [][2]string{
 		{"pinned", units.FormatBytes(d.PinnedBytes)}, {"map_cache", units.FormatBytes(d.CachedBytes)},

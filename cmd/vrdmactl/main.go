@@ -6,6 +6,7 @@
 //	vrdmactl [--control PATH] [--json] device add ID [--socket PATH] [--max-qps N] [--max-cqs N]
 //	         [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G]
 //	         [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N] [--roce-bind ADDR]...
+//	         [--address ADDR]... [--rnic soft|verbs:DEVICE[:PORT]]
 //	vrdmactl [--control PATH] [--json] device set ID [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N]
 //	vrdmactl [--control PATH] [--json] device rm ID
 //	vrdmactl [--control PATH] [--json] device ls
@@ -120,7 +121,7 @@ var commands []command
 
 func init() {
 	commands = []command{
-		{"device add", "ID [--socket PATH] [--max-qps N] [--max-cqs N] [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G] [--doorbell-queues N] [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N] [--roce-bind ADDR]...",
+		{"device add", "ID [--socket PATH] [--max-qps N] [--max-cqs N] [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G] [--doorbell-queues N] [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N] [--roce-bind ADDR]... [--address ADDR]... [--rnic soft|verbs:DEVICE[:PORT]]",
 			"add a device (its socket defaults to ID.sock beside the control socket)", true, true, defineDeviceAdd},
 		{"device set", "ID [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N]",
 			"change a device's share of the engine (only the flags given; a max of 0 removes that bound)", true, true, defineDeviceSet},

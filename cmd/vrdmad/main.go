@@ -6,6 +6,7 @@
 //
 //	vrdmad --socket [ID=]PATH [--socket …] [--control PATH] [--state-dir DIR]
 //	       [--engine-threads N] [--engine-cpus LIST] [--roce-bind ADDR …]
+//	       [--rnic soft|verbs:DEVICE[:PORT]]
 //	       [--metrics ADDR] [--log-level info] [--log-format text|json]
 //	vrdmad --socket-path=PATH | --fd=FDNUM [flags]
 //	vrdmad --print-capabilities
@@ -48,6 +49,15 @@
 // asks for its own number (MODIFY_QP's PATHS); a peer that does not speak
 // it gets plain RoCEv2.
 //
+// --rnic chooses what executes the devices' work: soft, the software RNIC
+// embedded in vrdmad (it copies between guest memories, and over
+// --roce-bind to other hosts), or verbs:DEVICE[:PORT], the host's RDMA NIC
+// through rdma-core's libibverbs (loaded at run time, so hosts without it
+// still run soft devices): guest QPs, CQs and MRs become the NIC's, guest
+// memory is registered with it at the guest's own addresses, and the NIC
+// moves the data (backend/rdma/hostnic, docs/operations.md). A device
+// added through the control API may choose its own (rnic).
+//
 // --metrics serves Prometheus metrics on /metrics (see internal/metrics and
 // docs/packaging.md). --help prints the usage on standard output, in a form
 // help2man turns into the manual page.
@@ -70,6 +80,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/backend/rdma/hostnic"
 	"github.com/vrdma/vrdma/backend/rdma/roce/hostnet"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/backend/rdma/sched"
@@ -156,6 +167,7 @@ type flags struct {
 	roceBind     stringList
 	addresses    stringList
 	rocePaths    int
+	rnic         string
 }
 
 // defaultStateDir is --state-dir's default.
@@ -189,6 +201,7 @@ func newFlags() *flags {
 	fs.Var(&f.addresses, "address", "assign the command-line devices (--socket, --socket-path, --fd, socket activation) this IP `ADDR`ess or PREFIX, whose GIDs their guests' drivers may then add (repeatable; \"ID=ADDR\" assigns it to device ID alone; without any a device holds only its port GID)")
 	fs.Var(&f.roceBind, "roce-bind", "carry RDMA traffic to other hosts as RoCEv2 on UDP port 4791 of this host `ADDR`ess (repeatable, IPv4 or IPv6; each address's GID joins every device's GID table)")
 	fs.IntVar(&f.rocePaths, "roce-paths", 1, "spray each QP to another host over `N` paths (1 … 64; the multipath extension, negotiated with the peer: rxe peers get plain RoCEv2) unless the QP says otherwise; paths go between the device's --roce-bind addresses and the peer's")
+	fs.StringVar(&f.rnic, "rnic", "soft", "what executes the devices' work unless one says otherwise (the control API's rnic): soft (the embedded software RNIC) or verbs:`DEVICE[:PORT]` (the host's RDMA NIC through rdma-core's libibverbs, e.g. verbs:mlx5_0 or verbs:rxe0:1: guest memory is registered with the NIC at the guest's addresses and the NIC moves the data)")
 	fs.IntVar(&f.engineThr, "engine-threads", 0, "engine workers serving the doorbell queues of all devices (0: one per CPU of --engine-cpus, else one per CPU vrdmad may use)")
 	fs.StringVar(&f.engineCPUs, "engine-cpus", "", "pin the engine workers to these CPUs, a `LIST` such as 2,3 or 2-5 (worker i on the i-th CPU, round robin); each must be in vrdmad's affinity mask (default: not pinned)")
 	return f
@@ -338,6 +351,18 @@ func run(args []string, stdout io.Writer) error {
 		entry.WithField("roce", e.LocalAddr().String()).Info("RoCEv2 endpoint listening")
 	}
 	dcfg.RoCE, dcfg.RoCEAddrs = roceNet, roceAddrs
+	// A host NIC is opened now: one that cannot be is an error at start,
+	// naming what is missing, not at the first device.
+	rs, err := hostnic.ParseSpec(f.rnic)
+	if err != nil {
+		return fmt.Errorf("--rnic: %w", err)
+	}
+	if rs.Verbs {
+		if _, err := hostnic.Open(rs, entry); err != nil {
+			return fmt.Errorf("--rnic: %w", err)
+		}
+	}
+	dcfg.RNIC = rs.String()
 	// One engine pool for every device; closed after the devices.
 	pool, err := sched.New(ecfg)
 	if err != nil {

@@ -65,6 +65,10 @@ type DeviceInfo struct {
 	// addresses and gids, each as a prefix: 10.11.0.5/32); ADD_GID may
 	// claim only GIDs within them besides the port GID. Never null.
 	Addresses []string `json:"addresses"`
+	// RNIC is what executes the device's work: "soft" (the software RNIC
+	// embedded in vrdmad) or "verbs:DEVICE:PORT" (the host's RDMA NIC
+	// through rdma-core; vrdmad --rnic, POST's rnic).
+	RNIC string `json:"rnic"`
 }
 
 // GIDEntry is one filled entry of a device's GID table.
@@ -159,6 +163,15 @@ type AddRequest struct {
 	// GID and its network GIDs (docs/security.md).
 	Addresses []string `json:"addresses,omitempty"`
 	GIDs      []string `json:"gids,omitempty"`
+	// RNIC chooses what executes the device's work: "soft" (the software
+	// RNIC) or "verbs:DEVICE[:PORT]" (the host's RDMA NIC, e.g.
+	// "verbs:mlx5_0" or "verbs:rxe0:1", through rdma-core's libibverbs:
+	// guest memory is registered with the NIC at the guest's addresses
+	// and the NIC moves the data). Absent: the daemon's default (vrdmad
+	// --rnic). A verbs device sends from the NIC port's GIDs within
+	// addresses (all of them when none are assigned) and takes no
+	// roce_bind.
+	RNIC string `json:"rnic,omitempty"`
 }
 
 // Removed is the answer of DELETE /v1/devices/{id}. (The fields are in

@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/backend/rdma/hostnic"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/internal/controlapi"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
@@ -76,6 +77,7 @@ func (dv *ServedDevice) Info() DeviceInfo {
 		GIDs:        gidEntries(dv.Dev.GIDs()),
 		RoCEBind:    addrStrings(dv.roceBind),
 		Addresses:   controlapi.PrefixStrings(dv.Dev.AllowedGIDs()),
+		RNIC:        dv.Dev.RNIC(),
 	}
 }
 
@@ -209,6 +211,11 @@ func requestSpec(r AddRequest) (DeviceSpec, error) {
 	if err != nil {
 		return DeviceSpec{}, reqErr("addresses", "%v", err)
 	}
+	if r.RNIC != "" {
+		if _, err := hostnic.ParseSpec(r.RNIC); err != nil {
+			return DeviceSpec{}, reqErr("rnic", "%v", err)
+		}
+	}
 	return DeviceSpec{
 		ID:     r.ID,
 		Socket: r.Socket,
@@ -216,6 +223,7 @@ func requestSpec(r AddRequest) (DeviceSpec, error) {
 			AllowedGIDs: assigned},
 		MaxPinned: maxPinned,
 		RoCEBind:  bind,
+		RNIC:      r.RNIC,
 	}, nil
 }
 

@@ -53,6 +53,7 @@ import (
 	"github.com/vrdma/vrdma/backend"
 	"github.com/vrdma/vrdma/backend/rdma"
 	"github.com/vrdma/vrdma/backend/rdma/engine"
+	"github.com/vrdma/vrdma/backend/rdma/hostnic"
 	"github.com/vrdma/vrdma/backend/rdma/roce/hostnet"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/backend/rdma/sched"
@@ -91,6 +92,9 @@ type DeviceSpec struct {
 	// RoCEBind are the device's own host addresses for RoCE (the
 	// control API's roce_bind); empty: the daemon's (Config.RoCEAddrs).
 	RoCEBind []netip.Addr
+	// RNIC is what executes the device's work ("soft" or
+	// "verbs:DEVICE[:PORT]"); empty: the daemon's (Config.RNIC).
+	RNIC string
 	// Persist keeps the device in the state file (see OpenState), so it
 	// comes back with the same identity when vrdmad restarts. The control
 	// API sets it; devices from the command line have it clear. Without
@@ -144,6 +148,11 @@ type Config struct {
 	// demand. The daemon does not close it: its owner does, after Close.
 	RoCE      *hostnet.Network
 	RoCEAddrs []netip.Addr
+	// RNIC is the devices' default RNIC ("soft" or "verbs:DEVICE[:PORT]",
+	// vrdmad --rnic); empty means soft. OpenNIC opens a verbs one; nil
+	// means hostnic.Open (rdma-core's libibverbs).
+	RNIC    string
+	OpenNIC func(hostnic.Spec) (rdma.HostNIC, error)
 }
 
 // SocketConfig is how device sockets are created and who may connect.
@@ -267,6 +276,9 @@ func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *ServedDevice, err er
 			}
 		}
 		spec.Device.NetGIDs = addrGIDs(spec.RoCEBind)
+	}
+	if err := d.pickRNIC(&spec); err != nil {
+		return nil, err
 	}
 	spec.Device.ID = spec.ID
 	spec.Device.Fabric = d.fabric

@@ -349,7 +349,7 @@ func decodeState(b []byte) ([]DeviceSpec, error) {
 // it. spec's limits are the request's (before the daemon's defaults).
 func (spec DeviceSpec) record() AddRequest {
 	r := AddRequest{ID: spec.ID, Socket: spec.Socket, DoorbellQueues: spec.Device.DoorbellQueues, Share: shareRecord(spec.Device.Share),
-		RoCEBind: addrStrings(spec.RoCEBind)}
+		RoCEBind: addrStrings(spec.RoCEBind), RNIC: spec.RNIC}
 	if len(spec.Device.AllowedGIDs) > 0 {
 		r.Addresses = controlapi.PrefixStrings(spec.Device.AllowedGIDs)
 	}
