@@ -110,9 +110,13 @@ type JobResult struct {
 	PeerRKey  uint32 `json:"peer_rkey"`
 	PeerVAddr uint64 `json:"peer_vaddr"`
 	// The RDMA device's objects: before vrdmad started (the baseline),
-	// while the client's objects existed (with the MR listing), after it
-	// closed (or was killed) and vrdmad cleaned up.
+	// with vrdmad's devices up before the first client (idle: what vrdmad
+	// holds of its own, such as its device context), while the client's
+	// objects existed (with the MR listing), after it closed (or was
+	// killed) and vrdmad cleaned up (must be idle again; after vrdmad
+	// stopped, the baseline).
 	Baseline Counts     `json:"baseline,omitempty"`
+	Idle     Counts     `json:"idle,omitempty"`
 	During   *Resources `json:"during,omitempty"`
 	AtKill   Counts     `json:"at_kill,omitempty"`
 	After    Counts     `json:"after,omitempty"`
@@ -135,7 +139,8 @@ type agent struct {
 	self     string // this executable
 	stderr   io.Writer
 	d        *vrdmadproc.Proc
-	baseline Counts
+	baseline Counts // the RDMA device's objects before vrdmad started
+	idle     Counts // and with vrdmad's devices up, before any client
 	devices  []string
 }
 
@@ -174,9 +179,13 @@ func RunAgent(ctx context.Context, spec AgentSpec, stdout, stderr io.Writer) err
 	fmt.Fprintf(stderr, "hostnic: vrdmad %s up in %.1f s with devices %v\n", strings.Join(spec.VrdmadArgs, " "),
 		time.Since(start).Seconds(), a.devices)
 	if spec.RDMADev != "" {
-		if rs, err := ShowResources(ctx, spec.RDMADev); err == nil {
-			fmt.Fprintf(stderr, "hostnic: %s with vrdmad's devices: %s\n", spec.RDMADev, rs.Counts)
+		rs, err := ShowResources(ctx, spec.RDMADev)
+		if err != nil {
+			a.d.Stop()
+			return err
 		}
+		a.idle = rs.Counts
+		fmt.Fprintf(stderr, "hostnic: %s with vrdmad's devices up: %s\n", spec.RDMADev, a.idle)
 	}
 	var errs []error
 	emit := func(r JobResult, err error) {
@@ -201,7 +210,7 @@ func RunAgent(ctx context.Context, spec AgentSpec, stdout, stderr io.Writer) err
 		fmt.Fprintf(stderr, "=== vrdmad log ===\n%s", a.d.Log())
 	}
 	if spec.RDMADev != "" {
-		if c, err := a.settled(ctx); err != nil {
+		if c, err := a.settled(ctx, a.baseline); err != nil {
 			errs = append(errs, fmt.Errorf("after vrdmad stopped: %w", err))
 		} else {
 			fmt.Fprintf(stderr, "hostnic: %s after vrdmad stopped: %s\n", spec.RDMADev, c)
@@ -214,7 +223,7 @@ func RunAgent(ctx context.Context, spec AgentSpec, stdout, stderr io.Writer) err
 func (a *agent) result(job roceinterop.Job) JobResult {
 	return JobResult{Role: ResultRole, Op: ShortOp(job.Op), Job: job.String(), Size: uint64(job.Size), Iters: job.Iters,
 		Bytes: job.Bytes(), RNIC: a.spec.RNIC, Reverse: a.spec.Reverse && !a.spec.LocalPair, Local: a.spec.LocalPair,
-		Baseline: a.baseline, GIDIndex: -1}
+		Baseline: a.baseline, Idle: a.idle, GIDIndex: -1}
 }
 
 // exchangeAddr is the perftest exchange's address on host.
@@ -304,11 +313,11 @@ func (a *agent) checkDuring(res *JobResult) error {
 	if a.spec.RDMADev == "" || res.During == nil {
 		return nil
 	}
-	up := res.During.Counts.Above(a.baseline)
+	up := res.During.Counts.Above(a.idle)
 	if strings.HasPrefix(a.spec.RNIC, "verbs") {
 		c := res.During.Counts
-		if c["mr"] <= a.baseline["mr"] || c["qp"] <= a.baseline["qp"] {
-			return fmt.Errorf("while the client ran, %s held %s (baseline %s): no MR or QP of vrdma's", a.spec.RDMADev, c, a.baseline)
+		if c["mr"] <= a.idle["mr"] || c["qp"] <= a.idle["qp"] {
+			return fmt.Errorf("while the client ran, %s held %s (%s before it): no MR or QP of vrdma's", a.spec.RDMADev, c, a.idle)
 		}
 	}
 	res.Checks = append(res.Checks, fmt.Sprintf("%s while the client's objects existed: %s (%s), %d MRs listed",
@@ -320,12 +329,12 @@ func (a *agent) checkDuring(res *JobResult) error {
 // started and vrdmad's devices hold no object, within Settle.
 func (a *agent) cleanedUp(ctx context.Context, res *JobResult) error {
 	if a.spec.RDMADev != "" {
-		c, err := a.settled(ctx)
+		c, err := a.settled(ctx, a.idle)
 		res.After = c
 		if err != nil {
 			return err
 		}
-		res.Checks = append(res.Checks, fmt.Sprintf("%s after the client ended: %s, as before vrdmad", a.spec.RDMADev, c))
+		res.Checks = append(res.Checks, fmt.Sprintf("%s after the client ended: %s, as before the first client", a.spec.RDMADev, c))
 	}
 	s, err := a.daemonEmpty(ctx)
 	res.Daemon = s
@@ -336,21 +345,21 @@ func (a *agent) cleanedUp(ctx context.Context, res *JobResult) error {
 	return nil
 }
 
-// settled polls the RDMA device's counts until they equal the baseline,
-// for up to Settle.
-func (a *agent) settled(ctx context.Context) (Counts, error) {
+// settled polls the RDMA device's counts until they equal want, for up
+// to Settle.
+func (a *agent) settled(ctx context.Context, want Counts) (Counts, error) {
 	deadline := time.Now().Add(a.spec.Settle)
 	for {
 		rs, err := ShowResources(ctx, a.spec.RDMADev)
 		if err != nil {
 			return nil, err
 		}
-		if rs.Counts.Equal(a.baseline) {
+		if rs.Counts.Equal(want) {
 			return rs.Counts, nil
 		}
 		if time.Now().After(deadline) {
-			return rs.Counts, fmt.Errorf("%s still holds %s (baseline %s: %s left behind)\n%s", a.spec.RDMADev, rs.Counts,
-				a.baseline, strings.Join(rs.Counts.Above(a.baseline), ", "), strings.Join(rs.MRs, "\n"))
+			return rs.Counts, fmt.Errorf("%s still holds %s, want %s (%s left behind)\n%s", a.spec.RDMADev, rs.Counts,
+				want, strings.Join(rs.Counts.Above(want), ", "), strings.Join(rs.MRs, "\n"))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -497,8 +506,8 @@ func (a *agent) kill(ctx context.Context, s string) (JobResult, error) {
 	res.Checks = append(res.Checks, "the requester got SIGKILL with its QP in RTS, posting")
 	if a.spec.RDMADev != "" && res.AtKill != nil {
 		res.Checks = append(res.Checks, fmt.Sprintf("%s at the kill: %s", a.spec.RDMADev, res.AtKill))
-		if strings.HasPrefix(a.spec.RNIC, "verbs") && res.AtKill["qp"] <= a.baseline["qp"] {
-			return res, fmt.Errorf("at the kill %s held %s (baseline %s): no QP of vrdma's", a.spec.RDMADev, res.AtKill, a.baseline)
+		if strings.HasPrefix(a.spec.RNIC, "verbs") && res.AtKill["qp"] <= a.idle["qp"] {
+			return res, fmt.Errorf("at the kill %s held %s (%s before it): no QP of vrdma's", a.spec.RDMADev, res.AtKill, a.idle)
 		}
 	}
 	if err := a.cleanedUp(ctx, &res); err != nil {

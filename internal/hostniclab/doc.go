@@ -48,8 +48,11 @@
 //   - the RNIC's objects (RDMADev, with a verbs RNIC): while a client's
 //     objects exist rxe0 holds more MRs and QPs than the baseline (the
 //     listing, `rdma resource show mr`, is in the result); once the client
-//     ended its counts are the baseline again (within Settle), and so
-//     after vrdmad stopped; vrdmad's own counts (the control API) are zero;
+//     ended its counts are again what they were with vrdmad up before the
+//     first client (within Settle: vrdmad tears down what a front-end
+//     leaves when its connection drops), and after vrdmad stopped what
+//     they were before it started; vrdmad's own counts (the control API)
+//     are zero;
 //   - the kill scenario (KillJob): a local pair's requester gets SIGKILL
 //     mid-transfer; the RNIC and vrdmad must then hold nothing of it, and a
 //     new job on the same devices must pass.

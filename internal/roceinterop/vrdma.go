@@ -64,7 +64,9 @@ type Device struct {
 var ErrNoRoCEGID = errors.New("no RoCE GID for the address (vrdmad --roce-bind)")
 
 // OpenDevice opens the device served on socket with mem bytes of front-end
-// memory (0: DefaultMemory) and finds local's GID in its table.
+// memory (0: DefaultMemory) and finds local's GID in its table (QUERY_GID:
+// entry 1 on a soft device with --roce-bind, where entry 0 is the port's
+// link-local GID; wherever a device on a host NIC mirrors the NIC's).
 func OpenDevice(ctx context.Context, socket string, local netip.Addr, mem uint64) (*Device, error) {
 	if mem == 0 {
 		mem = DefaultMemory
@@ -85,7 +87,7 @@ func OpenDevice(ctx context.Context, socket string, local netip.Addr, mem uint64
 	if err != nil {
 		return fail("query port", err)
 	}
-	for i := 1; i < int(port.GIDTblLen); i++ {
+	for i := 0; i < int(port.GIDTblLen); i++ {
 		g, err := vctx.QueryGIDAt(uint32(i))
 		if err != nil {
 			return fail(fmt.Sprintf("query gid %d", i), err)
