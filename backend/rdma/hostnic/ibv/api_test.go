@@ -65,6 +65,9 @@ func exportedFuncs(t *testing.T, file string) map[string]bool {
 // TestStubMatchesAPI: the CGO_ENABLED=0 stub offers exactly the cgo
 // build's functions and methods, so callers build either way.
 func TestStubMatchesAPI(t *testing.T) {
+	if _, err := os.Stat("stub.go"); err != nil {
+		t.Skipf("no sources here (a test binary run elsewhere): %v", err)
+	}
 	impl := exportedFuncs(t, "verbs_unsafe.go")
 	stub := exportedFuncs(t, "stub.go")
 	var diff []string

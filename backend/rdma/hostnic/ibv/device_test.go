@@ -74,6 +74,9 @@ func TestDeviceLoopback(t *testing.T) {
 		}
 		typ, err := ctx.GIDType(port, i)
 		t.Logf("gid %d: %s type %d (%v)", i, g, typ, err)
+		if st, serr := ctx.gidTypeSysfs(port, i); serr != nil || err == nil && st != typ {
+			t.Errorf("gid %d: sysfs type %d (%v), GIDType %d", i, st, serr, typ)
+		}
 		if gidIndex < 0 && err == nil && typ == GIDTypeRoCEv2 && g.IsIPv4Mapped() {
 			gidIndex = i
 		}
@@ -200,7 +203,7 @@ func TestDeviceLoopback(t *testing.T) {
 
 	// Receives on B for the WRITE_WITH_IMM and the SEND.
 	if n, err := qb.PostRecv([]RecvWR{{WRID: 1, NumSGE: 1}, {WRID: 2, FirstSGE: 1, NumSGE: 1}},
-		[]SGE{sge(offRecv, 0), sge(offRecv, 1024)}); n != 2 || err != nil {
+		[]SGE{sge(offRecv, 0), sge(offRecv+1024, 1024)}); n != 2 || err != nil {
 		t.Fatalf("PostRecv = %d, %v", n, err)
 	}
 

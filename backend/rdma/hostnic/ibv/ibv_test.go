@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 )
 
@@ -328,5 +329,48 @@ func BenchmarkPollFake32(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		cq.Poll(wc)
+	}
+}
+
+// TestFdWaiter: the netpoller wait that GetCQEvent and GetAsyncEvent use
+// wakes on data and, when closed, with ErrClosed.
+func TestFdWaiter(t *testing.T) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(p[0])
+	defer syscall.Close(p[1])
+	w, err := newFdWaiter(p[0], "pipe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func() bool {
+		var b [1]byte
+		n, _ := syscall.Read(p[0], b[:])
+		return n == 1
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.wait(read) }()
+	time.Sleep(20 * time.Millisecond)
+	syscall.Write(p[1], []byte{1})
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("wait = %v, want nil", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("wait did not wake on data")
+	}
+	go func() { done <- w.wait(read) }()
+	time.Sleep(20 * time.Millisecond)
+	w.close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("wait after close = %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("close did not wake the waiter")
 	}
 }

@@ -279,6 +279,11 @@ func (c *Context) GIDType(port, index int) (GIDType, error) {
 	default:
 		return 0, retErr("ibv_query_gid_ex", ret)
 	}
+	return c.gidTypeSysfs(port, index)
+}
+
+// gidTypeSysfs is GIDType from sysfs.
+func (c *Context) gidTypeSysfs(port, index int) (GIDType, error) {
 	p := filepath.Join("/sys/class/infiniband", c.name, "ports", strconv.Itoa(port), "gid_attrs/types", strconv.Itoa(index))
 	b, err := os.ReadFile(p)
 	if err != nil {
@@ -352,9 +357,10 @@ func (c *Context) GetAsyncEvent() (AsyncEvent, error) {
 // wrapped in an *os.File. Closing it wakes every waiter with ErrClosed and
 // returns only once none is inside its callback.
 type fdWaiter struct {
-	fd int // libibverbs' fd; immutable
-	f  *os.File
-	rc syscall.RawConn
+	fd     int             // libibverbs' fd; immutable
+	f      *os.File        // immutable
+	rc     syscall.RawConn // immutable
+	closed atomic.Bool     // close has begun
 }
 
 func newFdWaiter(fd int, name string) (*fdWaiter, error) {
@@ -378,13 +384,16 @@ func newFdWaiter(fd int, name string) (*fdWaiter, error) {
 // readable.
 func (w *fdWaiter) wait(try func() bool) error {
 	err := w.rc.Read(func(uintptr) bool { return try() })
-	if errors.Is(err, os.ErrClosed) {
-		return ErrClosed
+	if err != nil && (w.closed.Load() || errors.Is(err, os.ErrClosed)) {
+		return ErrClosed // the os error is internal/poll's "use of closed file"
 	}
 	return err
 }
 
-func (w *fdWaiter) close() { w.f.Close() }
+func (w *fdWaiter) close() {
+	w.closed.Store(true)
+	w.f.Close()
+}
 
 // PD is a protection domain.
 type PD struct {
