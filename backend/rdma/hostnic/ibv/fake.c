@@ -12,7 +12,7 @@
 
 #include "shim.h"
 
-#define FAKE_MAX 8192
+#define FAKE_MAX 64
 
 static struct ibv_context fake_ctx;
 static struct ibv_send_wr fake_swr[FAKE_MAX];
