@@ -352,7 +352,8 @@ func checkDeb(t *testing.T, deb string) {
 			"Architecture": "amd64",
 			"Section":      "admin",
 			"Priority":     "optional",
-			"Depends":      "systemd | systemd-standalone-sysusers | systemd-sysusers",
+			"Depends":      "libc6 (>= 2.34), systemd | systemd-standalone-sysusers | systemd-sysusers",
+			"Recommends":   "qemu-system-x86, libibverbs1, ibverbs-providers",
 		} {
 			if got := strings.TrimSpace(run(t, nil, "dpkg-deb", "-f", deb, field)); got != want {
 				t.Errorf("%s: got %q, want %q", field, got, want)

@@ -105,7 +105,12 @@ for c in vrdmad vrdmactl vrdma-perf; do
 	# source package that build-depends on golang-go, which this is not.
 	# -s -w: stripped (no symbol table, no DWARF), as dh_strip leaves a
 	# binary; -trimpath: no build paths in it.
-	"$GO" build -buildmode=pie -trimpath -ldflags "-s -w -X main.version=$VERSION" -o "$pkg/usr/bin/$c" "./cmd/$c"
+	# vrdmad is built with cgo: its verbs RNIC calls the host's libibverbs,
+	# which it dlopens at run time (Recommends: libibverbs1,
+	# ibverbs-providers), so it links glibc alone (Depends: libc6).
+	cgo=0
+	[ "$c" = vrdmad ] && cgo=1
+	CGO_ENABLED=$cgo "$GO" build -buildmode=pie -trimpath -ldflags "-s -w -X main.version=$VERSION" -o "$pkg/usr/bin/$c" "./cmd/$c"
 done
 install -m 0644 packaging/vrdmad.service packaging/vrdmad.socket packaging/vrdmad-device@.socket "$pkg/lib/systemd/system/"
 install -m 0644 packaging/vrdmad.default "$pkg/etc/default/vrdmad"
@@ -223,8 +228,8 @@ Version: $DEB_VERSION
 Architecture: $ARCH
 Maintainer: $DEB_MAINTAINER
 Installed-Size: $size
-Depends: systemd | systemd-standalone-sysusers | systemd-sysusers
-Recommends: qemu-system-x86
+Depends: libc6 (>= 2.34), systemd | systemd-standalone-sysusers | systemd-sysusers
+Recommends: qemu-system-x86, libibverbs1, ibverbs-providers
 Section: admin
 Priority: optional
 Homepage: https://github.com/vrdma/vrdma
