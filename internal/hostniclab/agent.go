@@ -118,7 +118,7 @@ type JobResult struct {
 	Baseline Counts     `json:"baseline,omitempty"`
 	Idle     Counts     `json:"idle,omitempty"`
 	During   *Resources `json:"during,omitempty"`
-	AtKill   Counts     `json:"at_kill,omitempty"`
+	AtKill   Counts     `json:"at_kill,omitempty"` // just before the SIGKILL
 	After    Counts     `json:"after,omitempty"`
 	// Daemon is vrdmad's own count of the devices' objects after the job
 	// ("pds 0 mrs 0 cqs 0 qps 0").
@@ -489,13 +489,14 @@ func (a *agent) kill(ctx context.Context, s string) (JobResult, error) {
 		if !killedAt.IsZero() {
 			return
 		}
-		killedAt = time.Now()
-		p.Signal(syscall.SIGKILL)
+		// What the RNIC holds mid-transfer, just before the kill.
 		if a.spec.RDMADev != "" {
 			if rs, err := ShowResources(ctx, a.spec.RDMADev); err == nil {
 				res.AtKill = rs.Counts
 			}
 		}
+		killedAt = time.Now()
+		p.Signal(syscall.SIGKILL)
 	})
 	if killedAt.IsZero() {
 		return res, fmt.Errorf("the client never reached its test (result %+v)", cli)
@@ -505,7 +506,7 @@ func (a *agent) kill(ctx context.Context, s string) (JobResult, error) {
 	}
 	res.Checks = append(res.Checks, "the requester got SIGKILL with its QP in RTS, posting")
 	if a.spec.RDMADev != "" && res.AtKill != nil {
-		res.Checks = append(res.Checks, fmt.Sprintf("%s at the kill: %s", a.spec.RDMADev, res.AtKill))
+		res.Checks = append(res.Checks, fmt.Sprintf("%s just before the kill: %s", a.spec.RDMADev, res.AtKill))
 		if strings.HasPrefix(a.spec.RNIC, "verbs") && res.AtKill["qp"] <= a.idle["qp"] {
 			return res, fmt.Errorf("at the kill %s held %s (%s before it): no QP of vrdma's", a.spec.RDMADev, res.AtKill, a.idle)
 		}
