@@ -53,14 +53,15 @@ bytes are random: completions in order, READs all alike and not ours,
 WRITEs and SENDs landed where advertised and nowhere else, FETCH_ADDs
 consecutive); with a verbs RNIC, rxe0's objects (rdma resource show,
 and the MR listing) while the client's objects exist (vrdma's MR and QP
-are rxe0's) and after it closed (as before vrdmad started); vrdmad's own
-object counts after each client (none).
+are rxe0's) and after it closed or was killed (as before the first
+client; after vrdmad stops, as before vrdmad); vrdmad's own object counts
+after each client (none).
 
 Output: one JSON line per op on standard output: op, job, size, iters,
 bytes, gbits_per_s (the requester's: the vrdma client's clock, or
 perftest's --report_gbits figure with --reverse), verified, rnic,
 reverse, local, gid_index, qpn, rkey, vaddr, peer_qpn, peer_rkey,
-peer_vaddr, baseline, during (counts and MRs), at_kill, after, daemon,
+peer_vaddr, baseline, idle, during (counts and MRs), at_kill, after, daemon,
 checks, error, guest_a_init_s, guest_a_s, guest_b_s. Progress goes to
 standard error. Exit status: 0 when every op was verified; 1 otherwise;
 2 for bad usage. Needs QEMU and bin/rxe; no root, no namespaces.
