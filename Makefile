@@ -121,6 +121,9 @@ TEST_APT += lintian shellcheck prometheus
 # RoCEv2 (backend/rdma/roce): tshark dissects what the codec writes, and
 # Scapy computes ICRCs independently of it.
 TEST_APT += tshark python3-scapy
+# The verbs RNIC's binding (backend/rdma/hostnic/ibv) loads the host's
+# libibverbs in its tests (the build needs only libibverbs-dev's headers).
+TEST_APT += libibverbs1 ibverbs-providers
 
 test-tools:
 	@missing=""; for p in $(TEST_APT); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
