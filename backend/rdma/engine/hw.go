@@ -29,6 +29,15 @@ import (
 // ring index, the queue and the QP's generation (bumped at RESET), so a
 // completion of a post from before a RESET is recognised and dropped.
 //
+// Room on the host CQs: a host CQ that overflows is lost with every QP on
+// it, and every host work request completes into one (sends are all
+// signaled, see below), while the guest sized its CQ for the completions
+// it asked for. So each CQ keeps its host CQ's room (CQ.hwFree): a pass
+// posts a work request only after taking a slot of its CQ, an accepted
+// completion gives it back, and what a RESET or DESTROY_QP drops without
+// completions is given back then (a stale completion polled later gives
+// nothing back: hwRelease).
+//
 // Every host send work request is signaled: the engine learns of each
 // WQE's end (its host slot is free again, and in ERR it knows when the
 // host has flushed everything posted), and writes a CQE only for those the
@@ -181,7 +190,45 @@ func (d *RNIC) CreateCQNIC(c *CQ) error {
 	}
 	c.HW = hw
 	c.hwWC = make([]NICWC, hwBatch)
+	c.hwFree.Store(int64(hw.Depth()))
 	return nil
+}
+
+// hwTake takes a slot of c's host CQ for a work request to be posted.
+func (c *CQ) hwTake() bool {
+	if c.hwFree.Add(-1) < 0 {
+		c.hwFree.Add(1)
+		return false
+	}
+	return true
+}
+
+// hwTakeOrWait is hwTake that, when the host CQ is full, asks the poller
+// that next frees a slot to wake the device's queues (hwWaiting).
+func (c *CQ) hwTakeOrWait() bool {
+	if c.hwTake() {
+		return true
+	}
+	c.hwWaiting.Store(true)
+	if c.hwTake() { // freed meanwhile
+		c.hwWaiting.Store(false)
+		return true
+	}
+	return false
+}
+
+// hwRelease gives back the slots of what q posted and will never see
+// complete (RESET, DESTROY_QP): its outstanding sends and receives.
+// Precondition: sqMu and rqMu held (no completion of q is accepted
+// meanwhile).
+func (q *QP) hwRelease() {
+	h := q.hw
+	if n := h.sqPosted - h.sqDone.Load(); n > 0 && n <= q.SQ.Depth {
+		q.SendCQ.hwFree.Add(int64(n))
+	}
+	if n := h.rqPosted - q.rqCI; n > 0 && n <= q.RQ.Depth {
+		q.RecvCQ.hwFree.Add(int64(n))
+	}
 }
 
 // closeNIC destroys the host CQ, waiting for a poll in progress.
@@ -279,7 +326,8 @@ func (q *QP) nicToErr() {
 
 // resetNIC moves the host QP to RESET and starts a new generation: what
 // was posted is gone without completions. Precondition: sqMu and rqMu
-// held; q.sqCI and q.rqCI are the new consumer indices.
+// held; q.sqCI and q.rqCI are the new consumer indices; hwRelease ran
+// before they were set.
 func (q *QP) resetNIC() {
 	if err := q.HW.Modify(&abi.QPAttr{AttrMask: abi.QPAttrState, QPState: abi.QPSReset}); err != nil {
 		q.Dev.log.WithError(err).WithField("qp", q.Num).Warn("host QP to RESET")
@@ -330,9 +378,10 @@ func (q *QP) postRecvNIC(t *memmap.Table, rec []byte) bool {
 	}
 	n, nsge := 0, 0
 	maxSGE := int(min(q.MaxRecvSGE, maxRecvSGEs))
-	for h.rqPosted != pi && n < len(h.recvs) && nsge+maxSGE <= len(h.sges) {
+	for h.rqPosted != pi && n < len(h.recvs) && nsge+maxSGE <= len(h.sges) && q.RecvCQ.hwTakeOrWait() {
 		slot, err := q.RQ.Slot(t, h.rqPosted)
 		if err != nil {
+			q.RecvCQ.hwFree.Add(1)
 			q.toErr(true)
 			return true
 		}
@@ -341,6 +390,7 @@ func (q *QP) postRecvNIC(t *memmap.Table, rec []byte) bool {
 		if !ok {
 			// A malformed receive WQE breaks its QP (the NIC cannot be
 			// given it, and the ones after it must wait for it).
+			q.RecvCQ.hwFree.Add(1)
 			q.toErr(true)
 			break
 		}
@@ -355,6 +405,7 @@ func (q *QP) postRecvNIC(t *memmap.Table, rec []byte) bool {
 	}
 	if posted, err := q.HW.PostRecv(h.recvs[:n], h.sges[:nsge]); err != nil || posted != n {
 		h.rqPosted -= uint32(n - posted)
+		q.RecvCQ.hwFree.Add(int64(n - posted))
 		q.Dev.log.WithError(err).WithField("qp", q.Num).Warn("host NIC refused receive WQEs")
 		q.toErr(true)
 	}
@@ -388,9 +439,13 @@ func (q *QP) postSendNIC(t *memmap.Table, rec []byte, b *Budget) bool {
 			}
 			h.full.Store(false)
 		}
+		if !q.SendCQ.hwTakeOrWait() {
+			break
+		}
 		idx := q.sqCI
 		slot, err := q.SQ.Slot(t, idx)
 		if err != nil {
+			q.SendCQ.hwFree.Add(1)
 			q.toErr(true)
 			failed = true
 			break
@@ -401,6 +456,7 @@ func (q *QP) postSendNIC(t *memmap.Table, rec []byte, b *Budget) bool {
 			// Completes with LOC_QP_OP_ERR after what was posted
 			// before it (flushNIC), and the QP enters ERR.
 			h.sq[idx%q.SQ.Depth] = hwSlot{wrID: w.wrID, op: w.opcode, want: true, bad: true}
+			q.SendCQ.hwFree.Add(1) // never posted
 			q.sqCI++
 			bad = true
 			break
@@ -443,6 +499,7 @@ func (q *QP) postSendNIC(t *memmap.Table, rec []byte, b *Budget) bool {
 	if n > 0 {
 		posted, err := q.HW.PostSend(h.sends[:n], h.sges[:nsge])
 		h.sqPosted += uint32(posted)
+		q.SendCQ.hwFree.Add(int64(n - posted))
 		if err != nil || posted != n {
 			q.Dev.log.WithError(err).WithField("qp", q.Num).Warn("host NIC refused send WQEs")
 			q.toErr(true)
@@ -473,6 +530,9 @@ func (d *RNIC) pollCQNIC(c *CQ, t *memmap.Table) (worked bool) {
 		for i := range n {
 			d.completeNIC(c, t, &c.hwWC[i])
 		}
+		if n > 0 && c.hwWaiting.Swap(false) {
+			d.wakeAll() // a pass stopped at the full host CQ
+		}
 		worked = worked || n > 0
 		if n < len(c.hwWC) {
 			break
@@ -502,6 +562,7 @@ func (d *RNIC) completeNIC(c *CQ, t *memmap.Table, wc *NICWC) {
 		if q.RecvCQ != c {
 			return
 		}
+		c.hwFree.Add(1)
 		rec, err := t.Slice(q.Record, QPRecordSize(q.RQNotify))
 		if err != nil {
 			return
@@ -522,6 +583,7 @@ func (d *RNIC) completeNIC(c *CQ, t *memmap.Table, wc *NICWC) {
 	if q.SendCQ != c {
 		return
 	}
+	c.hwFree.Add(1)
 	s := h.sq[idx%q.SQ.Depth]
 	h.sqDone.Store(idx + 1)
 	if wc.Status == abi.WCSuccess {

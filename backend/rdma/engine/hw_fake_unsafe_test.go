@@ -109,6 +109,9 @@ type fakeCQ struct {
 }
 
 func (c *fakeCQ) push(w NICWC) {
+	if uint32(len(c.wc)) >= c.depth {
+		panic("fake NIC: CQ overrun (the engine posted more than the CQ holds)")
+	}
 	c.wc = append(c.wc, w)
 	go c.notify() // as a NIC's event thread would
 }
@@ -120,6 +123,8 @@ func (c *fakeCQ) Poll(out []NICWC) (int, error) {
 	c.wc = c.wc[k:]
 	return k, nil
 }
+
+func (c *fakeCQ) Depth() uint32 { return c.depth }
 
 func (c *fakeCQ) Close() error { c.n.mu.Lock(); c.n.live--; c.n.mu.Unlock(); return nil }
 

@@ -11,7 +11,7 @@ import (
 
 // nicNode is a node whose device runs on a host NIC: its objects are
 // made the way the control path makes them (host object first).
-func newNICNode(tb testing.TB, nic *fakeNIC, gid [16]byte, o qpOpts) *node {
+func newNICNode(tb testing.TB, nic *fakeNIC, gid [16]byte, o qpOpts, depth uint32) *node {
 	tb.Helper()
 	n := &node{g: newGuest(tb, "guest", 8<<20)}
 	n.d = NewRNIC(nil, gid, nil)
@@ -26,8 +26,8 @@ func newNICNode(tb testing.TB, nic *fakeNIC, gid [16]byte, o qpOpts) *node {
 	}
 	mkCQ := func(num uint32) *CQ {
 		rec := n.g.pages(tb, 1)[0]
-		np := (cqDepth*abi.CQESize + abi.PageSize - 1) / abi.PageSize
-		c := &CQ{Num: num, Dev: n.d, Ring: Ring{Pages: n.g.scattered(tb, np), Depth: cqDepth, Stride: abi.CQESize}, Record: rec}
+		np := (int(depth)*abi.CQESize + abi.PageSize - 1) / abi.PageSize
+		c := &CQ{Num: num, Dev: n.d, Ring: Ring{Pages: n.g.scattered(tb, np), Depth: depth, Stride: abi.CQESize}, Record: rec}
 		if err := n.d.CreateCQNIC(c); err != nil {
 			tb.Fatalf("CreateCQNIC: %v", err)
 		}
@@ -72,11 +72,13 @@ type nicPair struct {
 	a, b *node
 }
 
-func newNICPair(tb testing.TB, o qpOpts) *nicPair {
+func newNICPair(tb testing.TB, o qpOpts) *nicPair { return newNICPairCQ(tb, o, cqDepth) }
+
+func newNICPairCQ(tb testing.TB, o qpOpts, depth uint32) *nicPair {
 	tb.Helper()
 	ga, gb := [16]byte{0xfe, 0x80, 15: 1}, [16]byte{0xfe, 0x80, 15: 2}
 	nic := newFakeNIC(ga, gb)
-	p := &nicPair{nic: nic, a: newNICNode(tb, nic, ga, o), b: newNICNode(tb, nic, gb, o)}
+	p := &nicPair{nic: nic, a: newNICNode(tb, nic, ga, o, depth), b: newNICNode(tb, nic, gb, o, depth)}
 	all := uint32(abi.AccessRemoteWrite | abi.AccessRemoteRead | abi.AccessRemoteAtomic)
 	connect(tb, p.a.qp, p.b.d, p.b.qp.Num, all, 1, 7)
 	connect(tb, p.b.qp, p.a.d, p.a.qp.Num, all, 1, 7)
@@ -303,5 +305,41 @@ func TestNICGIDs(t *testing.T) {
 	d.ResetGIDs()
 	if _, ok := d.GIDAt(2); ok {
 		t.Fatal("entry 2 survived a reset")
+	}
+}
+
+// TestNICSmallCQ: a CQ smaller than the send queue (the guest signals one
+// WQE in many) never overflows on the host, although every host work
+// request completes into it: the engine posts only what the host CQ can
+// take (the fake NIC panics on an overrun).
+func TestNICSmallCQ(t *testing.T) {
+	p := newNICPairCQ(t, qpOpts{sqDepth: 64, rqDepth: 16, maxSGE: 2, inl: 64}, 4)
+	a, b := p.a, p.b
+	for round := range 4 {
+		for i := range 63 {
+			a.postSend(t, abi.SendWQE{WRID: uint64(i), Opcode: abi.WROpRDMAWrite, RemoteAddr: mrIOVA, RKey: b.mr.RKey},
+				[]abi.SGE{a.nicSGE(0, 32)}, nil)
+		}
+		a.postSend(t, abi.SendWQE{WRID: 1000 + uint64(round), Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+			RemoteAddr: mrIOVA, RKey: b.mr.RKey}, []abi.SGE{a.nicSGE(0, 32)}, nil)
+		p.poll(t)
+		want1(t, "a round of 64 WRITEs", a.cqes(t, a.scq), abi.CQE{WRID: 1000 + uint64(round), Opcode: abi.WCOpRDMAWrite, QPNum: a.qp.Num, ByteLen: 32})
+	}
+	if free := a.scq.hwFree.Load(); free != 4 {
+		t.Fatalf("host CQ room %d after everything completed, want 4", free)
+	}
+	// A RESET with receives posted gives their room back.
+	for i := range 3 {
+		b.postRecv(t, uint64(i), []abi.SGE{b.nicSGE(0, 64)})
+	}
+	p.poll(t)
+	if free := b.rcq.hwFree.Load(); free != 1 {
+		t.Fatalf("host CQ room %d with 3 receives posted, want 1", free)
+	}
+	if st := b.qp.Modify(abi.QPAttr{QPN: b.qp.Num, AttrMask: abi.QPAttrState, QPState: abi.QPSReset}); st != abi.StatusOK {
+		t.Fatal(st)
+	}
+	if free := b.rcq.hwFree.Load(); free != 4 {
+		t.Fatalf("host CQ room %d after RESET, want 4", free)
 	}
 }

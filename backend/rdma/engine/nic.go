@@ -55,6 +55,9 @@ type NICMR interface {
 type NICCQ interface {
 	// Poll fills wc with up to len(wc) completions and returns how many.
 	Poll(wc []NICWC) (int, error)
+	// Depth is how many completions the CQ holds (at least what
+	// CreateCQ asked).
+	Depth() uint32
 	Close() error
 }
 

@@ -189,6 +189,10 @@ type CQ struct {
 	HW   NICCQ
 	hwMu sync.Mutex
 	hwWC []NICWC
+	// hwFree is the host CQ's room: the completions it can still take
+	// from work requests posted on QPs using it (hw.go).
+	hwFree    atomic.Int64
+	hwWaiting atomic.Bool // a pass found no room: the next poll wakes the queues
 }
 
 // QP is an RC queue pair. The exported fields are immutable after AddQP.

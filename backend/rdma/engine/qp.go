@@ -263,6 +263,9 @@ func (q *QP) reset(mask uint32) abi.Status {
 	if q.dead {
 		return abi.StatusNotFound
 	}
+	if q.HW != nil {
+		q.hwRelease() // before the consumer indices jump to the producers'
+	}
 	q.attr = abi.QPAttr{QPN: q.Num, QPState: abi.QPSReset}
 	q.peer, q.sgid = nil, [16]byte{}
 	q.lostPeer = false

@@ -324,6 +324,11 @@ func (d *RNIC) AddQP(q *QP) error {
 func (d *RNIC) RemoveQP(num uint32) *QP {
 	q := d.removeQP(num)
 	if q != nil && q.HW != nil {
+		q.sqMu.Lock()
+		q.rqMu.Lock()
+		q.hwRelease()
+		q.rqMu.Unlock()
+		q.sqMu.Unlock()
 		// No pass runs on it and no completion of it is written any
 		// more (dead, under sqMu and rqMu): the host QP goes.
 		if err := q.HW.Close(); err != nil {

@@ -153,6 +153,8 @@ func (c *nicCQ) Poll(out []engine.NICWC) (int, error) {
 	return k, nil
 }
 
+func (c *nicCQ) Depth() uint32 { return uint32(max(c.cq.CQE(), 0)) }
+
 func (c *nicCQ) Close() error {
 	c.n.mu.Lock()
 	delete(c.n.notify, c.id)
