@@ -8,6 +8,7 @@ import (
 
 	"github.com/vrdma/vrdma/backend"
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/backend/rdma/hostnic"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
@@ -48,6 +49,16 @@ type Snapshot struct {
 	// RoCE are the daemon's RoCEv2 endpoints (vrdmad --roce-bind, a
 	// device's roce_bind), one per host address.
 	RoCE []RoCEEndpoint
+	// HostNICs are the host RDMA NICs the daemon's verbs devices run on
+	// (vrdmad --rnic verbs:DEVICE[:PORT]), one per host port.
+	HostNICs []HostNIC
+}
+
+// HostNIC is one host NIC's counters; Name (verbs:DEVICE:PORT) is the
+// value of the rnic label.
+type HostNIC struct {
+	Name  string
+	Stats hostnic.Stats
 }
 
 // RoCEEndpoint is one RoCEv2 endpoint's counters; Addr is the value of
@@ -103,8 +114,12 @@ func (s DaemonSource) Snapshot() Snapshot {
 			roce = append(roce, RoCEEndpoint{Addr: e.LocalAddr().Addr().String(), Counters: e.Counters()})
 		}
 	}
+	var nics []HostNIC
+	for _, n := range hostnic.Opened() {
+		nics = append(nics, HostNIC{Name: n.Name(), Stats: n.Stats()})
+	}
 	return Snapshot{Devices: out, PinnedBytes: s.D.PinnedBytes(), PinnedLimitBytes: s.GlobalMaxPinned, EngineThreads: s.D.EngineThreads(),
-		RoCE: roce}
+		RoCE: roce, HostNICs: nics}
 }
 
 // Opcodes names the send opcodes, indexed as rdma.Stats.Engine.Ops is
@@ -187,6 +202,7 @@ type Collector struct {
 	engineThreads                                                           *prometheus.Desc
 	build                                                                   BuildInfo
 	roceRx, roceDelivered, roceDropped, roceRecovered, roceTx, roceTxErrors *prometheus.Desc
+	nicPosted, nicPostSeconds, nicCompletions, nicCQEvents, nicAsyncEvents  *prometheus.Desc
 }
 
 // BuildInfo labels vrdma_build_info.
@@ -251,6 +267,13 @@ func NewCollector(src Source, bi BuildInfo) *Collector {
 		roceTx: prometheus.NewDesc("vrdma_roce_tx_datagrams_total", "RoCEv2 packets sent.", []string{"address"}, nil),
 		roceTxErrors: prometheus.NewDesc("vrdma_roce_tx_errors_total", "RoCEv2 packets the socket refused (lost; the transport recovers them).",
 			[]string{"address"}, nil),
+		nicPosted: prometheus.NewDesc("vrdma_hostnic_posted_work_requests_total",
+			"Work requests (send and receive) posted to a host RDMA NIC by the verbs devices on it.", []string{"rnic"}, nil),
+		nicPostSeconds: prometheus.NewDesc("vrdma_hostnic_post_seconds_total",
+			"Time spent inside ibv_post_send and ibv_post_recv of a host RDMA NIC (the provider's part of a work request's cost).", []string{"rnic"}, nil),
+		nicCompletions: prometheus.NewDesc("vrdma_hostnic_completions_total", "Work completions polled from a host RDMA NIC's CQs.", []string{"rnic"}, nil),
+		nicCQEvents:    prometheus.NewDesc("vrdma_hostnic_cq_events_total", "Completion events of a host RDMA NIC's completion channel.", []string{"rnic"}, nil),
+		nicAsyncEvents: prometheus.NewDesc("vrdma_hostnic_async_events_total", "Asynchronous events of a host RDMA NIC (port, QP and device events).", []string{"rnic"}, nil),
 		buildInfo: prometheus.NewDesc("vrdma_build_info", "Always 1; the labels describe the running build.",
 			[]string{"version", "revision", "goversion", "goos", "goarch"}, nil),
 		build: bi.withDefaults(),
@@ -282,6 +305,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.shareWeight, c.rateLimitBytes, c.rateLimitOps,
 		c.devices, c.globalPinned, c.globalPinnedLimit, c.buildInfo, c.engineThreads,
 		c.roceRx, c.roceDelivered, c.roceDropped, c.roceRecovered, c.roceTx, c.roceTxErrors,
+		c.nicPosted, c.nicPostSeconds, c.nicCompletions, c.nicCQEvents, c.nicAsyncEvents,
 	} {
 		ch <- d
 	}
@@ -323,6 +347,17 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.roceRecovered, k.RxRecoveredID)
 		counter(c.roceTx, k.TxDatagrams)
 		counter(c.roceTxErrors, k.TxErrors)
+	}
+	for i := range snap.HostNICs {
+		n := &snap.HostNICs[i]
+		counter := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, n.Name)
+		}
+		counter(c.nicPosted, float64(n.Stats.Posted))
+		counter(c.nicPostSeconds, float64(n.Stats.PostNanos)/1e9)
+		counter(c.nicCompletions, float64(n.Stats.Completions))
+		counter(c.nicCQEvents, float64(n.Stats.CQEvents))
+		counter(c.nicAsyncEvents, float64(n.Stats.AsyncEvents))
 	}
 	b := c.build
 	ch <- prometheus.MustNewConstMetric(c.buildInfo, prometheus.GaugeValue, 1, b.Version, b.Revision, b.GoVersion, runtime.GOOS, runtime.GOARCH)

@@ -13,8 +13,10 @@
 // and gauges of each device there are its limits (vrdma_resource_limit,
 // vrdma_pinned_limit_bytes), its share of the engine (vrdma_share_weight,
 // vrdma_rate_limit_bytes_per_second, vrdma_rate_limit_operations_per_second),
-// the daemon's totals (vrdma_engine_threads among them) and
-// vrdma_build_info.
+// the daemon's totals (vrdma_engine_threads among them), the counters of
+// each host RDMA NIC the verbs devices run on (vrdma_hostnic_*, label
+// rnic: work requests posted, time inside ibv_post_send/recv,
+// completions, events) and vrdma_build_info.
 // The names follow Prometheus's conventions as `promtool check metrics`
 // enforces them (counters end in _total, gauges do not, base units, help
 // text everywhere); the tests run promtool on a live scrape.

@@ -15,6 +15,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/backend/rdma"
+	"github.com/vrdma/vrdma/backend/rdma/hostnic"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/internal/daemon"
 )
@@ -48,7 +49,8 @@ func TestLint(t *testing.T) {
 			Share: rdma.Share{Weight: 2, MaxBytesPerSec: 1 << 30, MaxOpsPerSec: 1000}},
 		{ID: "vm2"},
 	}, pinned: 1 << 20, limit: 1 << 34, threads: 2,
-		roce: []RoCEEndpoint{{Addr: "192.0.2.1", Counters: udp.Counters{RxDatagrams: 10, RxDelivered: 7, RxICRC: 2, RxUnknownQP: 1, TxDatagrams: 9}}}}
+		roce: []RoCEEndpoint{{Addr: "192.0.2.1", Counters: udp.Counters{RxDatagrams: 10, RxDelivered: 7, RxICRC: 2, RxUnknownQP: 1, TxDatagrams: 9}}},
+		nics: []HostNIC{{Name: "verbs:rxe0:1", Stats: hostnic.Stats{Posted: 1000, PostNanos: 2_500_000_000, Completions: 990, CQEvents: 5}}}}
 	h, err := Handler(src, WithVersion("1.2.3"))
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +72,9 @@ func TestLint(t *testing.T) {
 		}
 	}
 	for _, series := range []string{`vrdma_roce_rx_dropped_total{address="192.0.2.1",reason="icrc"} 2`,
-		`vrdma_roce_rx_dropped_total{address="192.0.2.1",reason="unknown_qp"} 1`, `vrdma_roce_rx_delivered_total{address="192.0.2.1"} 7`} {
+		`vrdma_roce_rx_dropped_total{address="192.0.2.1",reason="unknown_qp"} 1`, `vrdma_roce_rx_delivered_total{address="192.0.2.1"} 7`,
+		`vrdma_hostnic_posted_work_requests_total{rnic="verbs:rxe0:1"} 1000`, `vrdma_hostnic_post_seconds_total{rnic="verbs:rxe0:1"} 2.5`,
+		`vrdma_hostnic_completions_total{rnic="verbs:rxe0:1"} 990`} {
 		if !bytes.Contains(body, []byte(series)) {
 			t.Errorf("scrape lacks %s", series)
 		}

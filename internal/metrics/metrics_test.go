@@ -39,13 +39,14 @@ type fakeSource struct {
 	limit   uint64
 	threads int
 	roce    []RoCEEndpoint
+	nics    []HostNIC
 }
 
 func (f *fakeSource) Snapshot() Snapshot {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return Snapshot{Devices: append([]DeviceStats(nil), f.devs...), PinnedBytes: f.pinned, PinnedLimitBytes: f.limit, EngineThreads: f.threads,
-		RoCE: f.roce}
+		RoCE: f.roce, HostNICs: f.nics}
 }
 
 // scrape serves h with httptest and returns the parsed families.

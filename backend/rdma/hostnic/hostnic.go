@@ -3,6 +3,7 @@ package hostnic
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -84,6 +85,19 @@ func Open(s Spec, log *logrus.Entry) (*NIC, error) {
 	}
 	opened[s] = n
 	return n, nil
+}
+
+// Opened returns the NICs Open has opened in this process, sorted by
+// name: what a metrics scrape reports (Stats).
+func Opened() []*NIC {
+	openMu.Lock()
+	defer openMu.Unlock()
+	out := make([]*NIC, 0, len(opened))
+	for _, n := range opened {
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name() < out[j].Name() })
+	return out
 }
 
 // NIC is one port of a host RDMA device, through rdma-core. It implements
