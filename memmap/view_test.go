@@ -104,9 +104,7 @@ func TestViewRejects(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Munmap(mem)
-	priv := &Table{}
-	*priv = *tab
-	priv.byGPA = []span{{start: 0, end: 4 * p, data: mem}}
+	priv := &Table{byGPA: []span{{start: 0, end: 4 * p, data: mem}}}
 	if _, err := priv.NewView([]Run{{GPA: 0, Len: p}}); !errors.Is(err, ErrViewUnsupported) {
 		t.Fatalf("view of a private mapping: %v, want ErrViewUnsupported", err)
 	}

@@ -117,7 +117,9 @@ func (v *View) Bytes() []byte {
 	if v == nil || v.base == 0 {
 		return nil
 	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(v.base)), v.size)
+	// v.base is the address of a mapping outside Go's heap.
+	p := *(*unsafe.Pointer)(unsafe.Pointer(&v.base))
+	return unsafe.Slice((*byte)(p), v.size)
 }
 
 // Close unmaps the view (idempotent). The guest's memory is untouched.
