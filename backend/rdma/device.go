@@ -246,7 +246,9 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 func (d *Device) Close() {
 	if d.cfg.NIC == nil {
 		d.cfg.Fabric.Unregister(d.eng)
+		return
 	}
+	d.eng.CloseNIC()
 }
 
 // RNIC names what executes the device's work: "soft" (the software RNIC)

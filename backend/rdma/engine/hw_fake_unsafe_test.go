@@ -16,13 +16,14 @@ import (
 // one (backend/rdma/hostnic over rxe) is tested in a guest
 // (tests/hostnic_test.go); this one shows what the engine does with any.
 type fakeNIC struct {
-	mu    sync.Mutex
-	gids  [][16]byte
-	next  uint32
-	mrs   map[uint32]*fakeMR
-	qps   map[uint32]*fakeQP
-	live  int // objects not closed
-	posts int // PostSend and PostRecv calls
+	mu       sync.Mutex
+	gids     [][16]byte
+	next     uint32
+	mrs      map[uint32]*fakeMR
+	qps      map[uint32]*fakeQP
+	live     int // objects not closed
+	posts    int // PostSend and PostRecv calls
+	watchers []func(uint32)
 }
 
 func newFakeNIC(gids ...[16]byte) *fakeNIC {
@@ -30,6 +31,30 @@ func newFakeNIC(gids ...[16]byte) *fakeNIC {
 }
 
 func (n *fakeNIC) Name() string { return "verbs:fake0:1" }
+
+func (n *fakeNIC) Watch(fn func(uint32)) func() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.watchers = append(n.watchers, fn)
+	i := len(n.watchers) - 1
+	return func() {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		n.watchers[i] = nil
+	}
+}
+
+// event delivers a port event to the watchers.
+func (n *fakeNIC) event(ev uint32) {
+	n.mu.Lock()
+	ws := append([]func(uint32){}, n.watchers...)
+	n.mu.Unlock()
+	for _, w := range ws {
+		if w != nil {
+			w(ev)
+		}
+	}
+}
 
 func (n *fakeNIC) HostGIDIndex(g [16]byte) (int, bool) {
 	for i, x := range n.gids {

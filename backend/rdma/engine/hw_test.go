@@ -308,6 +308,23 @@ func TestNICGIDs(t *testing.T) {
 	}
 }
 
+// TestNICPortEvents: the NIC's port events reach every device on it as
+// port events, until the device closes.
+func TestNICPortEvents(t *testing.T) {
+	p := newNICPair(t, qpOpts{})
+	p.a.takeEvents()
+	p.b.takeEvents()
+	p.nic.event(abi.EventPortError)
+	p.a.d.CloseNIC()
+	p.nic.event(abi.EventPortActive)
+	if ev := p.a.takeEvents(); len(ev) != 1 || ev[0] != (abi.Event{Type: abi.EventPortError, Handle: 1}) {
+		t.Fatalf("a's events %+v", ev)
+	}
+	if ev := p.b.takeEvents(); len(ev) != 2 || ev[1] != (abi.Event{Type: abi.EventPortActive, Handle: 1}) {
+		t.Fatalf("b's events %+v", ev)
+	}
+}
+
 // TestNICSmallCQ: a CQ smaller than the send queue (the guest signals one
 // WQE in many) never overflows on the host, although every host work
 // request completes into it: the engine posts only what the host CQ can

@@ -34,6 +34,10 @@ type NIC interface {
 	CreateCQ(depth uint32, notify func()) (NICCQ, error)
 	// HostGIDIndex returns the index in the host port's GID table of gid.
 	HostGIDIndex(gid [16]byte) (int, bool)
+	// Watch calls fn with abi.EventPortActive, abi.EventPortError or
+	// abi.EventDeviceFatal when the NIC's port or device changes, until
+	// stop is called.
+	Watch(fn func(event uint32)) (stop func())
 }
 
 // NICPD is a host protection domain.
@@ -129,12 +133,28 @@ type NICWC struct {
 // the host port's table). Call it before any object exists; a device with
 // a NIC belongs to no Fabric.
 func (d *RNIC) SetNIC(nic NIC, gids [][16]byte) {
+	stop := nic.Watch(func(ev uint32) {
+		// Handle 1: the port (docs/spec.md § Event queue).
+		d.postEvent(ev, 1)
+	})
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.nic = nic
+	d.nic, d.nicStop = nic, stop
 	d.nicGIDs = append([][16]byte(nil), gids...)
 	d.nicTable = make([][16]byte, len(gids))
 	copy(d.nicTable, gids)
+}
+
+// CloseNIC stops the device's watch of its NIC's events (the device goes
+// away; its objects are gone already).
+func (d *RNIC) CloseNIC() {
+	d.mu.Lock()
+	stop := d.nicStop
+	d.nicStop = nil
+	d.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
 // NIC returns the device's host NIC, or nil for the software RNIC.

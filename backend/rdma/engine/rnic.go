@@ -46,6 +46,7 @@ type RNIC struct {
 	// A host NIC executing the device's work (nic.go), or nil for the
 	// software RNIC; set once by SetNIC before any object exists.
 	nic      NIC
+	nicStop  func()     // ends the watch of the NIC's events (protected by mu)
 	nicGIDs  [][16]byte // the GIDs the operator gave the device (protected by mu)
 	nicTable [][16]byte // its GID table as the guest filled it (protected by mu)
 

@@ -112,9 +112,11 @@ type NIC struct {
 	gidIx []int      // their indexes in the host table
 	ch    *ibv.CompChannel
 
-	mu     sync.Mutex
-	notify map[uint64]func() // a CQ's notify, by its user context (protected by mu)
-	nextCQ atomic.Uint64
+	mu      sync.Mutex
+	notify  map[uint64]func()       // a CQ's notify, by its user context (protected by mu)
+	watch   map[uint64]func(uint32) // devices watching port events (protected by mu)
+	nextSub uint64                  // protected by mu
+	nextCQ  atomic.Uint64
 
 	// Counters (Stats).
 	posted  atomic.Uint64 // work requests posted
@@ -137,7 +139,8 @@ func open(s Spec, log *logrus.Entry) (*NIC, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &NIC{spec: s, log: log.WithField("rnic", s.String()), ctx: ctx, notify: map[uint64]func(){}}
+	n := &NIC{spec: s, log: log.WithField("rnic", s.String()), ctx: ctx, notify: map[uint64]func(){},
+		watch: map[uint64]func(uint32){}}
 	fail := func(err error) (*NIC, error) {
 		ctx.Close()
 		return nil, err
@@ -200,9 +203,11 @@ func (n *NIC) cqEvents() {
 	}
 }
 
-// asyncEvents logs the device's asynchronous events. QP and CQ errors
-// reach the guest through the completions they come with (an error
-// completion moves the device's QP to ERR); port events are logged.
+// asyncEvents logs the device's asynchronous events and passes those of
+// the port and the device to the devices watching (they become the guest's
+// PORT_ACTIVE, PORT_ERROR and DEVICE_FATAL events). QP and CQ errors reach
+// the guest through the completions they come with (an error completion
+// moves the device's QP to ERR).
 func (n *NIC) asyncEvents() {
 	for {
 		ev, err := n.ctx.GetAsyncEvent()
@@ -219,6 +224,41 @@ func (n *NIC) asyncEvents() {
 			f["port"] = ev.Port
 		}
 		n.log.WithFields(f).Warn("host NIC async event")
+		var out uint32
+		switch {
+		case ev.Type == ibv.EventPortActive && ev.Port == n.spec.Port:
+			out = abi.EventPortActive
+		case ev.Type == ibv.EventPortErr && ev.Port == n.spec.Port:
+			out = abi.EventPortError
+		case ev.Type == ibv.EventDeviceFatal:
+			out = abi.EventDeviceFatal
+		default:
+			continue
+		}
+		n.mu.Lock()
+		ws := make([]func(uint32), 0, len(n.watch))
+		for _, w := range n.watch {
+			ws = append(ws, w)
+		}
+		n.mu.Unlock()
+		for _, w := range ws {
+			w(out)
+		}
+	}
+}
+
+// Watch calls fn with the device's events for the port (PORT_ACTIVE,
+// PORT_ERROR) and the device (DEVICE_FATAL) until stop is called.
+func (n *NIC) Watch(fn func(event uint32)) (stop func()) {
+	n.mu.Lock()
+	n.nextSub++
+	id := n.nextSub
+	n.watch[id] = fn
+	n.mu.Unlock()
+	return func() {
+		n.mu.Lock()
+		delete(n.watch, id)
+		n.mu.Unlock()
 	}
 }
 
