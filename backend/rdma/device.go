@@ -383,6 +383,7 @@ func (d *Device) MemoryChanged() {
 	if err := d.pinner.SetTable(t); err != nil {
 		d.log.WithError(err).Warn("pinning guest memory (--pin=all)")
 	}
+	d.eng.DropStaleNIC(t)
 	t.Release()
 }
 

@@ -166,8 +166,10 @@ func (q *QP) ReleaseNIC() {
 	}
 }
 
-// closeNIC deregisters the MR from the NIC and unmaps its view.
+// closeNIC deregisters the MR from the NIC and unmaps its view (once).
 func (m *MR) closeNIC() {
+	m.hwMu.Lock()
+	defer m.hwMu.Unlock()
 	if m.HW != nil {
 		m.HW.Close()
 		m.HW = nil
@@ -175,6 +177,33 @@ func (m *MR) closeNIC() {
 	if m.view != nil {
 		m.view.Close()
 		m.view = nil
+	}
+}
+
+// DropStaleNIC deregisters from the NIC every MR with pages outside t,
+// the device's new memory table: the front-end took memory away under a
+// live MR, whose registration would otherwise keep those pages. The MR
+// stays the guest's (DEREG_MR finds it); the NIC now refuses its keys,
+// as the software RNIC refuses an access to memory that is gone. An MR
+// within t keeps its registration: a front-end that maps the same file
+// again (QEMU sends a whole new table when memory is added) keeps the
+// same pages.
+func (d *RNIC) DropStaleNIC(t *memmap.Table) {
+	if d.NIC() == nil || t == nil {
+		return
+	}
+	d.mu.RLock()
+	mrs := make([]*MR, 0, len(d.mrs))
+	for _, m := range d.mrs {
+		mrs = append(mrs, m)
+	}
+	d.mu.RUnlock()
+	nop := func([]byte) error { return nil }
+	for _, m := range mrs {
+		if m.Extents(func(gpa abi.GPA, n uint64) error { return t.ForEach(gpa, n, nop) }) != nil {
+			d.log.WithField("lkey", m.Key).Warn("guest memory under a registered MR went away: its NIC registration is dropped")
+			m.closeNIC()
+		}
 	}
 }
 

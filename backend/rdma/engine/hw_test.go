@@ -282,6 +282,45 @@ func TestNICTeardown(t *testing.T) {
 	}
 }
 
+// TestNICMemoryGone: a memory table without an MR's pages drops the MR's
+// NIC registration (nothing keeps the pages the front-end took away); an
+// MR within the table keeps its own.
+func TestNICMemoryGone(t *testing.T) {
+	p := newNICPair(t, qpOpts{})
+	a := p.a
+	in := a.g.newMR(t, 0, testPD, abi.AccessAll, 0x5000, 4096, false)
+	if err := a.d.RegisterMRNIC(a.g.tbl, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.d.AddMR(in); err != nil {
+		t.Fatal(err)
+	}
+	live := p.nic.live
+	// The table without its second region (where the test MR's pages are
+	// not: newMR allocates from the start of guest memory).
+	small, err := a.g.tbl.Without(a.g.tbl.Regions()[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Release()
+	a.d.DropStaleNIC(small)
+	if p.nic.live != live {
+		t.Fatalf("an MR within the table lost its registration (%d → %d host objects)", live, p.nic.live)
+	}
+	none, err := small.Without(small.Regions()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer none.Release()
+	a.d.DropStaleNIC(none)
+	if p.nic.live != live-2 {
+		t.Fatalf("%d host objects after the memory went away, want %d (both MRs dropped)", p.nic.live, live-2)
+	}
+	if a.d.RemoveMR(in.Key) == nil || p.nic.live != live-2 {
+		t.Fatal("DEREG_MR after the drop")
+	}
+}
+
 // TestNICGIDs: the guest's GID table holds what the operator gave the
 // device, and MODIFY_QP hands the NIC the host's index of the sgid.
 func TestNICGIDs(t *testing.T) {

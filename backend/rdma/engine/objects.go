@@ -42,6 +42,7 @@ type MR struct {
 	HW   NICMR
 	RKey uint32
 	view *memmap.View
+	hwMu sync.Mutex // HW and view after AddMR (closeNIC may run twice)
 }
 
 // NewMR builds an MR over pages of 1<<shift bytes: the MR's first byte is
