@@ -69,10 +69,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.png, "png", "docs/benchmarks-bw.png", "bandwidth chart to write; the scaling chart goes beside it as "+
 		scalingPNG+", the roce section's goodput against loss as "+lossPNG+" (empty: no charts)")
 	fs.StringVar(&o.micro, "micro", "", "go test -bench output to include (optional)")
-	fs.StringVar(&o.vmtest, "vmtest", "bin/vrdma-vmtest", "vrdma-vmtest binary for the spin-up section")
+	fs.StringVar(&o.vmtest, "vmtest", "bin/vrdma-vmtest", "vrdma-vmtest binary for the spin-up and verbs sections (the verbs section runs it in a guest: static)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run")
 	fs.StringVar(&o.trace, "trace", "", "write an execution trace of the whole run (go tool trace FILE)")
-	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,reg,startup,control,scaling,iso,density,roce)")
+	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,reg,startup,control,scaling,iso,density,roce,verbs)")
 	fs.DurationVar(&o.s.rowTime, "row-time", 500*time.Millisecond, "time box of one repeat of a row")
 	fs.IntVar(&o.s.repeats, "repeats", 3, "repeats per row (the median is reported)")
 	fs.BoolVar(&quick, "quick", false, "small sizes and guests, for a smoke test")
@@ -339,6 +339,14 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 			return nil, nil, nil, nil, err
 		}
 		secs, loss = append(secs, sec), lp
+	}
+	if o.want("verbs") {
+		progress(w, "verbs RNIC")
+		sec, err := verbsSection(o, w)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		secs = append(secs, sec)
 	}
 	if o.want("density") {
 		progress(w, "density")

@@ -10,6 +10,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -74,6 +76,19 @@ type AgentSpec struct {
 	// Settle bounds the wait for vrdmad's cleanup after a client ends
 	// (0: DefaultSettle).
 	Settle time.Duration `json:"settle,omitempty"`
+	// Plain, with Reverse and a verbs RNIC, serves every job twice, in
+	// the order plain, vrdma, vrdma, plain, plain, … (so that a drift
+	// over the run weighs on both alike): once by Debian's perftest on
+	// RDMADev in guest A itself, without vrdma (the NIC's own figure),
+	// once by the vrdma client. Guest B's perftest runs each job twice.
+	Plain bool `json:"plain,omitempty"`
+	// LocalJobs run after Jobs between two vrdma devices of the vrdmad
+	// (as LocalPair's), in the same boot.
+	LocalJobs []string `json:"local_jobs,omitempty"`
+	// Account makes vrdmad serve its metrics on a unix socket and every
+	// vrdma requester account what vrdmad spent over its test
+	// (JobResult.Window): vrdmad's CPU time and the NIC's posts.
+	Account bool `json:"account,omitempty"`
 }
 
 // DefaultSettle bounds the wait, after a client process ended, for the
@@ -122,7 +137,13 @@ type JobResult struct {
 	After    Counts     `json:"after,omitempty"`
 	// Daemon is vrdmad's own count of the devices' objects after the job
 	// ("pds 0 mrs 0 cqs 0 qps 0").
-	Daemon string   `json:"daemon,omitempty"`
+	Daemon string `json:"daemon,omitempty"`
+	// Plain says Debian's perftest served the job on the RDMA device,
+	// without vrdma (AgentSpec.Plain).
+	Plain bool `json:"plain,omitempty"`
+	// Window is what vrdmad spent over the requester's test
+	// (AgentSpec.Account; a vrdma requester only).
+	Window *Window  `json:"window,omitempty"`
 	Checks []string `json:"checks,omitempty"`
 	Error  string   `json:"error,omitempty"`
 }
@@ -139,6 +160,7 @@ type agent struct {
 	self     string // this executable
 	stderr   io.Writer
 	d        *vrdmadproc.Proc
+	metrics  string // vrdmad's metrics socket (Account)
 	baseline Counts // the RDMA device's objects before vrdmad started
 	idle     Counts // and with vrdmad's devices up, before any client
 	devices  []string
@@ -159,8 +181,18 @@ func RunAgent(ctx context.Context, spec AgentSpec, stdout, stderr io.Writer) err
 		spec.Settle = DefaultSettle
 	}
 	a := &agent{spec: spec, self: self, stderr: stderr, devices: []string{"hn0"}}
-	if spec.LocalPair || spec.KillJob != "" {
+	if spec.LocalPair || spec.KillJob != "" || len(spec.LocalJobs) > 0 {
 		a.devices = append(a.devices, "hn1")
+	}
+	vargs := spec.VrdmadArgs
+	if spec.Account {
+		dir, err := os.MkdirTemp("", "hostnic-metrics-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		a.metrics = filepath.Join(dir, "metrics.sock")
+		vargs = append(slices.Clip(vargs), "--metrics", "unix:"+a.metrics)
 	}
 	if spec.RDMADev != "" {
 		rs, err := ShowResources(ctx, spec.RDMADev)
@@ -172,7 +204,7 @@ func RunAgent(ctx context.Context, spec AgentSpec, stdout, stderr io.Writer) err
 	}
 	start := time.Now()
 	a.d, err = vrdmadproc.Start(ctx, vrdmadproc.Config{Binary: spec.Vrdmad, Devices: a.devices,
-		StateDir: vrdmadproc.NoState, Args: spec.VrdmadArgs, ReadyTimeout: 90 * time.Second})
+		StateDir: vrdmadproc.NoState, Args: vargs, ReadyTimeout: 90 * time.Second})
 	if err != nil {
 		return err
 	}
@@ -196,9 +228,21 @@ func RunAgent(ctx context.Context, spec AgentSpec, stdout, stderr io.Writer) err
 		r.Verified = err == nil && r.Verified
 		guestresult.Write(stdout, r)
 	}
-	for _, s := range spec.Jobs {
-		r, err := a.job(ctx, s)
-		emit(r, err)
+	for i, s := range spec.Jobs {
+		if !spec.Plain {
+			emit(a.job(ctx, s, spec.LocalPair))
+			continue
+		}
+		if i%2 == 0 {
+			emit(a.plain(ctx, s))
+			emit(a.job(ctx, s, false))
+		} else {
+			emit(a.job(ctx, s, false))
+			emit(a.plain(ctx, s))
+		}
+	}
+	for _, s := range spec.LocalJobs {
+		emit(a.job(ctx, s, true))
 	}
 	if spec.KillJob != "" {
 		r, err := a.kill(ctx, spec.KillJob)
@@ -232,17 +276,19 @@ func exchangeAddr(host string) string {
 }
 
 // job runs one job: against guest B's perftest, or as a local pair.
-func (a *agent) job(ctx context.Context, s string) (JobResult, error) {
+func (a *agent) job(ctx context.Context, s string, local bool) (JobResult, error) {
 	job, err := roceinterop.ParseJob(s)
 	if err != nil {
 		return JobResult{Role: ResultRole, Job: s}, err
 	}
 	res := a.result(job)
-	fmt.Fprintf(a.stderr, "hostnic: %s (rnic %s, %s)\n", job, a.spec.RNIC, a.mode())
+	res.Local = local
+	res.Reverse = res.Reverse && !local
+	fmt.Fprintf(a.stderr, "hostnic: %s (rnic %s, %s)\n", job, a.spec.RNIC, a.mode(local))
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	var mine ClientResult
-	if a.spec.LocalPair {
+	if local {
 		srv, cli, err := a.pair(ctx, job, false, nil)
 		if err != nil {
 			return res, err
@@ -267,17 +313,21 @@ func (a *agent) job(ctx context.Context, s string) (JobResult, error) {
 		mine = srv
 		res.GbitsPerS = cli.Gbits
 		res.During = cli.During
+		res.Window = cli.Window
 	} else {
 		spec := ClientSpec{Socket: a.d.Socket("hn0"), Role: "client", Job: job.String(), Addr: exchangeAddr(a.spec.Peer),
 			Local: a.spec.Local, Memory: a.spec.ClientMemory, RDMADev: a.spec.RDMADev, PerftestPeer: true}
 		if a.spec.Reverse {
 			spec.Role, spec.Addr = "server", exchangeAddr(a.spec.Local)
+		} else {
+			spec.Account = a.account()
 		}
 		c, err := a.client(ctx, spec, nil)
 		if err != nil {
 			return res, err
 		}
 		mine = c
+		res.Window = c.Window
 		res.Checks = c.Checks
 		res.GbitsPerS = c.Gbits
 		res.During = c.During
@@ -295,9 +345,17 @@ func (a *agent) job(ctx context.Context, s string) (JobResult, error) {
 	return res, nil
 }
 
-func (a *agent) mode() string {
+// account is what a requester client samples (nil without Account).
+func (a *agent) account() *Account {
+	if !a.spec.Account {
+		return nil
+	}
+	return &Account{Pid: a.d.Pid(), Metrics: a.metrics}
+}
+
+func (a *agent) mode(local bool) string {
 	switch {
-	case a.spec.LocalPair:
+	case local:
 		return "two vrdma devices"
 	case a.spec.Reverse:
 		return "perftest is the requester"
@@ -400,6 +458,9 @@ func (a *agent) pair(ctx context.Context, job roceinterop.Job, killed bool, runn
 		Seed: seedServer, Memory: a.spec.ClientMemory}
 	cspec := ClientSpec{Socket: a.d.Socket("hn0"), Role: "client", Job: job.String(), Addr: addr, Local: a.spec.Local,
 		Seed: seedClient, Memory: a.spec.ClientMemory, RDMADev: a.spec.RDMADev, Running: running != nil}
+	if !killed {
+		cspec.Account = a.account()
+	}
 	var wg sync.WaitGroup
 	var serr error
 	wg.Add(1)

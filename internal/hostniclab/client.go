@@ -55,6 +55,9 @@ type ClientSpec struct {
 	// Running makes the client print PrefixRunning shortly after its test
 	// started (the kill scenario's signal).
 	Running bool `json:"running,omitempty"`
+	// Account, when set, makes a client (the requester) sample vrdmad
+	// around its test (ClientResult.Window).
+	Account *Account `json:"account,omitempty"`
 }
 
 // DefaultClientMemory is a client's front-end memory when the spec names
@@ -89,7 +92,9 @@ type ClientResult struct {
 	Seed      byte   `json:"seed"`
 	// During is RDMADev's resources while this client's objects exist.
 	During *Resources `json:"during,omitempty"`
-	Error  string     `json:"error,omitempty"`
+	// Window is what vrdmad spent over the test (ClientSpec.Account).
+	Window *Window `json:"window,omitempty"`
+	Error  string  `json:"error,omitempty"`
 }
 
 // RunClient runs spec and writes its result line to out (also on
@@ -128,8 +133,15 @@ func runClient(ctx context.Context, spec ClientSpec, out io.Writer, res *ClientR
 	defer dev.Close()
 	dev.Seed = spec.Seed
 	res.GIDIndex = dev.GIDIndex
-	if spec.Running {
-		dev.OnTest = func(*roceinterop.Run) {
+	var from sample
+	var ferr error
+	account := spec.Account != nil && spec.Role == "client"
+	dev.OnTest = func(*roceinterop.Run) {
+		if account {
+			// Before the first post.
+			from, ferr = spec.Account.take(ctx, true)
+		}
+		if spec.Running {
 			go func() {
 				time.Sleep(300 * time.Millisecond)
 				fmt.Fprintln(out, PrefixRunning)
@@ -146,11 +158,26 @@ func runClient(ctx context.Context, spec ClientSpec, out io.Writer, res *ClientR
 	} else {
 		r, err = roceinterop.Client(ctx, dev, conn, job)
 	}
+	if account && err == nil && ferr == nil {
+		// After the last completion (and the local checks, which post
+		// nothing), before the QP goes.
+		to, terr := spec.Account.take(ctx, false)
+		if terr != nil {
+			ferr = terr
+		} else {
+			w := window(from, to)
+			w.Memcpy64Ns, w.GetppidNs = Calibrate()
+			res.Window = &w
+		}
+	}
 	conn.Close()
 	if r == nil {
 		return err
 	}
 	defer r.Close()
+	if err == nil && ferr != nil {
+		return fmt.Errorf("account vrdmad's CPU: %w", ferr)
+	}
 	res.QPN, res.RKey, res.VAddr = r.Mine.QPN, r.Mine.RKey, r.Mine.VAddr
 	res.PeerQPN, res.PeerRKey, res.PeerVAddr = r.Peer.QPN, r.Peer.RKey, r.Peer.VAddr
 	res.PeerVersion, res.Gbits, res.ElapsedS = r.Version, r.Gbits(), r.Elapsed.Seconds()

@@ -57,6 +57,17 @@
 //     mid-transfer; the RNIC and vrdmad must then hold nothing of it, and a
 //     new job on the same devices must pass.
 //
+// For cmd/vrdma-bench's verbs section a run can also measure: Plain
+// (with Reverse) serves each job alternately by Debian's perftest on rxe0
+// in guest A itself, without vrdma, and by the vrdma client, so guest B's
+// perftest figures compare the NIC with and without the para-virtual
+// layer; LocalJobs add local pairs to the same boot; Account makes vrdmad
+// serve its metrics on a unix socket and each vrdma requester sample, just
+// before its first post and after its last completion, vrdmad's CPU time
+// (ProcCPU) and the NIC's counters (vrdma_hostnic_*: WQEs posted, time in
+// ibv_post_send/recv), with the guest's speed (Calibrate) beside them
+// (JobResult.Window).
+//
 // The soft RNIC (SoftRNIC: vrdmad --roce-bind HostIP) runs the same jobs
 // without rxe in guest A (rdma_rxe's kernel socket would hold UDP port
 // 4791): the baseline that works without the verbs RNIC.

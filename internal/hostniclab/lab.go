@@ -70,6 +70,17 @@ type Config struct {
 	Local bool
 	// KillJob, when set, adds the kill scenario (see AgentSpec.KillJob).
 	KillJob string
+	// Plain, with Reverse and a verbs RNIC, serves every job twice,
+	// alternately by Debian's perftest on the RDMA device of guest A
+	// itself (no vrdma) and by the vrdma client (AgentSpec.Plain): the
+	// results hold both, in the order run, the plain ones marked.
+	Plain bool
+	// LocalJobs run after Jobs, in the same boot, between two vrdma
+	// devices of guest A's vrdmad (as Local's jobs).
+	LocalJobs []roceinterop.Job
+	// Account makes every vrdma requester report what vrdmad spent over
+	// its test (JobResult.Window: vrdmad's CPU time, the NIC's posts).
+	Account bool
 	// MemoryMiB and SMP are guest A's; zero means the defaults. Guest B
 	// has guestvm's defaults.
 	MemoryMiB, SMP int
@@ -242,8 +253,16 @@ func Run(ctx context.Context, cfg Config) (*Outcome, error) {
 	if err != nil {
 		return out, err
 	}
-	if len(cfg.Jobs) == 0 && cfg.KillJob == "" {
+	if len(cfg.Jobs) == 0 && cfg.KillJob == "" && len(cfg.LocalJobs) == 0 {
 		return out, errors.New("hostnic: no jobs")
+	}
+	if cfg.Plain && (!cfg.Reverse || cfg.Local || rdmaDev == "") {
+		return out, errors.New("hostnic: Plain needs Reverse (perftest's client in guest B), a perftest peer and a verbs RNIC")
+	}
+	for _, j := range cfg.LocalJobs {
+		if j.Op == pftexchange.WriteLat {
+			return out, fmt.Errorf("%s: hostnic runs the bandwidth ops", j)
+		}
 	}
 	for _, j := range cfg.Jobs {
 		if j.Op == pftexchange.WriteImmBW && !cfg.Local {
@@ -269,12 +288,23 @@ func Run(ctx context.Context, cfg Config) (*Outcome, error) {
 	progress("vrdmad's libraries in the image: %s", strings.Join(libs, " "))
 
 	spec := AgentSpec{Vrdmad: "/extra/vrdmad", VrdmadArgs: vargs, RNIC: cfg.RNIC, RDMADev: rdmaDev, Local: HostIP,
-		Reverse: cfg.Reverse, LocalPair: cfg.Local, KillJob: cfg.KillJob, Settle: cfg.Settle}
-	if !cfg.Local {
+		Reverse: cfg.Reverse, LocalPair: cfg.Local, KillJob: cfg.KillJob, Settle: cfg.Settle, Plain: cfg.Plain, Account: cfg.Account}
+	if !cfg.Local && len(cfg.Jobs) > 0 {
 		spec.Peer = PeerIP
 	}
 	for _, j := range cfg.Jobs {
 		spec.Jobs = append(spec.Jobs, j.String())
+	}
+	for _, j := range cfg.LocalJobs {
+		spec.LocalJobs = append(spec.LocalJobs, j.String())
+	}
+	// Guest B's perftest runs each job as many times as guest A serves it.
+	peerJobs := spec.Jobs
+	if cfg.Plain {
+		peerJobs = nil
+		for _, j := range spec.Jobs {
+			peerJobs = append(peerJobs, j, j)
+		}
 	}
 	specJSON, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {
@@ -316,13 +346,13 @@ func Run(ctx context.Context, cfg Config) (*Outcome, error) {
 	defer ga.Close()
 	progress("guest A (vrdmad, rnic %s) booting: %d MiB, %d vCPUs, TCG", cfg.RNIC, cfg.MemoryMiB, cfg.SMP)
 	var gb *guestvm.Guest
-	if !cfg.Local {
+	if spec.Peer != "" {
 		role, app := "server", fmt.Sprintf("rxe.role=server rxe.ip=%s rxe.runs=1 rxe.gid=%d", PeerIP, rxepair.GIDIPv4)
 		if cfg.Reverse {
 			role, app = "client", fmt.Sprintf("rxe.role=client rxe.ip=%s rxe.peer=%s rxe.runs=1 rxe.gid=%d", PeerIP, HostIP, rxepair.GIDIPv4)
 		}
 		bcfg := guestvm.Config{Name: "hostnic-b", QEMU: cfg.QEMU, Kernel: cfg.Kernel, Initrd: cfg.Initrd,
-			SMP: 1, HugePages: 1, Run: "perftest", Args: spec.Jobs, Append: app,
+			SMP: 1, HugePages: 1, Run: "perftest", Args: peerJobs, Append: app,
 			ExtraQEMUArgs: rxepair.DgramNIC(p2, p1, rxepair.ClientMAC)}
 		if gb, err = guestvm.Boot(ctx, bcfg); err != nil {
 			return out, fmt.Errorf("boot guest B: %w", err)
@@ -368,7 +398,7 @@ func Run(ctx context.Context, cfg Config) (*Outcome, error) {
 	}
 	if cfg.Reverse && gb != nil {
 		for i := range out.Results {
-			if i < len(out.Peer) && out.Results[i].Op != "kill" {
+			if i < len(out.Peer) && out.Results[i].Op != "kill" && !out.Results[i].Local {
 				g := out.Peer[i].GBytesPerS * 8
 				out.Results[i].PeerGbitsPerS, out.Results[i].GbitsPerS, out.Results[i].GBytesPerS = g, g, g/8
 			}
@@ -383,15 +413,15 @@ func Run(ctx context.Context, cfg Config) (*Outcome, error) {
 	if derr != nil {
 		return out, derr
 	}
-	want := len(cfg.Jobs)
+	want := len(peerJobs) + len(cfg.LocalJobs)
 	if cfg.KillJob != "" {
 		want++
 	}
 	if len(out.Results) != want {
 		return out, fmt.Errorf("guest A: %d results, want %d", len(out.Results), want)
 	}
-	if cfg.Reverse && !cfg.Local && len(out.Peer) != len(cfg.Jobs) {
-		return out, fmt.Errorf("guest B: %d perftest results, want %d", len(out.Peer), len(cfg.Jobs))
+	if cfg.Reverse && !cfg.Local && len(out.Peer) != len(peerJobs) {
+		return out, fmt.Errorf("guest B: %d perftest results, want %d", len(out.Peer), len(peerJobs))
 	}
 	for _, r := range out.Results {
 		if !r.Verified {
