@@ -239,7 +239,9 @@ func verbsNotes(r verbsResult) string {
 		"alternately, in the order %s, by Debian's perftest server on guest A's rxe0 (no vrdma: the NIC's own "+
 		"throughput, the baseline) and by a vrdma client on a device of guest A's vrdmad whose QP, CQ and MR are "+
 		"rxe0's (a fresh QP per job, checked as `vrdma-vmtest hostnic --reverse` checks it). So the perftest guest, "+
-		"the link, guest A and its rxe0 are the same in both; only the para-virtual layer differs. Each job (Gbit/s): "+
+		"the link, guest A and its rxe0 are the same in both; only the para-virtual layer differs (a second rxe "+
+		"guest, internal/rxepair's, as the baseline would have one vCPU where guest A has two, and alternating with "+
+		"it would cost a boot per job). Each job (Gbit/s): "+
 		"vrdma %s; plain %s.",
 		r.hostInit.Seconds(), r.hostTime.Seconds(), r.peerTime.Seconds(), r.iters, len(r.order), strings.Join(r.order, ", "),
 		verbsList(r.vrdma), verbsList(r.plain))
@@ -267,10 +269,12 @@ func verbsNotes(r verbsResult) string {
 		"here). On a ConnectX the cost per WQE is therefore ≈ vrdmad's own part + mlx5's post. Divided by the copy's "+
 		"inflation (a rough guide only: TCG slows branches, atomics and system calls unlike copies), vrdmad's own "+
 		"part is ≈ %s ns on this machine's cores, so ≈ %s ns per WQE with mlx5, and one vrdmad core sustains "+
-		"≈ 1 s ÷ %s ns ≈ %s M WQEs/s. A ConnectX-6 is specified for up to %.0f M messages/s: small-message rates "+
-		"need that many engine cores (vrdmad --engine-threads) or are bounded by vrdmad; at 100 Gbit/s, 4 KiB "+
-		"messages are 3.05 M/s and 64 KiB ones 0.19 M/s, %s× and %s× one core's rate.",
-		mlx5PostNs, fmtNum(ownHost), fmtNum(cx), fmtNum(cx), fmtNum(rate), connectX6MsgRate/1e6, fmtNum(3.05/rate), fmtNum(0.19/rate))
+		"≈ 1 s ÷ %s ns ≈ %s M WQEs/s. A ConnectX-6 is specified for up to %.0f M messages/s, ≈ %s cores' worth at "+
+		"this cost: with small messages vrdmad, not the NIC, bounds the rate unless it has that many engine threads "+
+		"(vrdmad --engine-threads); at 100 Gbit/s, 4 KiB messages are 3.05 M/s (%s cores) and 64 KiB ones 0.19 M/s "+
+		"(%s of one core).",
+		mlx5PostNs, fmtNum(ownHost), fmtNum(cx), fmtNum(cx), fmtNum(rate), connectX6MsgRate/1e6,
+		fmtNum(connectX6MsgRate/1e6/rate), fmtNum(3.05/rate), fmtNum(0.19/rate))
 	return b.String()
 }
 
