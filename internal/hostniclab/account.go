@@ -38,6 +38,14 @@ type Account struct {
 	Metrics string `json:"metrics"`
 }
 
+// account is what a requester client samples (nil without Account).
+func (a *agent) account() *Account {
+	if !a.spec.Account {
+		return nil
+	}
+	return &Account{Pid: a.d.Pid(), Metrics: a.metrics}
+}
+
 // Window is what vrdmad spent over one client's test: from just before
 // its first post to just after its last completion (and roceinterop's
 // local checks, which post nothing). The NIC's counters are the whole

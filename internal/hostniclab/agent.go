@@ -345,14 +345,6 @@ func (a *agent) job(ctx context.Context, s string, local bool) (JobResult, error
 	return res, nil
 }
 
-// account is what a requester client samples (nil without Account).
-func (a *agent) account() *Account {
-	if !a.spec.Account {
-		return nil
-	}
-	return &Account{Pid: a.d.Pid(), Metrics: a.metrics}
-}
-
 func (a *agent) mode(local bool) string {
 	switch {
 	case local:
