@@ -251,15 +251,6 @@ func (d *Device) Close() {
 	d.eng.CloseNIC()
 }
 
-// RNIC names what executes the device's work: "soft" (the software RNIC)
-// or the host NIC's name ("verbs:mlx5_0:1").
-func (d *Device) RNIC() string {
-	if d.cfg.NIC != nil {
-		return d.cfg.NIC.Name()
-	}
-	return "soft"
-}
-
 // ID is the device's ID.
 func (d *Device) ID() string { return d.cfg.ID }
 

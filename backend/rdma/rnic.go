@@ -22,6 +22,15 @@ type HostNIC interface {
 	GIDs() [][16]byte
 }
 
+// RNIC names what executes the device's work: "soft" (the software RNIC)
+// or the host NIC's name ("verbs:mlx5_0:1").
+func (d *Device) RNIC() string {
+	if d.cfg.NIC != nil {
+		return d.cfg.NIC.Name()
+	}
+	return "soft"
+}
+
 // Min returns l with every field capped by o's where o's is not zero.
 func (l Limits) Min(o Limits) Limits {
 	c := func(v *uint32, w uint32) {
