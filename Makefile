@@ -148,7 +148,7 @@ soak: deps
 run: build qemu guest-image
 	bash scripts/run.sh
 
-bench: deps
+bench: deps build
 	bash scripts/bench.sh
 
 # make deb: bin/vrdma_<version>_amd64.deb with the binaries, the systemd unit and man pages.
