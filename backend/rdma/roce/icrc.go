@@ -73,82 +73,33 @@ const icrcSeed = 0x2144df1c
 // as rxe stores the CRC (see Seal). The result is meaningless when ip is not
 // Valid or udpPayload is shorter than a BTH. ICRC does not allocate.
 func ICRC(ip IPHeader, srcPort, dstPort uint16, udpPayload []byte) uint32 {
-	var hdr [ipv6HeaderLen + udpHeaderLen + BTHLen]byte
-	udpLen := udpHeaderLen + len(udpPayload) + ICRCLen
-	var n int
-	if ip.Is4() {
-		h := hdr[:ipv4HeaderLen]
-		h[0] = 0x45 // version 4, IHL 5
-		h[1] = 0xff // TOS
-		binary.BigEndian.PutUint16(h[2:], uint16(ipv4HeaderLen+udpLen))
-		binary.BigEndian.PutUint16(h[ipv4IDOffset:], ip.ID)
-		binary.BigEndian.PutUint16(h[6:], ip.FlagsFragment)
-		h[8] = 0xff // TTL
-		h[9] = ipProtoUDP
-		h[10], h[11] = 0xff, 0xff // header checksum
-		src, dst := ip.Src.Unmap(), ip.Dst.Unmap()
-		if src.Is4() {
-			a := src.As4()
-			copy(h[12:], a[:])
-		}
-		a := dst.As4()
-		copy(h[16:], a[:])
-		n = ipv4HeaderLen
-	} else {
-		h := hdr[:ipv6HeaderLen]
-		// Version 6, then traffic class and flow label all-ones.
-		h[0], h[1], h[2], h[3] = 0x6f, 0xff, 0xff, 0xff
-		binary.BigEndian.PutUint16(h[4:], uint16(udpLen))
-		h[6] = ipProtoUDP // next header
-		h[7] = 0xff       // hop limit
-		if ip.Src.IsValid() {
-			a := ip.Src.As16()
-			copy(h[8:], a[:])
-		}
-		if ip.Dst.IsValid() {
-			a := ip.Dst.As16()
-			copy(h[24:], a[:])
-		}
-		n = ipv6HeaderLen
-	}
-	u := hdr[n : n+udpHeaderLen]
-	binary.BigEndian.PutUint16(u[0:], srcPort)
-	binary.BigEndian.PutUint16(u[2:], dstPort)
-	binary.BigEndian.PutUint16(u[4:], uint16(udpLen))
-	u[6], u[7] = 0xff, 0xff // checksum
-	n += udpHeaderLen
-	rest := udpPayload
-	if len(udpPayload) >= BTHLen {
-		copy(hdr[n:], udpPayload[:BTHLen])
-		hdr[n+4] = 0xff // FECN, BECN, resv6a
-		n += BTHLen
-		rest = udpPayload[BTHLen:]
-	}
-	// The pseudo header goes through tables of our own: handing the array
-	// to crc32.Update (an indirect call) would move it to the heap.
-	raw := updateSlicing8(^uint32(icrcSeed), hdr[:n])
-	return crc32.Update(^raw, crc32.IEEETable, rest)
+	f := NewFlow(ip, srcPort, dstPort)
+	return f.ICRC(udpPayload)
 }
 
 // slicing8 holds the tables of a slicing-by-8 CRC-32: slicing8[0] is
 // crc32.IEEETable, slicing8[k][i] the register after byte i and k zero
-// bytes. Immutable after init.
-var slicing8 [8][256]uint32
+// bytes. Immutable; initialised before anything that uses it (a variable's
+// initialiser, not an init function: the length tables of flow.go are
+// computed with it).
+var slicing8 = newSlicing8()
 
-func init() {
-	slicing8[0] = *crc32.IEEETable
-	for k := 1; k < len(slicing8); k++ {
-		for i := range slicing8[k] {
-			r := slicing8[k-1][i]
-			slicing8[k][i] = slicing8[0][byte(r)] ^ r>>8
+func newSlicing8() *[8][256]uint32 {
+	var t [8][256]uint32
+	t[0] = *crc32.IEEETable
+	for k := 1; k < len(t); k++ {
+		for i := range t[k] {
+			r := t[k-1][i]
+			t[k][i] = t[0][byte(r)] ^ r>>8
 		}
 	}
+	return &t
 }
 
 // updateSlicing8 returns the raw CRC-32 register (no inversions) after p,
 // starting from raw, eight bytes a step.
 func updateSlicing8(raw uint32, p []byte) uint32 {
-	t := &slicing8
+	t := slicing8
 	for len(p) >= 8 {
 		raw ^= binary.LittleEndian.Uint32(p)
 		raw = t[7][byte(raw)] ^ t[6][byte(raw>>8)] ^ t[5][byte(raw>>16)] ^ t[4][raw>>24] ^
@@ -209,13 +160,15 @@ func RecoverIPv4ID(ip IPHeader, srcPort, dstPort uint16, udpPayload []byte) (id 
 	if !ip.Valid() || !ip.Is4() || len(udpPayload) < BTHLen+ICRCLen {
 		return 0, false
 	}
-	end := len(udpPayload) - ICRCLen
-	got := binary.LittleEndian.Uint32(udpPayload[end:])
 	ip.ID = 0
-	delta := got ^ ICRC(ip, srcPort, dstPort, udpPayload[:end])
-	if delta == 0 {
-		return 0, true
-	}
+	f := NewFlow(ip, srcPort, dstPort)
+	return f.RecoverIPv4ID(udpPayload)
+}
+
+// solveIPv4ID returns the ID whose bits, in the ID field of a packet whose
+// ICRC covers end bytes of UDP payload, change the ICRC by delta, if one
+// does.
+func solveIPv4ID(delta uint32, end int) (uint16, bool) {
 	// For messages of equal length CRC(a) ^ CRC(b) is the raw CRC (zero
 	// initial value, no inversion) of a ^ b: here the two ID bytes followed
 	// by every byte after them, all zero, i.e. rawCRC(ID bytes) times x^(8k)

@@ -85,10 +85,15 @@
 //
 // # Concurrency
 //
-// All methods are safe for concurrent use and take QP.mu, the only lock,
-// for their whole run; Host and Port are called with it held, so they must
-// not call back into the QP (lock order: QP.mu, then whatever the Host and
-// Port take). Counters are atomics, read without the lock.
+// All methods are safe for concurrent use and take QP.mu, the only lock;
+// Host and Port are called with it held, so they must not call back into
+// the QP (lock order: QP.mu, then whatever the Host and Port take). The
+// one exception is Port.Flush, which Post, Tick, Pump and Flush call after
+// releasing QP.mu (a system call there does not hold up the QP's other
+// callers); the packets Receive lets out wait for the owner's Flush, and
+// those of a Pump that asked for a Wake for the Pump that follows, so
+// that a long run leaves in large batches. Counters are atomics, read
+// without the lock.
 //
 // Non-goals: UC, UD, XRC, memory windows, SEND with invalidate. The
 // multipath spray extension (docs/wire.md § 9) is package spray's, which

@@ -152,21 +152,27 @@ func (q *QP) Post(wr SendWR) error {
 		return &WRError{ID: wr.ID, Reason: "no local buffer"}
 	}
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if q.err || q.closed || !q.started {
+		q.mu.Unlock()
 		return ErrState
 	}
 	if !q.req.push(wr) {
+		q.mu.Unlock()
 		return ErrQueueFull
 	}
-	q.pumpLocked()
+	flush := q.pumpLocked()
+	q.mu.Unlock()
+	if flush {
+		q.port.Flush()
+	}
 	return nil
 }
 
 // Receive handles one packet for this QP, parsed by roce.Parse and with a
-// verified ICRC. p.Payload may be reused once Receive returns. Replies are
-// queued on the Port; the caller calls Flush after a batch of packets, so
-// that ACKs are coalesced.
+// verified ICRC. p.Payload may be reused once Receive returns. Replies, and
+// the requests an ACK let out, are queued on the Port; the caller calls
+// Flush after a batch of packets, so that ACKs are coalesced and the
+// packets leave together.
 //
 // It reports whether the packet was accepted: it moved the QP forward —
 // a request at the expected PSN that the responder took (the expected PSN
@@ -198,28 +204,35 @@ func (q *QP) Receive(p *roce.Packet) (accepted bool) {
 		q.respond(p)
 	}
 	if !q.err {
-		q.pumpLocked()
+		q.pumpLocked() // the caller's Flush sends it
 	}
 	return q.resp.epsn != epsn || q.req.una != una
 }
 
-// Flush sends the coalesced ACK, if any, and flushes the Port.
+// Flush sends the coalesced ACK, if any, and flushes the Port (after
+// releasing the QP's lock: the system call does not hold up the QP's
+// other callers).
 func (q *QP) Flush() {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if !q.err && !q.closed && q.resp.jobs.n == 0 {
 		q.sendPendingAck()
 	}
+	q.mu.Unlock()
 	q.port.Flush()
 }
 
 // Pump sends up to Config.Burst packets of pending work (READ responses,
-// then requests) and calls Port.Wake when more remains.
+// then requests) and calls Port.Wake when more remains; otherwise it
+// flushes the Port.
 func (q *QP) Pump() {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	flush := true
 	if !q.err && !q.closed {
-		q.pumpLocked()
+		flush = q.pumpLocked()
+	}
+	q.mu.Unlock()
+	if flush {
+		q.port.Flush()
 	}
 }
 
@@ -227,13 +240,18 @@ func (q *QP) Pump() {
 // The owner calls it periodically (a fraction of Config.Timeout).
 func (q *QP) Tick() {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if q.err || q.closed {
+		q.mu.Unlock()
 		return
 	}
 	q.tick(q.cfg.Clock())
+	flush := false
 	if !q.err {
-		q.pumpLocked()
+		flush = q.pumpLocked()
+	}
+	q.mu.Unlock()
+	if flush {
+		q.port.Flush()
 	}
 }
 
@@ -251,7 +269,11 @@ func (q *QP) Close() {
 }
 
 // pumpLocked sends up to Burst packets and wakes the owner if more remain.
-func (q *QP) pumpLocked() {
+// It reports whether the caller should flush the Port once it released the
+// lock: it sent something and did not ask for a Wake (the Pump that
+// follows a Wake flushes, so that a long run of packets leaves in large
+// batches).
+func (q *QP) pumpLocked() (flush bool) {
 	budget := q.cfg.Burst
 	budget -= q.resp.pump(q, budget)
 	if budget > 0 {
@@ -259,8 +281,9 @@ func (q *QP) pumpLocked() {
 	}
 	if budget <= 0 {
 		q.port.Wake()
+		return false
 	}
-	q.port.Flush()
+	return budget < q.cfg.Burst
 }
 
 // fail puts the QP in the error state: the head work request, if any

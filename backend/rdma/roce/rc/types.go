@@ -201,14 +201,19 @@ type Conn interface {
 }
 
 // Port carries a QP's packets to its peer (package udp implements it).
-// The QP calls it with its lock held.
+// The QP calls Send and Wake with its lock held, Flush mostly without it
+// (so that the system call does not hold up the QP).
 type Port interface {
 	// Send transmits one packet, BTH to ICRC, the ICRC not yet computed:
 	// the Port knows the IP and UDP headers and seals it. pkt is valid
 	// only during the call. A packet the Port cannot send is lost, as on
-	// the wire; the protocol recovers it.
+	// the wire; the protocol recovers it. The Port may queue it until
+	// Flush.
 	Send(pkt []byte)
-	// Flush pushes out what Send queued.
+	// Flush pushes out what Send queued. The QP calls it after each
+	// Post, Tick and Pump that sent packets (the Pump after a Wake when
+	// it asked for one) and in Flush; after Receive the owner calls
+	// QP.Flush.
 	Flush()
 	// Wake asks for a call of QP.Pump soon, from a goroutine holding no
 	// QP lock: the QP stopped after Config.Burst packets with more to

@@ -3,7 +3,9 @@
 // recvmmsg, checks each datagram (size, roce.Parse, the ICRC with the IP
 // header it reconstructs, the destination QPN, the peer's address) and
 // hands it to its QP; it sends what the QPs queue with sendmmsg, runs of
-// same-size packets to one peer as UDP GSO super-datagrams (IPv6).
+// same-size packets to one peer as UDP GSO super-datagrams (IPv6). The
+// ICRC's pseudo header (roce.Flow) is computed once per peer for sending
+// and once per source for a run of received datagrams.
 //
 // # On the wire
 //
@@ -65,25 +67,37 @@
 // # Goroutines
 //
 // Three per endpoint: the receiver (recvmmsg, Config.Batch datagrams at a
-// time; the QPs it touched Flush their coalesced ACKs after each batch),
-// the timer (every Config.Tick it calls Tick on every QP; cost O(QPs)), and
-// the pump (QPs that stopped after a burst ask through Port.Wake, a
-// channel with room for every QP, each queued at most once). Post, from
-// the owner's goroutine, sends what the window allows at once.
+// time; the QPs it touched Flush their coalesced ACKs, and the requests
+// the ACKs let out, after each batch), the timer (every Config.Tick it
+// calls Tick on every QP; cost O(QPs)), and the pump (QPs that stopped
+// after a burst ask through Port.Wake, a channel with room for every QP,
+// each queued at most once). Post, from the owner's goroutine, sends what
+// the window allows at once.
+//
+// Sending is batched: a QP's packets are sealed into the endpoint's send
+// batch under its lock, and the batch leaves (sendmmsg) when a QP is done
+// sending for now (rc flushes after Post, Tick and the last Pump of a run,
+// without the QP's lock held), after a receive batch, when the pump
+// goroutine finds Config.Batch packets queued between two bursts of a QP
+// that has more to send, or when the batch is full. A long run of packets
+// so leaves in sendmmsg calls of Config.Batch packets or more, each run of
+// one message's full-size packets one GSO super-datagram, and the system
+// call rarely holds up a QP's other callers.
 //
 // # Locks
 //
 // Lock order: a QP's lock (package rc), then txMu (the send batch; a full
 // batch, or any Flush, goes out under it, waiting for socket buffer room
-// through the runtime poller). tableMu serialises NewQP and RemoveQP, which
+// through the runtime poller; rc flushes without its QP lock, so only a
+// full batch makes a QP wait for the system call). tableMu serialises NewQP and RemoveQP, which
 // publish a new QP table (copy on write, an atomic pointer): the receiver
 // and the timer read it without a lock.
 //
 // # Bounds
 //
-// Two batches of Config.Batch buffers, one maximum packet each for sending,
-// 64 KiB each for receiving with UDP_GRO (4 MiB at the default batch;
-// one packet each without GRO); at most Config.MaxQPs QPs; nothing per
+// A send batch of 4 × Config.Batch buffers of one maximum packet each (1
+// MiB at the default batch), a receive batch of Config.Batch buffers of 64
+// KiB each with UDP_GRO (4 MiB; one packet each without GRO); at most Config.MaxQPs QPs; nothing per
 // datagram. A flush plans at most Config.Batch messages, a receive buffer
 // splits into at most its length / 16 datagrams. Datagrams that fail a check are
 // counted (Counters) by reason and dropped, never delivered to a QP: a

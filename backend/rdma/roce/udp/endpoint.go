@@ -34,6 +34,10 @@ const (
 	DefaultTick   = time.Millisecond
 	DefaultMaxQPs = 4096
 	DefaultBuffer = 4 << 20
+	// txBatches is the send batch in receive batches: room for a QP's
+	// bursts to gather while the pump goroutine sends (package doc, §
+	// Goroutines).
+	txBatches = 4
 	// bufSize holds the largest packet with IPv6 headers' worth of slack:
 	// a datagram that does not fit is truncated and dropped.
 	bufSize = roce.BTHLen + roce.RETHLen + roce.ImmDtLen + roce.MaxPayload + roce.ICRCLen + 64
@@ -52,7 +56,10 @@ type Config struct {
 	// but right for some ID (roce.RecoverIPv4ID): what Linux rxe sends.
 	// It checks 16 of the ICRC's 32 bits for such packets.
 	RecoverIPv4ID bool
-	// Batch is the datagrams per sendmmsg and recvmmsg (0: 64).
+	// Batch is the datagrams per recvmmsg (0: 64). The send batch holds
+	// txBatches times as many packets; the pump goroutine flushes it
+	// once it holds Batch (a sendmmsg carries from Batch packets, in as
+	// many messages as GSO needs, to the whole send batch).
 	Batch int
 	// Tick is the period of the QPs' timers (0: 1 ms).
 	Tick time.Duration
@@ -181,6 +188,11 @@ type Endpoint struct {
 	rx      *batch      // the receive goroutine's
 	rxPkt   roce.Packet // the receive goroutine's: the packet it handles
 	touched []*qpEntry  // the receive goroutine's
+	// The receive goroutine's: the pseudo header of the last source
+	// (rxFlow).
+	rxFlowSrc netip.AddrPort
+	rxFlowCur roce.Flow
+	rxFlowOK  bool
 
 	ready  chan *port
 	wakes  chan func() // Wake's; room for MaxQPs
@@ -270,13 +282,14 @@ func Listen(cfg Config) (*Endpoint, error) {
 	if gro {
 		rxSize, rxCtl = groBufSize, rxCtlSpace
 	}
+	txCap := txBatches * cfg.Batch
 	e := &Endpoint{
 		cfg: cfg, log: log, conn: conn, raw: raw,
 		local:      conn.LocalAddr().(*net.UDPAddr).AddrPort(),
-		tx:         newBatch(cfg.Batch, bufSize, 0),
-		txDst:      make([]netip.AddrPort, cfg.Batch),
-		txLen:      make([]int, cfg.Batch),
-		txPlan:     newSendPlan(cfg.Batch),
+		tx:         newBatch(txCap, bufSize, 0),
+		txDst:      make([]netip.AddrPort, txCap),
+		txLen:      make([]int, txCap),
+		txPlan:     newSendPlan(txCap),
 		rx:         newBatch(cfg.Batch, rxSize, rxCtl),
 		groCapable: gro,
 		touched:    make([]*qpEntry, 0, cfg.Batch),
@@ -355,7 +368,7 @@ func (e *Endpoint) newQP(cfg rc.Config, peer netip.AddrPort, host rc.Host,
 	if !peer.Addr().IsValid() || peer.Addr().Is4() != e.cfg.Addr.Is4() {
 		return nil, fmt.Errorf("%w: peer %v for an endpoint on %v", ErrConfig, peer, e.cfg.Addr)
 	}
-	p := &port{e: e, peer: peer, ip: roce.IPHeader{Src: e.cfg.Addr, Dst: peer.Addr(), FlagsFragment: roce.IPv4DF}}
+	p := e.newPort(peer)
 	qp, err := mk(cfg, host, p)
 	if err != nil {
 		return nil, fmt.Errorf("udp: new QP %#x: %w", cfg.QPN, err)

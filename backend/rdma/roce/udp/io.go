@@ -1,7 +1,6 @@
 package udp
 
 import (
-	"encoding/binary"
 	"net/netip"
 	"runtime/debug"
 	"sync/atomic"
@@ -18,9 +17,16 @@ import (
 type port struct {
 	e      *Endpoint      // immutable
 	peer   netip.AddrPort // immutable
-	ip     roce.IPHeader  // immutable: what the ICRC covers of the IP header
+	flow   roce.Flow      // immutable: the ICRC's pseudo header, from the endpoint's address and port to peer
 	qp     *rc.QP         // set once before the port is used
 	queued atomic.Bool    // in e.ready
+}
+
+// newPort returns a port to peer, whose address is of the endpoint's
+// family and whose port is set.
+func (e *Endpoint) newPort(peer netip.AddrPort) *port {
+	ip := roce.IPHeader{Src: e.cfg.Addr, Dst: peer.Addr(), FlagsFragment: roce.IPv4DF}
+	return &port{e: e, peer: peer, flow: roce.NewFlow(ip, e.local.Port(), peer.Port())}
 }
 
 var _ rc.Port = (*port)(nil)
@@ -49,7 +55,7 @@ func (e *Endpoint) send(p *port, pkt []byte) {
 	i := e.txN
 	b := e.tx.bufs[i][:len(pkt)]
 	copy(b, pkt)
-	if err := roce.Seal(p.ip, e.local.Port(), p.peer.Port(), b); err != nil {
+	if err := p.flow.Seal(b); err != nil {
 		e.ctr.txErrors.Add(1)
 		return
 	}
@@ -65,6 +71,18 @@ func (e *Endpoint) flush() {
 	e.txMu.Lock()
 	defer e.txMu.Unlock()
 	e.flushLocked()
+}
+
+// flushFrom flushes the send batch if it holds at least n packets: the
+// pump goroutine's, between the bursts of a QP that has more to send (no
+// QP lock held), so that a long run leaves in large sendmmsg calls and
+// large GSO super-datagrams without waiting for the run's end.
+func (e *Endpoint) flushFrom(n int) {
+	e.txMu.Lock()
+	defer e.txMu.Unlock()
+	if e.txN >= n {
+		e.flushLocked()
+	}
 }
 
 // flushLocked sends the queued datagrams with as few sendmmsg calls as the
@@ -263,15 +281,16 @@ func (e *Endpoint) deliver(b []byte, src netip.AddrPort, gen uint64) {
 		}
 	}
 	// The ICRC, without roce.Verify's error value (an allocation per
-	// packet from rxe). With ID recovery one CRC pass does both: the ID
-	// is 0 when the packet is vrdma's.
-	ip := roce.IPHeader{Src: src.Addr(), Dst: e.cfg.Addr, FlagsFragment: roce.IPv4DF}
-	if !ip.Valid() {
+	// packet from rxe), over the source's pseudo header (rxFlow). With ID
+	// recovery one CRC pass does both: the ID is 0 when the packet is
+	// vrdma's.
+	f := e.rxFlow(src)
+	if f == nil {
 		e.ctr.rxICRC.Add(1)
 		return
 	}
-	if ip.Is4() && e.cfg.RecoverIPv4ID {
-		id, ok := roce.RecoverIPv4ID(ip, src.Port(), e.local.Port(), b)
+	if e.cfg.Addr.Is4() && e.cfg.RecoverIPv4ID {
+		id, ok := f.RecoverIPv4ID(b)
 		if !ok {
 			e.ctr.rxICRC.Add(1)
 			return
@@ -279,12 +298,9 @@ func (e *Endpoint) deliver(b []byte, src netip.AddrPort, gen uint64) {
 		if id != 0 {
 			e.ctr.rxRecoveredID.Add(1)
 		}
-	} else {
-		end := len(b) - roce.ICRCLen
-		if roce.ICRC(ip, src.Port(), e.local.Port(), b[:end]) != binary.LittleEndian.Uint32(b[end:]) {
-			e.ctr.rxICRC.Add(1)
-			return
-		}
+	} else if !f.Check(b) {
+		e.ctr.rxICRC.Add(1)
+		return
 	}
 	if !vendor {
 		ent = (*e.table.Load())[p.BTH.DestQP]
@@ -319,6 +335,22 @@ func (e *Endpoint) deliver(b []byte, src netip.AddrPort, gen uint64) {
 	}
 }
 
+// rxFlow returns the ICRC's pseudo header of a datagram from src to the
+// endpoint (ID 0, DF), nil when src is not of the endpoint's family. It
+// keeps the last source's: the datagrams of a GRO buffer, and most of a
+// receive batch, share it. The receive goroutine's.
+func (e *Endpoint) rxFlow(src netip.AddrPort) *roce.Flow {
+	if !e.rxFlowOK || src != e.rxFlowSrc {
+		ip := roce.IPHeader{Src: src.Addr(), Dst: e.cfg.Addr, FlagsFragment: roce.IPv4DF}
+		if !ip.Valid() {
+			return nil
+		}
+		e.rxFlowSrc, e.rxFlowOK = src, true
+		e.rxFlowCur = roce.NewFlow(ip, src.Port(), e.local.Port())
+	}
+	return &e.rxFlowCur
+}
+
 // timers runs every QP's timers each Tick.
 func (e *Endpoint) timers() {
 	defer e.wg.Done()
@@ -348,7 +380,10 @@ func (e *Endpoint) pumps() {
 			return
 		case p := <-e.ready:
 			p.queued.Store(false)
-			p.qp.Pump()
+			p.qp.Pump() // flushes when it is done
+			if p.queued.Load() {
+				e.flushFrom(e.cfg.Batch)
+			}
 		case f := <-e.wakes:
 			f()
 		}

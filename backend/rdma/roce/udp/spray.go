@@ -115,7 +115,7 @@ func (e *Endpoint) Route(peer netip.AddrPort) (*Route, error) {
 	if !peer.Addr().IsValid() || peer.Addr().IsUnspecified() || peer.Addr().Is4() != e.cfg.Addr.Is4() {
 		return nil, fmt.Errorf("%w: peer %v for an endpoint on %v", ErrConfig, peer, e.cfg.Addr)
 	}
-	return &Route{p: &port{e: e, peer: peer, ip: roce.IPHeader{Src: e.cfg.Addr, Dst: peer.Addr(), FlagsFragment: roce.IPv4DF}}}, nil
+	return &Route{p: e.newPort(peer)}, nil
 }
 
 // Send seals pkt (BTH to ICRC, the ICRC a placeholder) and queues it in the
