@@ -72,7 +72,7 @@ func benchBlast(b *testing.B, l *roceLab, v6, gso bool) {
 		b.Fatal(err)
 	}
 	defer u.close()
-	if _, err := u.pingPong(0, 1); err != nil { // the neighbour entries
+	if err := firstPing(u); err != nil { // the neighbour entries
 		b.Fatal(err)
 	}
 	b.ResetTimer()
@@ -88,6 +88,17 @@ func benchBlast(b *testing.B, l *roceLab, v6, gso bool) {
 	b.ReportMetric(g, "Gbit/s-payload")
 }
 
+// firstPing makes one round trip on u, trying a few times: the lab's
+// link may still be coming up (IPv6).
+func firstPing(u *rawUDP) (err error) {
+	for range 5 {
+		if _, err = u.pingPong(0, 1); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
 func benchRoCEWrite(b *testing.B, l *roceLab, wait clientWait, v6 bool) {
 	open := openRoceClient
 	if v6 {
@@ -98,11 +109,7 @@ func benchRoCEWrite(b *testing.B, l *roceLab, wait clientWait, v6 bool) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		for try := 0; try < 5; try++ { // the link may still be coming up
-			if _, err = u.pingPong(0, 1); err == nil {
-				break
-			}
-		}
+		err = firstPing(u)
 		u.close()
 		if err != nil {
 			b.Fatal(err)

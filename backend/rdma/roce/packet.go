@@ -207,12 +207,44 @@ func padLen(n int) int { return -n & 3 }
 // longer than MaxPayload, or (FIRST, MIDDLE) not a path MTU. It does not check the PMTU rules (CheckPMTU). It
 // allocates only when dst lacks capacity (see Len).
 func (p *Packet) Append(dst []byte) ([]byte, error) {
-	if err := p.checkEncode(); err != nil {
+	if err := p.checkEncode(len(p.Payload)); err != nil {
 		return dst, err
 	}
-	info := &opTable[p.BTH.Opcode]
 	n := len(p.Payload)
 	pad := padLen(n)
+	dst = p.appendHeaders(dst, pad)
+	dst = append(dst, p.Payload...)
+	dst = append(dst, p.pad[:pad]...)
+	return binary.LittleEndian.AppendUint32(dst, p.ICRC), nil
+}
+
+// Encode writes the packet with a payload of n bytes that is already in
+// place into b, which must be exactly a packet of that payload long
+// (HeaderLen + n + pad + ICRCLen) and hold the payload at
+// [HeaderLen, HeaderLen+n): it writes the headers before the payload, zero
+// pad bytes and p.ICRC after it, and ignores p.Payload. A sender builds a
+// packet so in the memory it sends from, the payload copied there once
+// (then Seal). It refuses, with ErrInvalid and b unchanged, what Append
+// refuses for such a payload, and a b of another length.
+func (p *Packet) Encode(b []byte, n int) error {
+	if err := p.checkEncode(n); err != nil {
+		return err
+	}
+	pad := padLen(n)
+	hl := p.BTH.Opcode.HeaderLen()
+	if n < 0 || len(b) != hl+n+pad+ICRCLen {
+		return packetError(ErrInvalid, p.BTH.Opcode, "encode: %d bytes for a payload of %d", len(b), n)
+	}
+	p.appendHeaders(b[:0], pad)
+	clear(b[hl+n : hl+n+pad])
+	binary.LittleEndian.PutUint32(b[hl+n+pad:], p.ICRC)
+	return nil
+}
+
+// appendHeaders appends the BTH (with pad count pad) and the extension
+// headers of the opcode. Precondition: checkEncode passed.
+func (p *Packet) appendHeaders(dst []byte, pad int) []byte {
+	info := &opTable[p.BTH.Opcode]
 	dst = p.BTH.append(dst, uint8(pad))
 	if info.ext&ExtRETH != 0 {
 		dst = p.RETH.append(dst)
@@ -229,12 +261,11 @@ func (p *Packet) Append(dst []byte) ([]byte, error) {
 	if info.ext&ExtImmDt != 0 {
 		dst = binary.BigEndian.AppendUint32(dst, p.ImmDt)
 	}
-	dst = append(dst, p.Payload...)
-	dst = append(dst, p.pad[:pad]...)
-	return binary.LittleEndian.AppendUint32(dst, p.ICRC), nil
+	return dst
 }
 
-func (p *Packet) checkEncode() error {
+// checkEncode checks the packet for encoding with a payload of n bytes.
+func (p *Packet) checkEncode(n int) error {
 	h := &p.BTH
 	op := h.Opcode
 	switch {
@@ -246,12 +277,12 @@ func (p *Packet) checkEncode() error {
 		return packetError(ErrInvalid, op, "DestQP %#x beyond 24 bits", h.DestQP)
 	case !h.PSN.Valid():
 		return packetError(ErrInvalid, op, "PSN %#x beyond 24 bits", uint32(h.PSN))
-	case !op.HasPayload() && len(p.Payload) != 0:
-		return packetError(ErrInvalid, op, "payload %d bytes on an opcode without payload", len(p.Payload))
-	case len(p.Payload) > MaxPayload:
-		return packetError(ErrInvalid, op, "payload %d bytes, more than %d", len(p.Payload), MaxPayload)
-	case (op.Segment() == SegmentFirst || op.Segment() == SegmentMiddle) && !MTU(len(p.Payload)).Valid():
-		return packetError(ErrInvalid, op, "%s packet with payload %d bytes, not a path MTU", op.Segment(), len(p.Payload))
+	case !op.HasPayload() && n != 0:
+		return packetError(ErrInvalid, op, "payload %d bytes on an opcode without payload", n)
+	case n > MaxPayload:
+		return packetError(ErrInvalid, op, "payload %d bytes, more than %d", n, MaxPayload)
+	case (op.Segment() == SegmentFirst || op.Segment() == SegmentMiddle) && !MTU(n).Valid():
+		return packetError(ErrInvalid, op, "%s packet with payload %d bytes, not a path MTU", op.Segment(), n)
 	}
 	if op.Ext()&ExtAETH != 0 {
 		switch {

@@ -365,3 +365,37 @@ func TestParseDoesNotAllocate(t *testing.T) {
 		t.Fatalf("got %v allocations per run, want at most 1", allocs)
 	}
 }
+
+// TestEncodeInPlace: Encode over a buffer holding the payload at its place
+// (and garbage elsewhere) gives Append's bytes, for every opcode and
+// length; it refuses a buffer of the wrong length and what Append refuses.
+func TestEncodeInPlace(t *testing.T) {
+	for op := Opcode(0); op < numOpcodes; op++ {
+		for _, n := range payloadSizes(op) {
+			p := samplePacket(op, n)
+			p.ICRC = 0x01020304
+			want, err := p.Append(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := bytes.Repeat([]byte{0xee}, len(want))
+			hl := op.HeaderLen()
+			copy(b[hl:], p.Payload)
+			q := p
+			q.Payload = nil
+			if err := q.Encode(b, len(p.Payload)); err != nil {
+				t.Fatalf("%v/%d: Encode: %v", op, n, err)
+			}
+			if !bytes.Equal(b, want) {
+				t.Fatalf("%v/%d: Encode\n got % x\nwant % x", op, n, b, want)
+			}
+			if err := q.Encode(b[:len(b)-1], len(p.Payload)); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("%v/%d: short buffer: got %v, want ErrInvalid", op, n, err)
+			}
+		}
+	}
+	p := samplePacket(OpWriteMiddle, 1000) // not a path MTU
+	if err := p.Encode(make([]byte, p.Len()), 1000); !errors.Is(err, ErrInvalid) {
+		t.Errorf("MIDDLE of 1000 bytes: got %v, want ErrInvalid", err)
+	}
+}

@@ -15,6 +15,9 @@
 // a packet (BTH to ICRC; the Port seals the ICRC, which covers the IP and
 // UDP headers only it knows), flushes a batch, and is asked to Wake the
 // owner when the QP stopped after Config.Burst packets with more to send.
+// A Port that is an InPlacePort (package udp's) lends the QP the memory a
+// packet leaves from, and the payload of a SEND, WRITE or READ response is
+// copied once, from the local memory straight into it.
 // The owner calls Receive for each packet (parsed, ICRC verified), Flush
 // after a batch of packets, Pump after a Wake, Tick periodically, Post for
 // work requests and Close to flush everything.
@@ -76,8 +79,8 @@
 // Every packet is O(its size): no loop over the send queue on the fast
 // path (the go-back-N seek and a duplicate's lookups are bounded by
 // SQSize and MaxDestRdAtomic), and nothing is allocated per packet (the QP
-// owns one packet and one payload buffer; Host and Port implementations
-// should not allocate either). Memory is fixed at New: SQSize work
+// owns one packet and one payload buffer, for a Port that is not an
+// InPlacePort; Host and Port implementations should not allocate either). Memory is fixed at New: SQSize work
 // requests, MaxDestRdAtomic queued responses and remembered READs and
 // atomics. Packets that break the protocol are counted (Counters) and
 // dropped or NAKed; they change nothing outside this QP. A response can

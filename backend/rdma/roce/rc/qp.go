@@ -43,8 +43,9 @@ type QP struct {
 	// cfg is immutable after New but for the requester's fields, which
 	// Start sets under mu (QPN, DestQPN and PMTU never change).
 	cfg  Config
-	host Host // immutable
-	port Port // immutable
+	host Host        // immutable
+	port Port        // immutable
+	ipp  InPlacePort // immutable: port, if it is one (nil otherwise)
 
 	ctr counters
 
@@ -53,7 +54,8 @@ type QP struct {
 	closed  bool      // protected by mu
 	started bool      // protected by mu: Start ran (RTS); Post works
 	pkt     []byte    // protected by mu: the packet being built
-	data    []byte    // protected by mu: gathered payload
+	data    []byte    // protected by mu: gathered payload (without an InPlacePort)
+	room    []byte    // protected by mu: the InPlacePort's room for the packet being built
 	req     requester // protected by mu
 	resp    responder // protected by mu
 }
@@ -86,6 +88,7 @@ func NewRTR(cfg Config, host Host, port Port) (*QP, error) {
 		pkt:  make([]byte, 0, roce.BTHLen+roce.RETHLen+roce.ImmDtLen+roce.MaxPayload+roce.ICRCLen+8),
 		data: make([]byte, roce.MaxPayload),
 	}
+	q.ipp, _ = port.(InPlacePort)
 	q.req.init(&q.cfg)
 	q.resp.init(&q.cfg)
 	return q, nil
@@ -312,6 +315,53 @@ func (q *QP) emit(p *roce.Packet) {
 	q.pkt = b[:0]
 	q.ctr.txPackets.Add(1)
 	q.port.Send(b)
+}
+
+// payloadRoom starts a packet with n bytes of payload, a's opcode set: it
+// returns where the payload goes, which the caller fills before
+// emitPayload (or dropPayload on failure). With an InPlacePort that is its
+// place in the Port's room, and the payload is copied once; otherwise
+// q.data, which emitPayload encodes from.
+func (q *QP) payloadRoom(a *roce.Packet, n uint32) []byte {
+	if q.ipp == nil {
+		return q.data[:n]
+	}
+	hl := a.BTH.Opcode.HeaderLen()
+	total := hl + int(n) + (-int(n) & 3) + roce.ICRCLen
+	q.room = q.ipp.Reserve(total)
+	if len(q.room) < total { // beyond the Port's packets: Send will refuse it
+		q.ipp.Commit(nil)
+		q.room = nil
+		return q.data[:n]
+	}
+	return q.room[hl : hl+int(n)]
+}
+
+// emitPayload sends a, whose payload payloadRoom returned and the caller
+// filled.
+func (q *QP) emitPayload(a *roce.Packet, payload []byte) {
+	if q.room == nil {
+		a.Payload = payload
+		q.emit(a)
+		return
+	}
+	room := q.room[:len(q.room):len(q.room)]
+	q.room = nil
+	if err := a.Encode(room, len(payload)); err != nil {
+		q.ctr.dropInvalid.Add(1) // a bug of this package, as in emit
+		q.ipp.Commit(nil)
+		return
+	}
+	q.ctr.txPackets.Add(1)
+	q.ipp.Commit(room)
+}
+
+// dropPayload abandons the packet payloadRoom started.
+func (q *QP) dropPayload() {
+	if q.room != nil {
+		q.room = nil
+		q.ipp.Commit(nil)
+	}
 }
 
 func (q *QP) bth(op roce.Opcode, psn roce.PSN) roce.BTH {

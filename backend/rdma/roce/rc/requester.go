@@ -174,14 +174,15 @@ func (r *requester) pump(q *QP, budget int) int {
 			if last || r.noack >= min(ackEvery, max(1, r.cwnd/4)) {
 				a.BTH.AckReq, r.noack = true, 0
 			}
-			a.Payload = q.data[:n]
+			payload := q.payloadRoom(&a, n)
 			if n > 0 {
-				if err := w.wr.Local.Gather(r.off, a.Payload); err != nil {
+				if err := w.wr.Local.Gather(r.off, payload); err != nil {
+					q.dropPayload()
 					q.failAt(r.cur, abi.WCLocProtErr)
 					return sent
 				}
 			}
-			q.emit(&a)
+			q.emitPayload(&a, payload)
 			adv = 1
 			r.off += n
 		}

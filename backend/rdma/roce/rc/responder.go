@@ -495,15 +495,16 @@ func (r *responder) pump(q *QP, budget int) int {
 		}
 		a := roce.Packet{BTH: q.bth(op, j.psn)}
 		a.AETH = roce.AETH{Syndrome: roce.ACKSyndrome(31), MSN: j.msn}
-		a.Payload = q.data[:n]
+		payload := q.payloadRoom(&a, n)
 		if n > 0 {
-			if err := j.region.ReadAt(j.va, a.Payload); err != nil {
+			if err := j.region.ReadAt(j.va, payload); err != nil {
+				q.dropPayload()
 				p := roce.Packet{BTH: q.bth(roce.OpReadRequest, j.psn)}
 				q.nakFatal(&p, roce.NAKRemoteOperationalError)
 				return sent
 			}
 		}
-		q.emit(&a)
+		q.emitPayload(&a, payload)
 		sent++
 		j.first = false
 		j.va += uint64(n)

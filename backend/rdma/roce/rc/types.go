@@ -221,6 +221,23 @@ type Port interface {
 	Wake()
 }
 
+// InPlacePort is a Port in whose memory the QP can build a packet with a
+// payload (a SEND or WRITE request, a READ response), so that the payload
+// is copied once, from the local memory (Buffer.Gather, Region.ReadAt)
+// straight into what the Port sends: Reserve returns room for a packet of
+// n bytes, the QP writes the payload and then the headers there, and
+// Commit seals and queues it (as Send would) or, given nil, gives the room
+// back. The QP calls Commit after every Reserve, calling nothing else of
+// the Port in between, with its lock held; the Port may hold a lock of its
+// own from Reserve to Commit. n is at most the largest packet (BTH, RETH,
+// ImmDt, roce.MaxPayload, ICRC). Package udp's ports implement it; any
+// other Port gets each packet through Send.
+type InPlacePort interface {
+	Port
+	Reserve(n int) []byte
+	Commit(pkt []byte)
+}
+
 // Config is a connected QP's attributes, as MODIFY_QP to RTR and RTS sets
 // them.
 type Config struct {

@@ -74,8 +74,9 @@
 // each queued at most once). Post, from the owner's goroutine, sends what
 // the window allows at once.
 //
-// Sending is batched: a QP's packets are sealed into the endpoint's send
-// batch under its lock, and the batch leaves (sendmmsg) when a QP is done
+// Sending is batched: a QP's packets are built (rc.InPlacePort: the
+// payload gathered from guest memory straight into the batch's buffer, the
+// one copy) and sealed in the endpoint's send batch under its lock, and the batch leaves (sendmmsg) when a QP is done
 // sending for now (rc flushes after Post, Tick and the last Pump of a run,
 // without the QP's lock held), after a receive batch, when the pump
 // goroutine finds Config.Batch packets queued between two bursts of a QP

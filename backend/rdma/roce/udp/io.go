@@ -29,7 +29,7 @@ func (e *Endpoint) newPort(peer netip.AddrPort) *port {
 	return &port{e: e, peer: peer, flow: roce.NewFlow(ip, e.local.Port(), peer.Port())}
 }
 
-var _ rc.Port = (*port)(nil)
+var _ rc.InPlacePort = (*port)(nil)
 
 func (p *port) Send(pkt []byte) { p.e.send(p, pkt) }
 func (p *port) Flush()          { p.e.flush() }
@@ -44,6 +44,29 @@ func (p *port) Wake() {
 	}
 }
 
+// Reserve locks the send batch and returns its next buffer, n bytes
+// (rc.InPlacePort; at most bufSize: a larger n gets nil, which Commit
+// then takes). The batch always has a free buffer: a full one leaves at
+// once.
+func (p *port) Reserve(n int) []byte {
+	e := p.e
+	e.txMu.Lock()
+	if n < 0 || n > bufSize {
+		return nil
+	}
+	return e.tx.bufs[e.txN][:n]
+}
+
+// Commit seals and queues the packet Reserve's room holds (its first
+// len(pkt) bytes), or with nil queues nothing, and unlocks the batch.
+func (p *port) Commit(pkt []byte) {
+	e := p.e
+	defer e.txMu.Unlock()
+	if pkt != nil {
+		e.queueLocked(p, len(pkt))
+	}
+}
+
 // send seals pkt and queues it; a full batch leaves at once.
 func (e *Endpoint) send(p *port, pkt []byte) {
 	e.txMu.Lock()
@@ -52,15 +75,21 @@ func (e *Endpoint) send(p *port, pkt []byte) {
 		e.ctr.txErrors.Add(1)
 		return
 	}
+	copy(e.tx.bufs[e.txN], pkt)
+	e.queueLocked(p, len(pkt))
+}
+
+// queueLocked seals the n-byte packet in the batch's next buffer and
+// queues it for p's peer; a full batch leaves at once. Precondition: txMu
+// held.
+func (e *Endpoint) queueLocked(p *port, n int) {
 	i := e.txN
-	b := e.tx.bufs[i][:len(pkt)]
-	copy(b, pkt)
-	if err := p.flow.Seal(b); err != nil {
+	if err := p.flow.Seal(e.tx.bufs[i][:n]); err != nil {
 		e.ctr.txErrors.Add(1)
 		return
 	}
-	e.tx.setSend(i, len(pkt), p.peer)
-	e.txDst[i], e.txLen[i] = p.peer, len(pkt)
+	e.tx.setSend(i, n, p.peer)
+	e.txDst[i], e.txLen[i] = p.peer, n
 	e.txN++
 	if e.txN == len(e.tx.hdrs) {
 		e.flushLocked()
