@@ -7,28 +7,20 @@ package main
 // sendmmsg blast, 64 B WRITE latency against a UDP ping-pong. Further rows,
 // each in a lab of its own: multipath spray under loss against single-path
 // go-back-N (roce_spray.go, with the goodput-against-loss picture), and
-// vrdma against Linux soft-RoCE beside rxe against rxe (roce_rxe.go).
+// vrdma against Linux soft-RoCE beside rxe against rxe (roce_rxe.go). The
+// lab is roce_lab.go, the verbs client roce_client.go, the raw UDP
+// baselines roce_udp.go.
 
 import (
 	"errors"
 	"fmt"
 	"io"
-	"net/netip"
-	"os"
-	"runtime"
 	"slices"
 	"time"
 
-	"github.com/sirupsen/logrus"
-
 	"github.com/vrdma/vrdma/backend/rdma/roce"
-	"github.com/vrdma/vrdma/backend/rdma/roce/hostnet"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
-	"github.com/vrdma/vrdma/guest/verbs"
-	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/internal/netlab"
-	"github.com/vrdma/vrdma/memmap"
-	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 const (
@@ -53,13 +45,6 @@ const (
 )
 
 // The veth's addresses, inside netlab.Range4, and its IPv6 ones, inside
-// netlab.Range6: the rows with UDP segmentation offload run over IPv6 (an
-// IPv4 endpoint never sends GSO: the segments' IDs would not be 0,
-// backend/rdma/roce/udp).
-var (
-	roceAddrs  = [2]netip.Addr{netip.MustParseAddr("10.200.250.1"), netip.MustParseAddr("10.200.250.2")}
-	roceAddrs6 = [2]netip.Addr{netip.MustParseAddr("fd00:7672:fa::1"), netip.MustParseAddr("fd00:7672:fa::2")}
-)
 
 // roceGSOSegs is the datagrams of one super-datagram of the UDP_SEGMENT
 // blast: as many 1040-byte datagrams as 64 KiB of IP datagram holds (62,
@@ -94,367 +79,6 @@ var (
 	// (roce_rxe.go).
 	roceRxeRows roceRows = rxeRows
 )
-
-// roceLab is two namespaces joined by one veth (MTU 1500), each holding
-// the RoCE endpoint of an in-process daemon with one device: A's device
-// reaches B's only over the network, as two hosts' would.
-type roceLab struct {
-	lab   *netlab.Lab
-	ns    [2]*netlab.NS
-	nets  [2]*hostnet.Network
-	rigs  [2]*rig
-	socks [2]string
-	pmtu  roce.MTU // the path MTU the endpoints derived from the link
-}
-
-func newRoceLab() (l *roceLab, err error) {
-	if err := netlab.Available(); err != nil {
-		return nil, err
-	}
-	if _, err := netlab.Sweep(roceLabPrefix); err != nil {
-		return nil, err
-	}
-	lab, err := netlab.New(netlab.Config{Prefix: roceLabPrefix})
-	if err != nil {
-		return nil, err
-	}
-	l = &roceLab{lab: lab}
-	defer func() {
-		if err != nil {
-			l.close()
-		}
-	}()
-	for i, label := range []string{"ra", "rb"} {
-		if l.ns[i], err = lab.AddNS(label); err != nil {
-			return nil, err
-		}
-		// Before the links exist: their IPv6 addresses are usable at
-		// once, without duplicate address detection.
-		if err := l.ns[i].Sysctl("net.ipv6.conf.default.accept_dad", "0"); err != nil {
-			return nil, err
-		}
-	}
-	links := [2]string{"va", "vb"}
-	if err := lab.Veth(l.ns[0], links[0], l.ns[1], links[1]); err != nil {
-		return nil, err
-	}
-	for i, ns := range l.ns {
-		if err := ns.SetMTU(links[i], roceLinkMTU); err != nil {
-			return nil, err
-		}
-		if err := ns.AddAddr(links[i], netip.PrefixFrom(roceAddrs[i], 24)); err != nil {
-			return nil, err
-		}
-		if err := ns.AddAddr(links[i], netip.PrefixFrom(roceAddrs6[i], 64)); err != nil {
-			return nil, err
-		}
-		if err := ns.SetUp(links[i], true); err != nil {
-			return nil, err
-		}
-	}
-	quiet := logrus.New()
-	quiet.SetLevel(logrus.PanicLevel)
-	for i, ns := range l.ns {
-		n, err := hostnet.New(udp.Config{RecoverIPv4ID: true}, 1)
-		if err != nil {
-			return nil, err
-		}
-		l.nets[i] = n
-		// The endpoint's socket, and the link MTU it reads, are those
-		// of the namespace; its goroutines run anywhere.
-		if err := ns.Do(func() error {
-			for _, a := range []netip.Addr{roceAddrs[i], roceAddrs6[i]} {
-				if _, err := n.Listen(a); err != nil {
-					return err
-				}
-			}
-			l.pmtu = udp.LinkPMTU(roceAddrs[i])
-			return nil
-		}); err != nil {
-			return nil, fmt.Errorf("roce endpoint in %s: %w", ns.Label, err)
-		}
-		dir, err := os.MkdirTemp("", "vrdma-bench-roce-")
-		if err != nil {
-			return nil, err
-		}
-		l.rigs[i] = &rig{d: daemon.New(logrus.NewEntry(quiet), daemon.Config{Pool: enginePool, Pin: memmap.PinConfig{},
-			RoCE: n, RoCEAddrs: []netip.Addr{roceAddrs[i], roceAddrs6[i]}}), dir: dir}
-		if l.socks[i], err = l.rigs[i].device(); err != nil {
-			return nil, err
-		}
-	}
-	return l, nil
-}
-
-// close removes everything: the daemons, their endpoints (whose sockets
-// would keep the namespaces alive), the namespaces. The front-ends must
-// be closed first.
-func (l *roceLab) close() {
-	for _, r := range l.rigs {
-		if r != nil {
-			r.close()
-		}
-	}
-	for _, n := range l.nets {
-		if n != nil {
-			n.Close()
-		}
-	}
-	l.lab.Close()
-}
-
-// counters sums the counters of daemon i's endpoints of one family.
-func (l *roceLab) counters(i int, v6 bool) udp.Counters {
-	var c udp.Counters
-	for _, e := range l.nets[i].Endpoints() {
-		if e.LocalAddr().Addr().Is6() != v6 {
-			continue
-		}
-		x := e.Counters()
-		c.TxDatagrams += x.TxDatagrams
-		c.RxDatagrams += x.RxDatagrams
-		c.TxErrors += x.TxErrors
-		c.TxCalls += x.TxCalls
-		c.RxCalls += x.RxCalls
-		c.TxGSO += x.TxGSO
-		c.RxGRO += x.RxGRO
-	}
-	return c
-}
-
-// setOffload turns GSO and GRO on or off on both daemons' IPv6 endpoints.
-func (l *roceLab) setOffload(on bool) error {
-	for _, n := range l.nets {
-		for _, e := range n.Endpoints() {
-			if e.LocalAddr().Addr().Is6() {
-				if err := e.SetOffload(on, on); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
-}
-
-// roceClient is a QP on A's device connected, from GID index 1 (A's host
-// address), to a QP on B's device: the requester's side streams WRITEs.
-type roceClient struct {
-	a, b  *side
-	sq    int
-	size  uint64
-	slots int
-	wrs   []verbs.SendWR
-	sges  []abi.SGE
-	wc    []verbs.WC
-	// wait is what the client does when a poll found nothing.
-	wait clientWait
-}
-
-// clientWait is what a client does after a poll of its CQ found nothing.
-type clientWait int
-
-const (
-	waitSpin   clientWait = iota // poll again at once (perftest's default)
-	waitYield                    // runtime.Gosched, then poll again (BenchmarkRoCEWrite64K compares)
-	waitEvents                   // arm the CQ (REQ_NOTIFY_CQ) and sleep until its event (perftest -e)
-	waitSleep                    // sleep for roceNap, then poll again
-)
-
-// roceNap is a waitSleep client's nap: far below the time the 8 MiB in
-// flight take to cross the veth, so the client never leaves it idle.
-const roceNap = 50 * time.Microsecond
-
-func (w clientWait) String() string {
-	return [...]string{"spin", "yield", "events", "sleep"}[w]
-}
-
-func openRoceClient(l *roceLab, sq int, bufBytes int) (*roceClient, error) {
-	return openRoceClientOn(l.socks, roceAddrs, 0, sq, bufBytes)
-}
-
-// openRoceClient6 is openRoceClient over the veth's IPv6 addresses (GID
-// index 2).
-func openRoceClient6(l *roceLab, sq int, bufBytes int) (*roceClient, error) {
-	return openRoceClientGID(l.socks, roceAddrs6, 2, 0, sq, bufBytes)
-}
-
-// openRoceClientOn connects a QP on the device of socks[0], from GID index
-// 1 (addrs[0]), to one on the device of socks[1] (addrs[1]), asking for
-// paths (MODIFY_QP's PATHS; 0: the device's default).
-func openRoceClientOn(socks [2]string, addrs [2]netip.Addr, paths uint32, sq int, bufBytes int) (*roceClient, error) {
-	return openRoceClientGID(socks, addrs, 1, paths, sq, bufBytes)
-}
-
-// openRoceClientGID is openRoceClientOn from GID index gid, which must be
-// addrs[i]'s on each device.
-func openRoceClientGID(socks [2]string, addrs [2]netip.Addr, gid uint32, paths uint32, sq int, bufBytes int) (*roceClient, error) {
-	c := &roceClient{sq: sq, wrs: make([]verbs.SendWR, sq), sges: make([]abi.SGE, sq), wc: make([]verbs.WC, 2*sq)}
-	for i := range c.wrs {
-		c.wrs[i].SGL = c.sges[i : i+1 : i+1]
-	}
-	var err error
-	if c.a, err = openSideDepth(socks[0], bufBytes, sq); err != nil {
-		return nil, err
-	}
-	if c.b, err = openSideDepth(socks[1], bufBytes, sq); err != nil {
-		c.a.close()
-		return nil, err
-	}
-	var gids [2][16]byte
-	for i, s := range []*side{c.a, c.b} {
-		if gids[i], err = s.c.QueryGIDAt(gid); err != nil {
-			c.close()
-			return nil, fmt.Errorf("query gid %d: %w", gid, err)
-		}
-		if want := udp.GID(addrs[i]); gids[i] != want {
-			c.close()
-			return nil, fmt.Errorf("gid %d of device %d is %x, want the host address's %x", gid, i, gids[i], want)
-		}
-	}
-	acc := abi.AccessRemoteWrite | abi.AccessRemoteRead
-	opts := verbs.ConnectOpts{SGIDIndex: gid, Paths: paths}
-	if err := c.a.qp.ConnectRCOpts(gids[1], c.b.qp.Num(), c.b.qp.PSN(), acc, opts); err != nil {
-		c.close()
-		return nil, fmt.Errorf("connect a: %w", err)
-	}
-	if err := c.b.qp.ConnectRCOpts(gids[0], c.a.qp.Num(), c.a.qp.PSN(), acc, opts); err != nil {
-		c.close()
-		return nil, fmt.Errorf("connect b: %w", err)
-	}
-	return c, nil
-}
-
-func (c *roceClient) close() {
-	c.a.close()
-	c.b.close()
-}
-
-func (c *roceClient) setSize(size uint64) {
-	c.size = size
-	c.slots = int(max(1, min(uint64(c.sq), uint64(len(c.a.mr.Bytes()))/size)))
-}
-
-// stream keeps c.sq WRITEs of c.size in flight for d and returns the
-// operations completed and the time taken.
-func (c *roceClient) stream(d time.Duration) (uint64, time.Duration, error) {
-	var posted, done uint64
-	start := time.Now()
-	end := start.Add(d)
-	last := start
-	posting := true
-	for spins := 0; ; spins++ {
-		if spins&15 == 0 && posting {
-			posting = time.Now().Before(end)
-		}
-		if !posting && done == posted {
-			break
-		}
-		if free := c.sq - int(posted-done); posting && free > 0 {
-			for j := range free {
-				c.fill(j, posted+uint64(j))
-			}
-			err := c.a.qp.PostSend(c.wrs[:free]...)
-			if err != nil && !errors.Is(err, verbs.ErrQueueFull) {
-				return 0, 0, fmt.Errorf("post: %w", err)
-			}
-			if err == nil {
-				posted += uint64(free)
-			}
-		}
-		n, err := c.poll()
-		if err != nil {
-			return 0, 0, err
-		}
-		if n == 0 {
-			if spins&1023 == 0 && time.Since(last) > stall {
-				return 0, 0, fmt.Errorf("no completion for %v (posted %d, done %d)", stall, posted, done)
-			}
-			if n, err = c.idle(); err != nil {
-				return 0, 0, err
-			}
-		}
-		done += uint64(n)
-		if n > 0 {
-			last = time.Now()
-		}
-	}
-	return done, time.Since(start), nil
-}
-
-// latency measures c.size WRITEs one at a time for d (at most maxSamples):
-// post to the requester's completion, which the responder's ACK brings.
-func (c *roceClient) latency(d time.Duration, maxSamples int) ([]time.Duration, error) {
-	lat := make([]time.Duration, 0, maxSamples)
-	end := time.Now().Add(d)
-	for i := uint64(0); len(lat) < maxSamples && (len(lat) < 100 || time.Now().Before(end)); i++ {
-		c.fill(0, i)
-		t0 := time.Now()
-		if err := c.a.qp.PostSend(c.wrs[:1]...); err != nil {
-			return nil, fmt.Errorf("post: %w", err)
-		}
-		for spins := 0; ; spins++ {
-			n, err := c.poll()
-			if err == nil && n == 0 {
-				n, err = c.idle()
-			}
-			if err != nil {
-				return nil, err
-			}
-			if n > 0 {
-				break
-			}
-			if spins&1023 == 1023 && time.Since(t0) > stall {
-				return nil, fmt.Errorf("no completion for %v", stall)
-			}
-		}
-		lat = append(lat, time.Since(t0))
-	}
-	return lat, nil
-}
-
-func (c *roceClient) fill(j int, i uint64) {
-	off := (i % uint64(c.slots)) * c.size
-	wr := &c.wrs[j]
-	wr.WRID, wr.Opcode, wr.Flags = i, abi.WROpRDMAWrite, abi.WRFlagSignaled
-	c.sges[j] = abi.SGE{Addr: c.a.mr.Addr + off, Length: uint32(c.size), LKey: c.a.mr.LKey}
-	wr.RemoteAddr, wr.RKey = c.b.mr.Addr+off, c.b.mr.RKey
-}
-
-func (c *roceClient) poll() (int, error) {
-	n, err := c.a.cq.Poll(c.wc)
-	if err != nil {
-		return 0, err
-	}
-	for k := range c.wc[:n] {
-		if err := wcCheck(&c.wc[k]); err != nil {
-			return 0, err
-		}
-	}
-	return n, nil
-}
-
-// idle waits as c.wait says after a poll found nothing; it returns the
-// completions a poll after arming the CQ found.
-func (c *roceClient) idle() (int, error) {
-	switch c.wait {
-	case waitYield:
-		runtime.Gosched()
-	case waitSleep:
-		time.Sleep(roceNap)
-	case waitEvents:
-		if err := c.a.cq.ReqNotify(false); err != nil {
-			return 0, fmt.Errorf("req notify: %w", err)
-		}
-		// What completed before the CQ was armed raises no event.
-		if n, err := c.poll(); n > 0 || err != nil {
-			return n, err
-		}
-		if _, err := c.a.c.GetCQEvent(stall); err != nil {
-			return 0, fmt.Errorf("cq event: %w", err)
-		}
-	}
-	return 0, nil
-}
 
 // roceMeasure runs the section's measurements in l, alternating each
 // figure's repeats with its baseline's.
@@ -755,16 +379,24 @@ const roceIntro = "Two network namespaces joined by one veth (MTU 1500, so the e
 
 // roceMiss is printed under a missed target: what the profiles showed
 // (`vrdma-bench --only roce --cpuprofile`, and BenchmarkRoCEWrite64K and
-// BenchmarkRoCEWriteLatency with -cpuprofile) while this section was
-// developed on the 2-core machine.
-const roceMiss = "Profiles: in the goodput rows about a third of the CPU samples are sendmmsg (the kernel's veth " +
-	"and UDP work, which the blast pays too; the endpoint sends 32 datagrams a call, rc's Burst, where the blast " +
-	"sends 64), the rc requester's pump and the receive side's ICRC, placement copy and ACKs only a few per cent " +
-	"each; a client that busy-polls its CQ takes a whole core (CQ.Poll's mutex, and with runtime.Gosched the " +
-	"scheduler's run-queue lock) from the endpoint's goroutines and the softirq work, which is why the " +
-	"busy-polling row is a third of the napping one. Latency: the ping-pong has nothing runnable between its " +
-	"datagrams, while a WRITE's round trip has the busy-polling client and the engine worker (which spins after " +
-	"work before it sleeps) on the two cores, so the endpoints' receive goroutines, woken by the netpoller, " +
-	"wait for a processor: the p50 is two such wake-ups plus the doorbell, and the p99 (milliseconds) is a " +
-	"preemption time slice. What would close it: an engine that does not spin while its only QPs are network " +
-	"QPs waiting on the transport, and the client on a core of its own (vrdmad --engine-cpus on a larger host)."
+// BenchmarkRoCEWriteLatency with -cpuprofile, -mutexprofile) while this
+// section was developed on the 2-core machine.
+const roceMiss = "Profiles (issue 26, IPv6 with GSO and GRO, both daemons in one process on two cores): about 40 % " +
+	"of the CPU samples are sendmmsg and recvmmsg (the kernel's UDP and veth work, which the blast pays too, but " +
+	"2-3× more per byte here: two super-datagrams per 64 KiB WRITE, FIRST with one MIDDLE and the other 62, " +
+	"unconnected sends, a receiver that parks between batches), 12 % the two guest-memory copies (gather at the " +
+	"requester, placement at the responder: the payload is copied once on each side), 12 % the two ICRC passes " +
+	"(the pseudo header precomputed per peer), 7 % the engine's per-packet acquisition of the device's memory " +
+	"table (a read lock and a reference count, cache lines both cores write). The blast's kernel work alone is " +
+	"about 0.2 ns a byte; vrdma's user-space floor (two copies and two CRC passes of every byte, on top of the " +
+	"kernel's two copies) is near 0.5 ns a byte, so on two cores the GSO blast stays out of reach at 0.7×: " +
+	"what would close more of it is a table reference held per receive batch and per burst instead of per packet, " +
+	"connected sockets per peer, and a CRC folded into the copy. A client that busy-polls its CQ takes a whole " +
+	"core (CQ.Poll's mutex, and with runtime.Gosched the scheduler's run-queue lock) from the endpoint's " +
+	"goroutines and the softirq work, which is why the busy-polling row is below the napping one. Latency: the " +
+	"ping-pong has nothing runnable between its datagrams, while a WRITE's round trip has the busy-polling client " +
+	"and the engine worker (which spins after work before it sleeps) on the two cores, so the endpoints' receive " +
+	"goroutines, woken by the netpoller, wait for a processor: the p50 is two such wake-ups plus the doorbell, and " +
+	"the p99 (milliseconds) is a preemption time slice. What would close it: an engine that does not spin while " +
+	"its only QPs are network QPs waiting on the transport, and the client on a core of its own (vrdmad " +
+	"--engine-cpus on a larger host)."
