@@ -192,7 +192,7 @@ func roceMeasure6(s settings, l *roceLab) (roce6Result, error) {
 	// One round trip first: both sides' neighbour entries are then
 	// resolved, and the QP's first burst does not wait in (or overflow)
 	// a neighbour queue.
-	if _, err := u.pingPong(0, 1); err != nil {
+	if err := firstPing(u); err != nil {
 		return r, fmt.Errorf("udp ping (IPv6): %w", err)
 	}
 	c, err := openRoceClient6(l, roceTxDepth, roceTxDepth*roceSize)

@@ -88,17 +88,6 @@ func benchBlast(b *testing.B, l *roceLab, v6, gso bool) {
 	b.ReportMetric(g, "Gbit/s-payload")
 }
 
-// firstPing makes one round trip on u, trying a few times: the lab's
-// link may still be coming up (IPv6).
-func firstPing(u *rawUDP) (err error) {
-	for range 5 {
-		if _, err = u.pingPong(0, 1); err == nil {
-			return nil
-		}
-	}
-	return err
-}
-
 func benchRoCEWrite(b *testing.B, l *roceLab, wait clientWait, v6 bool) {
 	open := openRoceClient
 	if v6 {

@@ -250,6 +250,18 @@ func (u *rawUDP) pingPong(d time.Duration, maxSamples int) ([]time.Duration, err
 	return lat, err
 }
 
+// firstPing makes one round trip on u, the first over its addresses,
+// trying a few times: the first neighbour solicitation on a new veth is
+// sometimes lost (IPv6), and the next leaves a second later.
+func firstPing(u *rawUDP) (err error) {
+	for range 5 {
+		if _, err = u.pingPong(0, 1); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
 // roceResult is what the section measured: medians over the repeats.
 type roceResult struct {
 	goodput, blast   float64 // Gbit/s of payload; blast: the better of blastMmsg and blastGSO
