@@ -96,8 +96,8 @@
 //
 // # Bounds
 //
-// A send batch of 4 × Config.Batch buffers of one maximum packet each (1
-// MiB at the default batch), a receive batch of Config.Batch buffers of 64
+// A send batch of Config.Batch buffers of one maximum packet each, 4 ×
+// Config.Batch with GSO (1 MiB at the default batch), a receive batch of Config.Batch buffers of 64
 // KiB each with UDP_GRO (4 MiB; one packet each without GRO); at most Config.MaxQPs QPs; nothing per
 // datagram. A flush plans at most Config.Batch messages, a receive buffer
 // splits into at most its length / 16 datagrams. Datagrams that fail a check are

@@ -57,9 +57,10 @@ type Config struct {
 	// It checks 16 of the ICRC's 32 bits for such packets.
 	RecoverIPv4ID bool
 	// Batch is the datagrams per recvmmsg (0: 64). The send batch holds
-	// txBatches times as many packets; the pump goroutine flushes it
-	// once it holds Batch (a sendmmsg carries from Batch packets, in as
-	// many messages as GSO needs, to the whole send batch).
+	// as many packets, txBatches times as many on an endpoint with GSO;
+	// the pump goroutine flushes it once it holds Batch (with GSO a
+	// sendmmsg carries from Batch packets, in as many messages as GSO
+	// needs, to the whole send batch).
 	Batch int
 	// Tick is the period of the QPs' timers (0: 1 ms).
 	Tick time.Duration
@@ -282,7 +283,13 @@ func Listen(cfg Config) (*Endpoint, error) {
 	if gro {
 		rxSize, rxCtl = groBufSize, rxCtlSpace
 	}
-	txCap := txBatches * cfg.Batch
+	txCap := cfg.Batch
+	if gso {
+		// Room for a few GSO runs a sendmmsg. Without GSO a larger
+		// batch only spreads the packets over more cache: a sendmmsg
+		// of Batch single datagrams is as good.
+		txCap *= txBatches
+	}
 	e := &Endpoint{
 		cfg: cfg, log: log, conn: conn, raw: raw,
 		local:      conn.LocalAddr().(*net.UDPAddr).AddrPort(),
