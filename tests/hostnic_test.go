@@ -83,8 +83,17 @@ func TestHostNIC(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 			defer cancel()
-			out, err := hostniclab.Run(ctx, hostniclab.Config{QEMU: qemuBin, Kernel: kernel, Initrd: initrd,
-				Vrdmad: vrdmad, Agent: agent, RNIC: rnic, Jobs: c.jobs, Reverse: c.reverse, Local: c.local, KillJob: c.kill})
+			cfg := hostniclab.Config{QEMU: qemuBin, Kernel: kernel, Initrd: initrd,
+				Vrdmad: vrdmad, Agent: agent, RNIC: rnic, Jobs: c.jobs, Reverse: c.reverse, Local: c.local, KillJob: c.kill}
+			out, err := hostniclab.Run(ctx, cfg)
+			if err != nil && out.HostInit == 0 && len(out.Results) == 0 {
+				// QEMU died before guest A reached /init (seen once in CI
+				// under -race with the machine's memory busy: an assertion
+				// in QEMU's memory_region_get_ram_ptr while loading the
+				// kernel): nothing of vrdma ran yet. One more boot.
+				t.Logf("guest A never reached /init (%v); booting again\n%s", err, out.Log)
+				out, err = hostniclab.Run(ctx, cfg)
+			}
 			for _, r := range out.Results {
 				t.Logf("%s %s (rnic %s): %.3f Gb/s, verified %t, qpn %#x rkey %#x vaddr %#x, peer qpn %#x rkey %#x vaddr %#x; %s",
 					r.Op, r.Job, r.RNIC, r.GbitsPerS, r.Verified, r.QPN, r.RKey, r.VAddr, r.PeerQPN, r.PeerRKey, r.PeerVAddr,

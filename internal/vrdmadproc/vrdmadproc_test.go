@@ -293,6 +293,9 @@ func TestStop(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := launched(t, tc.script)
+			if tc.msg == "exit status 4" {
+				<-p.exited // exited before Stop, not racing with its SIGTERM
+			}
 			err := p.Stop()
 			if (err == nil) != (tc.want == nil) || !errors.Is(err, tc.want) {
 				t.Fatalf("got %v, want %v", err, tc.want)
