@@ -55,7 +55,8 @@ struct vrdma_config {
 	__le32 active_mtu;
 	__le32 port_state;
 	__le32 max_qp_rd_atom;
-	__u8 reserved[8];
+	__le32 max_srq;
+	__le32 reserved;
 };
 
 enum vrdma_cmd_opcode {
@@ -77,6 +78,10 @@ enum vrdma_cmd_opcode {
 	VRDMA_CMD_REQ_NOTIFY_CQ	= 16,
 	VRDMA_CMD_ADD_GID	= 17,
 	VRDMA_CMD_DEL_GID	= 18,
+	VRDMA_CMD_CREATE_SRQ	= 19,
+	VRDMA_CMD_MODIFY_SRQ	= 20,
+	VRDMA_CMD_QUERY_SRQ	= 21,
+	VRDMA_CMD_DESTROY_SRQ	= 22,
 };
 
 enum vrdma_status {
@@ -126,7 +131,7 @@ struct vrdma_device_attr {
 	__le32 max_ah;
 	__le32 phys_port_cnt;
 	__le32 max_inline_data;
-	__le32 reserved;
+	__le32 max_srq;
 };
 
 struct vrdma_port_req {
@@ -232,6 +237,7 @@ struct vrdma_cq_arm_record {
 #define VRDMA_CQ_ARM_SEQ_SHIFT		1
 
 #define VRDMA_QPT_RC			2
+#define VRDMA_QPT_UD			4
 
 struct vrdma_create_qp {
 	__le32 pdn;
@@ -252,10 +258,13 @@ struct vrdma_create_qp {
 	__le64 page_list;
 	__le32 sq_sig_all;
 	__le32 flags;
+	__le32 srqn;
+	__le32 reserved;
 };
 
 /* CREATE_QP flags. */
 #define VRDMA_QP_F_RQ_NOTIFY		1 /* 24-byte record with rq_notify */
+#define VRDMA_QP_F_SRQ			2 /* receive WQEs come from srqn */
 
 struct vrdma_qp_record {
 	__le32 sq_pi;
@@ -296,6 +305,7 @@ enum vrdma_qp_state {
 #define VRDMA_QP_ACCESS_FLAGS		0x8
 #define VRDMA_QP_PKEY_INDEX		0x10
 #define VRDMA_QP_PORT			0x20
+#define VRDMA_QP_QKEY			0x40	/* UD only */
 #define VRDMA_QP_AV			0x80
 #define VRDMA_QP_PATH_MTU		0x100
 #define VRDMA_QP_TIMEOUT		0x200
@@ -330,7 +340,7 @@ struct vrdma_qp_attr {
 	__le32 sgid_index;
 	__le32 hop_limit;
 	__le32 paths;
-	__le32 reserved;
+	__le32 qkey;
 };
 
 struct vrdma_create_ah {
@@ -339,6 +349,37 @@ struct vrdma_create_ah {
 	__u8 dgid[16];
 	__le32 sgid_index;
 	__le32 reserved;
+};
+
+struct vrdma_create_srq {
+	__le32 pdn;
+	__le32 max_wr;
+	__le32 max_sge;
+	__le32 srq_limit;
+	__le32 wqe_shift;
+	__le32 doorbell_queue;
+	__le64 record;
+	__le32 npages;
+	__le32 reserved;
+	__le64 page_list;
+};
+
+struct vrdma_srq_record {
+	__le32 pi;
+	__le32 ci;
+	__le32 notify;
+	__le32 reserved;
+};
+
+/* vrdma_srq_attr.attr_mask (ibv_srq_attr_mask). */
+#define VRDMA_SRQ_MAX_WR		1	/* resizing: UNSUPPORTED */
+#define VRDMA_SRQ_LIMIT			2
+
+struct vrdma_srq_attr {
+	__le32 srqn;
+	__le32 attr_mask;
+	__le32 max_wr;
+	__le32 srq_limit;
 };
 
 struct vrdma_notify_cq {
@@ -380,8 +421,14 @@ struct vrdma_send_wqe {
 	__le32 inline_len;
 	__le64 compare_add;
 	__le64 swap;
-	__u8 reserved[16];
+	__le32 ah;		/* UD */
+	__le32 remote_qpn;	/* UD */
+	__le32 remote_qkey;	/* UD; bit 31: the QP's own Q_Key */
+	__le32 reserved;
 };
+
+#define VRDMA_QKEY_USE_QP		0x80000000u
+#define VRDMA_GRH_SIZE			40
 
 struct vrdma_recv_wqe {
 	__le64 wr_id;
@@ -397,6 +444,7 @@ struct vrdma_recv_wqe {
 #define VRDMA_WC_FETCH_ADD		4
 #define VRDMA_WC_RECV			128
 #define VRDMA_WC_RECV_RDMA_WITH_IMM	129
+#define VRDMA_WC_F_GRH			1
 #define VRDMA_WC_F_WITH_IMM		2
 
 struct vrdma_cqe {
@@ -418,6 +466,8 @@ enum vrdma_event_type {
 	VRDMA_EVENT_PORT_ACTIVE		= 4,
 	VRDMA_EVENT_PORT_ERROR		= 5,
 	VRDMA_EVENT_DEVICE_FATAL	= 6,
+	VRDMA_EVENT_SRQ_LIMIT_REACHED	= 7,
+	VRDMA_EVENT_QP_LAST_WQE_REACHED	= 8,
 };
 
 struct vrdma_event {
@@ -503,6 +553,41 @@ struct vrdma_create_qp_resp {
 	__u16 notify_value;
 	__u16 reserved0;
 	__u32 reserved1;
+};
+
+/*
+ * create_srq. One page-aligned buffer: the ring (depth WQEs of
+ * 1 << wqe_shift bytes, whole pages), then at record_offset a struct
+ * vrdma_srq_record (16-byte aligned). depth is a power of two, at least
+ * what the application asked for; the kernel passes it as max_wr. The
+ * response's doorbell fields are as in vrdma_create_qp_resp: a post takes
+ * the doorbell step only while the record's notify word is 1.
+ */
+struct vrdma_create_srq_cmd {
+	__aligned_u64 buf_addr;
+	__aligned_u64 buf_len;
+	__u32 depth;
+	__u32 wqe_shift;
+	__u32 record_offset;
+	__u32 reserved;
+};
+
+struct vrdma_create_srq_resp {
+	__u32 srqn;
+	__u32 doorbell_queue;
+	__aligned_u64 notify_mmap_key;
+	__aligned_u64 flags_mmap_key;
+	__u32 notify_offset;
+	__u32 flags_offset;
+	__u16 notify_value;
+	__u16 reserved0;
+	__u32 reserved1;
+};
+
+/* create_ah: the device's AH number, which UD send WQEs carry. */
+struct vrdma_create_ah_resp {
+	__u32 ahn;
+	__u32 reserved;
 };
 
 #endif /* VRDMA_ABI_H */

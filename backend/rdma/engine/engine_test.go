@@ -327,7 +327,7 @@ func TestErrors(t *testing.T) {
 			send(e, abi.SendWQE{Opcode: abi.WROpSend, Flags: abi.WRFlagInline, InlineLen: qpInl + 1})
 		}},
 		{name: "malformed reserved", wantStatus: abi.WCLocQPOpErr, setup: func(t *testing.T, e env) {
-			send(e, abi.SendWQE{Opcode: abi.WROpSend, Reserved: [16]byte{15: 1}}, e.a.sge(0, 8))
+			send(e, abi.SendWQE{Opcode: abi.WROpSend, Reserved: 1 << 24}, e.a.sge(0, 8))
 		}},
 		{name: "malformed flags", wantStatus: abi.WCLocQPOpErr, setup: func(t *testing.T, e env) {
 			send(e, abi.SendWQE{Opcode: abi.WROpSend, Flags: 0x80}, e.a.sge(0, 8))

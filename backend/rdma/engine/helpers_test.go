@@ -350,7 +350,10 @@ func encodeSend(b []byte, w *abi.SendWQE) {
 	le.PutUint32(b[28:], w.InlineLen)
 	le.PutUint64(b[32:], w.CompareAdd)
 	le.PutUint64(b[40:], w.Swap)
-	copy(b[48:64], w.Reserved[:])
+	le.PutUint32(b[48:], w.AH)
+	le.PutUint32(b[52:], w.RemoteQPN)
+	le.PutUint32(b[56:], w.RemoteQKey)
+	le.PutUint32(b[60:], w.Reserved)
 }
 
 func encodeSGE(b []byte, s abi.SGE) {

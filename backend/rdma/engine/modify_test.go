@@ -37,7 +37,7 @@ func TestModify(t *testing.T) {
 		{"unknown mask bit", nil, with(init, func(a *abi.QPAttr) { a.AttrMask |= 0x2 }), abi.StatusInvalid, abi.QPSReset},
 		{"no state bit", nil, with(init, func(a *abi.QPAttr) { a.AttrMask &^= abi.QPAttrState }), abi.StatusInvalid, abi.QPSReset},
 		{"unsupported state", nil, state(abi.QPSSQD), abi.StatusInvalid, abi.QPSReset},
-		{"reserved", nil, with(init, func(a *abi.QPAttr) { a.Reserved = 1 }), abi.StatusInvalid, abi.QPSReset},
+		{"qkey on an RC QP", nil, with(init, func(a *abi.QPAttr) { a.QKey = 1 }), abi.StatusInvalid, abi.QPSReset},
 		{"reset to rtr", nil, rtr, abi.StatusState, abi.QPSReset},
 		{"reset to rts", nil, rts, abi.StatusState, abi.QPSReset},
 		{"init to init", []abi.QPAttr{init}, with(state(abi.QPSInit), func(a *abi.QPAttr) {

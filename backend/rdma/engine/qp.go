@@ -37,7 +37,7 @@ func checkValues(a *abi.QPAttr) bool {
 	m := a.AttrMask
 	has := func(bit uint32) bool { return m&bit != 0 }
 	switch {
-	case a.Reserved != 0,
+	case a.QKey != 0, // UD only: RC QPs have no Q_Key
 		has(abi.QPAttrPKeyIndex) && a.PKeyIndex != 0,
 		has(abi.QPAttrPort) && a.PortNum != 1,
 		has(abi.QPAttrAccessFlags) && a.QPAccessFlags&^abi.AccessAll != 0,

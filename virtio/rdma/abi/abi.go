@@ -42,6 +42,10 @@ const (
 	CmdReqNotifyCQ Opcode = 16
 	CmdAddGID      Opcode = 17
 	CmdDelGID      Opcode = 18
+	CmdCreateSRQ   Opcode = 19
+	CmdModifySRQ   Opcode = 20
+	CmdQuerySRQ    Opcode = 21
+	CmdDestroySRQ  Opcode = 22
 )
 
 var opcodeNames = map[Opcode]string{
@@ -51,6 +55,7 @@ var opcodeNames = map[Opcode]string{
 	CmdModifyQP: "MODIFY_QP", CmdQueryQP: "QUERY_QP", CmdDestroyQP: "DESTROY_QP",
 	CmdCreateAH: "CREATE_AH", CmdDestroyAH: "DESTROY_AH", CmdReqNotifyCQ: "REQ_NOTIFY_CQ",
 	CmdAddGID: "ADD_GID", CmdDelGID: "DEL_GID",
+	CmdCreateSRQ: "CREATE_SRQ", CmdModifySRQ: "MODIFY_SRQ", CmdQuerySRQ: "QUERY_SRQ", CmdDestroySRQ: "DESTROY_SRQ",
 }
 
 func (o Opcode) String() string {
@@ -117,7 +122,8 @@ type Config struct {
 	ActiveMTU         uint32   `spec:"active_mtu"`
 	PortState         uint32   `spec:"port_state"`
 	MaxQPRdAtom       uint32   `spec:"max_qp_rd_atom"`
-	Reserved          [8]byte  `spec:"reserved"`
+	MaxSRQ            uint32   `spec:"max_srq"`
+	Reserved          uint32   `spec:"reserved"`
 }
 
 // ConfigSize is the size of the config space.
@@ -167,7 +173,7 @@ type DeviceAttr struct {
 	MaxAH           uint32 `spec:"max_ah"`
 	PhysPortCnt     uint32 `spec:"phys_port_cnt"`
 	MaxInlineData   uint32 `spec:"max_inline_data"`
-	Reserved        uint32 `spec:"reserved"`
+	MaxSRQ          uint32 `spec:"max_srq"`
 }
 
 // DeviceAttrSize is the size of DeviceAttr on the wire.
@@ -348,7 +354,13 @@ type CreateQP struct {
 	PageList      uint64 `spec:"page_list"`
 	SQSigAll      uint32 `spec:"sq_sig_all"`
 	Flags         uint32 `spec:"flags"`
+	SRQN          uint32 `spec:"srqn"`
+	Reserved      uint32 `spec:"reserved"`
 }
+
+// CreateQPV1Size is the size of CREATE_QP's request before SRQs (without
+// srqn and reserved), which the device still accepts.
+const CreateQPV1Size = 80
 
 // CREATE_QP flags.
 const (
@@ -357,6 +369,8 @@ const (
 	// (only while the QP is in ERR); otherwise receives are posted with
 	// no notification at all.
 	QPFlagRQNotify = 1
+	// QPFlagSRQ: the QP takes its receive WQEs from the SRQ srqn.
+	QPFlagSRQ = 2
 )
 
 // QPNotifyRecord is the record of a QP created with QPFlagRQNotify (struct
@@ -419,7 +433,7 @@ type QPAttr struct {
 	SGIDIndex       uint32   `spec:"sgid_index"`
 	HopLimit        uint32   `spec:"hop_limit"`
 	Paths           uint32   `spec:"paths"`
-	Reserved        uint32   `spec:"reserved"`
+	QKey            uint32   `spec:"qkey"`
 }
 
 // CreateAH is CREATE_AH's request (struct vrdma_create_ah).
@@ -430,6 +444,51 @@ type CreateAH struct {
 	SGIDIndex uint32   `spec:"sgid_index"`
 	Reserved  uint32   `spec:"reserved"`
 }
+
+// CreateSRQ is CREATE_SRQ's request (struct vrdma_create_srq).
+type CreateSRQ struct {
+	PDN           uint32 `spec:"pdn"`
+	MaxWR         uint32 `spec:"max_wr"`
+	MaxSGE        uint32 `spec:"max_sge"`
+	SRQLimit      uint32 `spec:"srq_limit"`
+	WQEShift      uint32 `spec:"wqe_shift"`
+	DoorbellQueue uint32 `spec:"doorbell_queue"`
+	Record        uint64 `spec:"record"`
+	NPages        uint32 `spec:"npages"`
+	Reserved      uint32 `spec:"reserved"`
+	PageList      uint64 `spec:"page_list"`
+}
+
+// SRQRecord is an SRQ's record (struct vrdma_srq_record).
+type SRQRecord struct {
+	PI       uint32 `spec:"pi"`
+	CI       uint32 `spec:"ci"`
+	Notify   uint32 `spec:"notify"`
+	Reserved uint32 `spec:"reserved"`
+}
+
+// Offsets in an SRQ record, for atomic access.
+const (
+	SRQRecordPI     = 0
+	SRQRecordCI     = 4
+	SRQRecordNotify = 8
+	SRQRecordSize   = 16
+)
+
+// SRQAttr is MODIFY_SRQ's request and QUERY_SRQ's response (struct
+// vrdma_srq_attr).
+type SRQAttr struct {
+	SRQN     uint32 `spec:"srqn"`
+	AttrMask uint32 `spec:"attr_mask"`
+	MaxWR    uint32 `spec:"max_wr"`
+	SRQLimit uint32 `spec:"srq_limit"`
+}
+
+// SRQ attribute mask bits (ibv_srq_attr_mask).
+const (
+	SRQAttrMaxWR = 1
+	SRQAttrLimit = 2
+)
 
 // NotifyCQ is REQ_NOTIFY_CQ's request (struct vrdma_notify_cq).
 type NotifyCQ struct {

@@ -16,17 +16,20 @@ type SGE struct {
 
 // SendWQE is a send WQE's header (struct vrdma_send_wqe).
 type SendWQE struct {
-	WRID       uint64   `spec:"wr_id"`
-	Opcode     uint8    `spec:"opcode"`
-	Flags      uint8    `spec:"flags"`
-	NumSGE     uint16   `spec:"num_sge"`
-	ImmData    uint32   `spec:"imm_data"`
-	RemoteAddr uint64   `spec:"remote_addr"`
-	RKey       uint32   `spec:"rkey"`
-	InlineLen  uint32   `spec:"inline_len"`
-	CompareAdd uint64   `spec:"compare_add"`
-	Swap       uint64   `spec:"swap"`
-	Reserved   [16]byte `spec:"reserved"`
+	WRID       uint64 `spec:"wr_id"`
+	Opcode     uint8  `spec:"opcode"`
+	Flags      uint8  `spec:"flags"`
+	NumSGE     uint16 `spec:"num_sge"`
+	ImmData    uint32 `spec:"imm_data"`
+	RemoteAddr uint64 `spec:"remote_addr"`
+	RKey       uint32 `spec:"rkey"`
+	InlineLen  uint32 `spec:"inline_len"`
+	CompareAdd uint64 `spec:"compare_add"`
+	Swap       uint64 `spec:"swap"`
+	AH         uint32 `spec:"ah"`
+	RemoteQPN  uint32 `spec:"remote_qpn"`
+	RemoteQKey uint32 `spec:"remote_qkey"`
+	Reserved   uint32 `spec:"reserved"`
 }
 
 // RecvWQE is a receive WQE's header (struct vrdma_recv_wqe).
@@ -82,7 +85,17 @@ const (
 )
 
 // QP types (ibv_qp_type).
-const QPTypeRC = 2
+const (
+	QPTypeRC = 2
+	QPTypeUD = 4
+)
+
+// UD: a remote_qkey with this bit set sends the QP's own Q_Key; GRHSize is
+// the network header a UD receive buffer starts with.
+const (
+	QKeyUseQP = 0x80000000
+	GRHSize   = 40
+)
 
 // QP states (ibv_qp_state).
 const (
@@ -101,6 +114,7 @@ const (
 	QPAttrAccessFlags     = 0x8
 	QPAttrPKeyIndex       = 0x10
 	QPAttrPort            = 0x20
+	QPAttrQKey            = 0x40
 	QPAttrAV              = 0x80
 	QPAttrPathMTU         = 0x100
 	QPAttrTimeout         = 0x200
@@ -182,6 +196,7 @@ const (
 	WCOpRecv            = 128
 	WCOpRecvRDMAWithImm = 129
 
+	WCFlagGRH     = 1
 	WCFlagWithImm = 2
 )
 
@@ -193,4 +208,6 @@ const (
 	EventPortActive   = 4
 	EventPortError    = 5
 	EventDeviceFatal  = 6
+	EventSRQLimit     = 7
+	EventQPLastWQE    = 8
 )

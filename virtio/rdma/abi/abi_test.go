@@ -87,6 +87,9 @@ func TestWireStructsMatchSpec(t *testing.T) {
 		"vrdma_qp_record":        &QPRecord{},
 		"vrdma_qp_attr":          &QPAttr{},
 		"vrdma_create_ah":        &CreateAH{},
+		"vrdma_create_srq":       &CreateSRQ{},
+		"vrdma_srq_record":       &SRQRecord{},
+		"vrdma_srq_attr":         &SRQAttr{},
 		"vrdma_notify_cq":        &NotifyCQ{},
 		"vrdma_sge":              &SGE{},
 		"vrdma_send_wqe":         &SendWQE{},
@@ -128,7 +131,7 @@ func TestWireStructsMatchSpec(t *testing.T) {
 }
 
 func TestMarshalRoundTrip(t *testing.T) {
-	in := DeviceAttr{FWVer: 1, NodeGUID: 0x0102030405060708, MaxQP: 7, Reserved: 0}
+	in := DeviceAttr{FWVer: 1, NodeGUID: 0x0102030405060708, MaxQP: 7, MaxSRQ: 3}
 	b := Marshal(&in)
 	if len(b) != DeviceAttrSize {
 		t.Fatalf("Marshal: got %d bytes, want %d", len(b), DeviceAttrSize)

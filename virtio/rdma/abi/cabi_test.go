@@ -88,6 +88,10 @@ func TestCHeaderMatchesSpec(t *testing.T) {
 		"VRDMA_QP_RQ_PSN": QPAttrRQPSN, "VRDMA_QP_MAX_QP_RD_ATOMIC": QPAttrMaxQPRdAtomic,
 		"VRDMA_QP_MIN_RNR_TIMER": QPAttrMinRNRTimer, "VRDMA_QP_SQ_PSN": QPAttrSQPSN,
 		"VRDMA_QP_MAX_DEST_RD_ATOMIC": QPAttrMaxDestRdAtomic, "VRDMA_QP_DEST_QPN": QPAttrDestQPN, "VRDMA_QP_PATHS": QPAttrPaths,
+		"VRDMA_QP_QKEY": QPAttrQKey, "VRDMA_QPT_UD": QPTypeUD, "VRDMA_QP_F_SRQ": QPFlagSRQ,
+		"VRDMA_SRQ_MAX_WR": SRQAttrMaxWR, "VRDMA_SRQ_LIMIT": SRQAttrLimit,
+		"VRDMA_QKEY_USE_QP": QKeyUseQP, "VRDMA_GRH_SIZE": GRHSize, "VRDMA_WC_F_GRH": WCFlagGRH,
+		"VRDMA_EVENT_SRQ_LIMIT_REACHED": EventSRQLimit, "VRDMA_EVENT_QP_LAST_WQE_REACHED": EventQPLastWQE,
 	}
 	cnames := make([]string, 0, len(consts))
 	for n := range consts {
