@@ -483,11 +483,8 @@ static void check_post(struct ibv_cq *ibcq)
 	CHECK(s[0].addr == 0x1000 && s[0].length == 10 && s[0].lkey == 0xa1 &&
 	      s[1].addr == 0x2000 && s[1].length == 20 && s[1].lkey == 0xa2,
 	      "SGEs");
-	{
-		static const uint8_t zero[16];
-
-		CHECK(memcmp(w->reserved, zero, 16) == 0, "reserved bytes");
-	}
+	CHECK(w->ah == 0 && w->remote_qpn == 0 && w->remote_qkey == 0 &&
+	      w->reserved == 0, "RC: the UD fields and reserved are zero");
 	w = sq_wqe(qp, 1);
 	CHECK(w->opcode == VRDMA_WR_ATOMIC_CMP_AND_SWP &&
 	      w->flags == VRDMA_WQE_FENCE && w->remote_addr == 0x8000 &&
