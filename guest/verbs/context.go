@@ -396,7 +396,9 @@ func (c *Context) GetCQEvent(timeout time.Duration) (*CQ, error) {
 }
 
 // GetAsyncEvent waits up to timeout for an event other than CQ_COMPLETION
-// (CQ_ERROR, QP_FATAL, port and device events), like ibv_get_async_event.
+// (CQ_ERROR, QP_FATAL, port and device events, SRQ_LIMIT_REACHED with the
+// SRQ's number, QP_LAST_WQE_REACHED with the QP's), like
+// ibv_get_async_event.
 func (c *Context) GetAsyncEvent(timeout time.Duration) (abi.Event, error) {
 	c.evMu.Lock()
 	defer c.evMu.Unlock()

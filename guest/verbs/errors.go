@@ -23,6 +23,10 @@ var (
 	ErrClosed = errors.New("rdma: closed")
 	// ErrTimeout: no event arrived in time.
 	ErrTimeout = errors.New("rdma: timed out")
+	// ErrUnsupported: the device does not implement what was asked: its
+	// attributes say so (max_srq 0), or it answered UNSUPPORTED (a
+	// *CommandError with that status matches ErrUnsupported too).
+	ErrUnsupported = errors.New("rdma: not supported by the device")
 )
 
 // CommandError is a control command that failed with a non-OK status.
@@ -37,6 +41,12 @@ func (e *CommandError) Error() string {
 
 // Unwrap returns the status, so errors.As(err, &status) works.
 func (e *CommandError) Unwrap() error { return e.Status }
+
+// Is reports whether target is ErrUnsupported and the device answered
+// UNSUPPORTED, so one check covers what the library and the device refuse.
+func (e *CommandError) Is(target error) bool {
+	return target == ErrUnsupported && e.Status == abi.StatusUnsupported
+}
 
 // ArgError is an argument the library rejected; it matches ErrInvalid.
 type ArgError struct {

@@ -27,13 +27,16 @@ type fakeTransport struct {
 	polling  bool
 	events   []abi.Event
 	closed   bool
+	// srqAttr, when set, answers QUERY_SRQ; else the SRQ asked for with
+	// max_wr 0 (a hostile answer the tests set on purpose otherwise).
+	srqAttr *abi.SRQAttr
 }
 
 func newFake(memSize int) *fakeTransport {
 	return &fakeTransport{
 		conf: abi.Config{ABIVersion: abi.ABIVersion, NumDoorbellQueues: 2, MaxQP: 64, MaxQPWR: 4096, MaxSGE: 8,
 			MaxCQ: 64, MaxCQE: 65536, MaxMR: 64, MaxPD: 8, MaxAH: 8, MaxMRSize: 1 << 40, MaxInlineData: 256,
-			ActiveMTU: abi.MTU4096, PortState: abi.PortActive, MaxQPRdAtom: 16},
+			ActiveMTU: abi.MTU4096, PortState: abi.PortActive, MaxQPRdAtom: 16, MaxSRQ: 8},
 		status: map[abi.Opcode]abi.Status{},
 		next:   0x100,
 		mem:    make([]byte, memSize),
@@ -46,7 +49,7 @@ func (f *fakeTransport) attr() abi.DeviceAttr {
 	return abi.DeviceAttr{FWVer: 1, MaxMRSize: c.MaxMRSize, PageSizeCap: 0x7ffff000, VendorID: 0x1af4, VendorPartID: 0x106a,
 		HWVer: 1, MaxQP: c.MaxQP, MaxQPWR: c.MaxQPWR, MaxSGE: c.MaxSGE, MaxCQ: c.MaxCQ, MaxCQE: c.MaxCQE,
 		MaxMR: c.MaxMR, MaxPD: c.MaxPD, MaxQPRdAtom: c.MaxQPRdAtom, MaxQPInitRdAtom: c.MaxQPRdAtom,
-		AtomicCap: abi.AtomicHCA, MaxAH: c.MaxAH, PhysPortCnt: 1, MaxInlineData: c.MaxInlineData}
+		AtomicCap: abi.AtomicHCA, MaxAH: c.MaxAH, PhysPortCnt: 1, MaxInlineData: c.MaxInlineData, MaxSRQ: c.MaxSRQ}
 }
 
 func (f *fakeTransport) ReadConfig(off, n int) ([]byte, error) {
@@ -78,10 +81,16 @@ func (f *fakeTransport) Command(req []byte, respLen int) ([]byte, error) {
 		body = abi.Marshal(&abi.PortAttr{State: abi.PortActive, MaxMTU: abi.MTU4096, ActiveMTU: abi.MTU4096, GIDTblLen: 1, MaxMsgSz: abi.MaxMsgSize, LinkLayer: abi.LinkLayerEthernet})
 	case abi.CmdQueryGID:
 		body = abi.Marshal(&abi.GID{Raw: f.conf.PortGID})
-	case abi.CmdCreatePD, abi.CmdCreateCQ, abi.CmdCreateQP, abi.CmdCreateAH:
+	case abi.CmdCreatePD, abi.CmdCreateCQ, abi.CmdCreateQP, abi.CmdCreateAH, abi.CmdCreateSRQ:
 		body = abi.Marshal(&abi.Handle{Handle: h})
 	case abi.CmdRegMR:
 		body = abi.Marshal(&abi.MRKeys{LKey: h, RKey: h})
+	case abi.CmdQuerySRQ:
+		a := abi.SRQAttr{SRQN: binary.LittleEndian.Uint32(req[8:])}
+		if f.srqAttr != nil {
+			a = *f.srqAttr
+		}
+		body = abi.Marshal(&a)
 	case abi.CmdQueryQP:
 		body = abi.Marshal(&abi.QPAttr{QPN: binary.LittleEndian.Uint32(req[8:]), QPState: abi.QPSRTS, PathMTU: abi.MTU4096})
 	}

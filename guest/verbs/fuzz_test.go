@@ -57,3 +57,24 @@ func FuzzPoll(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseGRH feeds arbitrary receive-buffer heads to the GRH decoder: it
+// must never panic, an error means a zero result, and an accepted IPv4 form
+// yields IPv4-mapped GIDs.
+func FuzzParseGRH(f *testing.F) {
+	seed := make([]byte, abi.GRHSize)
+	copy(seed[20:], []byte{0x45, 0, 0, 60, 0, 0, 0, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2})
+	f.Add(seed)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		g, err := ParseGRH(b)
+		if err != nil {
+			if g != (GRH{}) {
+				t.Fatalf("error %v with result %+v", err, g)
+			}
+			return
+		}
+		if g.IPv4 && (g.SGID[10] != 0xff || g.SGID[11] != 0xff || g.DGID[10] != 0xff || g.DGID[11] != 0xff) {
+			t.Fatalf("IPv4 header gave GIDs %x %x", g.SGID, g.DGID)
+		}
+	})
+}

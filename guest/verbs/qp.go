@@ -11,22 +11,33 @@ import (
 )
 
 // QPCap are a QP's queue capacities, like ibv_qp_cap. Zero SGE counts mean
-// one.
+// one. A QP with an SRQ has no receive queue: MaxRecvWR and MaxRecvSGE are
+// ignored, and Cap reports them as zero.
 type QPCap struct {
 	MaxSendWR, MaxRecvWR, MaxSendSGE, MaxRecvSGE, MaxInlineData int
 }
 
-// QPInitAttr describes a QP to create, like ibv_qp_init_attr (RC only).
+// QPInitAttr describes a QP to create, like ibv_qp_init_attr.
 type QPInitAttr struct {
+	// Type is abi.QPTypeRC or abi.QPTypeUD; zero means RC.
+	Type           int
 	SendCQ, RecvCQ *CQ
-	Cap            QPCap
+	// SRQ, when set, is the shared receive queue the QP takes its receive
+	// WQEs from, instead of a receive queue of its own (PostRecv is then
+	// ErrInvalid: post to the SRQ). It may belong to another PD of the
+	// same context, as in verbs.
+	SRQ *SRQ
+	Cap QPCap
 	// SigAll makes every send WR complete with a CQE, as if SIGNALED.
 	SigAll bool
 }
 
 // SendWR is a send work request, like ibv_send_wr. Opcode is an abi.WROp*
 // value, Flags abi.WRFlag* bits; a non-empty Inline carries the data in the
-// WQE (SGL must then be empty; the INLINE flag is set for you).
+// WQE (SGL must then be empty; the INLINE flag is set for you). On a UD QP
+// (SEND and SEND_WITH_IMM only, no FENCE) AH, RemoteQPN and RemoteQKey
+// address the datagram, as ibv_send_wr's wr.ud; they must be zero on an RC
+// QP, whose RDMA and atomic fields a UD QP ignores.
 type SendWR struct {
 	WRID       uint64
 	Opcode     int
@@ -38,6 +49,13 @@ type SendWR struct {
 	RKey       uint32
 	CompareAdd uint64
 	Swap       uint64
+	// AH is the destination of a UD send: an AH of the QP's PD.
+	AH *AH
+	// RemoteQPN is the destination QP number (24 bits) of a UD send.
+	RemoteQPN uint32
+	// RemoteQKey is the Q_Key a UD send carries; with abi.QKeyUseQP set
+	// (bit 31) the device sends the QP's own Q_Key instead.
+	RemoteQKey uint32
 }
 
 // RecvWR is a receive work request.
@@ -46,23 +64,25 @@ type RecvWR struct {
 	SGL  []abi.SGE
 }
 
-// QP is an RC queue pair: send and receive rings and a record in DMA
-// memory. PostSend and PostRecv are each safe for concurrent use (a lock
-// per queue); the rings are written only under those locks.
+// QP is an RC or UD queue pair: send and receive rings (or an SRQ) and a
+// record in DMA memory. PostSend and PostRecv are each safe for concurrent
+// use (a lock per queue); the rings are written only under those locks.
 type QP struct {
 	ctx    *Context // immutable
 	pd     *PD      // immutable
 	num    uint32   // immutable
+	typ    int      // immutable: abi.QPTypeRC or abi.QPTypeUD
 	sendCQ *CQ      // immutable
 	recvCQ *CQ      // immutable
+	srq    *SRQ     // immutable: nil unless created with one
 	db     int      // immutable: doorbell queue
 	cap    QPCap    // immutable: the capacities granted
 	psn    uint32   // immutable: initial send PSN, random, 24 bits
 
-	sqDepth, rqDepth uint32 // immutable, powers of two
+	sqDepth, rqDepth uint32 // immutable, powers of two (rqDepth 0 with an SRQ)
 	sqShift, rqShift uint   // immutable: log2 of the WQE strides
 	mem              DMABuf // immutable: SQ pages, RQ pages, record
-	sq, rq           []byte // immutable views of the rings
+	sq, rq           []byte // immutable views of the rings (rq nil with an SRQ)
 	rec              []byte // immutable view of the vrdma_qp_record
 
 	sqMu sync.Mutex // protects sqPI and the SQ ring
@@ -81,12 +101,23 @@ func ceilPow2(n uint32) uint32 {
 
 func log2(n uint32) uint { return uint(bits.TrailingZeros32(n)) }
 
-// CreateQP creates an RC QP in pd (CREATE_QP). Queue depths are rounded
-// up to powers of two; the QP's doorbell queue is picked round-robin.
+// CreateQP creates an RC or UD QP in pd (CREATE_QP). Queue depths are
+// rounded up to powers of two; the QP's doorbell queue is picked
+// round-robin. With a.SRQ the QP has no receive queue (flags SRQ, srqn).
 func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	c := pd.ctx
 	if a.SendCQ == nil || a.RecvCQ == nil || a.SendCQ.ctx != c || a.RecvCQ.ctx != c {
 		return nil, argErr("cq", "send and receive CQs of this context are required")
+	}
+	typ := a.Type
+	if typ == 0 {
+		typ = abi.QPTypeRC
+	}
+	if typ != abi.QPTypeRC && typ != abi.QPTypeUD {
+		return nil, argErr("qp type", "%d (RC %d and UD %d are supported)", a.Type, abi.QPTypeRC, abi.QPTypeUD)
+	}
+	if a.SRQ != nil && a.SRQ.ctx != c {
+		return nil, argErr("srq", "not of this context")
 	}
 	cp := a.Cap
 	if cp.MaxSendSGE == 0 {
@@ -95,25 +126,32 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	if cp.MaxRecvSGE == 0 {
 		cp.MaxRecvSGE = 1
 	}
+	if a.SRQ != nil {
+		cp.MaxRecvWR, cp.MaxRecvSGE = 0, 0
+	}
 	at := &c.attr
 	switch {
 	case cp.MaxSendWR <= 0 || uint64(cp.MaxSendWR) > uint64(at.MaxQPWR):
 		return nil, argErr("max_send_wr", "%d not in [1, %d]", cp.MaxSendWR, at.MaxQPWR)
-	case cp.MaxRecvWR <= 0 || uint64(cp.MaxRecvWR) > uint64(at.MaxQPWR):
+	case a.SRQ == nil && (cp.MaxRecvWR <= 0 || uint64(cp.MaxRecvWR) > uint64(at.MaxQPWR)):
 		return nil, argErr("max_recv_wr", "%d not in [1, %d]", cp.MaxRecvWR, at.MaxQPWR)
 	case cp.MaxSendSGE < 0 || uint64(cp.MaxSendSGE) > uint64(at.MaxSGE):
 		return nil, argErr("max_send_sge", "%d not in [1, %d]", cp.MaxSendSGE, at.MaxSGE)
-	case cp.MaxRecvSGE < 0 || uint64(cp.MaxRecvSGE) > uint64(at.MaxSGE):
+	case a.SRQ == nil && (cp.MaxRecvSGE < 0 || uint64(cp.MaxRecvSGE) > uint64(at.MaxSGE)):
 		return nil, argErr("max_recv_sge", "%d not in [1, %d]", cp.MaxRecvSGE, at.MaxSGE)
 	case cp.MaxInlineData < 0 || uint64(cp.MaxInlineData) > uint64(at.MaxInlineData):
 		return nil, argErr("max_inline_data", "%d not in [0, %d]", cp.MaxInlineData, at.MaxInlineData)
 	}
-	sqDepth, rqDepth := ceilPow2(uint32(cp.MaxSendWR)), ceilPow2(uint32(cp.MaxRecvWR))
+	sqDepth := ceilPow2(uint32(cp.MaxSendWR))
+	var rqDepth, rqStride uint32
+	if a.SRQ == nil {
+		rqDepth = ceilPow2(uint32(cp.MaxRecvWR))
+		rqStride = max(ceilPow2(uint32(abi.RecvWQEHdrSize+abi.SGESize*cp.MaxRecvSGE)), 1<<abi.MinRQWQEShift)
+	}
 	if sqDepth > at.MaxQPWR || rqDepth > at.MaxQPWR {
 		return nil, argErr("queue depth", "%d/%d round up above the device's %d", cp.MaxSendWR, cp.MaxRecvWR, at.MaxQPWR)
 	}
 	sqStride := ceilPow2(uint32(max(abi.SendWQEHdrSize+abi.SGESize*cp.MaxSendSGE, abi.SendWQEHdrSize+cp.MaxInlineData)))
-	rqStride := max(ceilPow2(uint32(abi.RecvWQEHdrSize+abi.SGESize*cp.MaxRecvSGE)), 1<<abi.MinRQWQEShift)
 	if sqStride > abi.PageSize || rqStride > abi.PageSize {
 		return nil, argErr("qp cap", "WQE strides %d/%d exceed a page", sqStride, rqStride)
 	}
@@ -133,9 +171,11 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	if err != nil {
 		return fail(err)
 	}
-	rqPages, err := mem.PageAddrs(sqAlloc, rqBytes)
-	if err != nil {
-		return fail(err)
+	var rqPages []uint64
+	if rqBytes > 0 {
+		if rqPages, err = mem.PageAddrs(sqAlloc, rqBytes); err != nil {
+			return fail(err)
+		}
 	}
 	recGPA, err := mem.GPA(sqAlloc + rqAlloc)
 	if err != nil {
@@ -150,13 +190,22 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	}
 	db := int(c.nextDB.Add(1)-1) % int(c.conf.NumDoorbellQueues)
 	req := abi.CreateQP{
-		PDN: pd.num, SendCQN: a.SendCQ.num, RecvCQN: a.RecvCQ.num, QPType: abi.QPTypeRC,
+		PDN: pd.num, SendCQN: a.SendCQ.num, RecvCQN: a.RecvCQ.num, QPType: uint32(typ),
 		MaxSendWR: sqDepth, MaxRecvWR: rqDepth,
 		MaxSendSGE: uint32(cp.MaxSendSGE), MaxRecvSGE: uint32(cp.MaxRecvSGE), MaxInlineData: uint32(cp.MaxInlineData),
-		SQWQEShift: uint32(log2(sqStride)), RQWQEShift: uint32(log2(rqStride)),
-		DoorbellQueue: uint32(db), Record: uint64(recGPA),
+		SQWQEShift: uint32(log2(sqStride)), DoorbellQueue: uint32(db), Record: uint64(recGPA),
 		SQNPages: uint32(len(sqPages)), RQNPages: uint32(len(rqPages)), PageList: plAddr,
 		Flags: abi.QPFlagRQNotify,
+	}
+	var rqShift uint
+	if a.SRQ != nil {
+		// "rq_wqe_shift … 0 with SRQ", and so are the receive queue's
+		// depth, SGEs and pages.
+		req.Flags |= abi.QPFlagSRQ
+		req.SRQN = a.SRQ.num
+	} else {
+		rqShift = log2(rqStride)
+		req.RQWQEShift = uint32(rqShift)
 	}
 	if a.SigAll {
 		req.SQSigAll = 1
@@ -167,12 +216,14 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	}
 	recOff := sqAlloc + rqAlloc
 	qp := &QP{
-		ctx: c, pd: pd, num: binary.LittleEndian.Uint32(resp), sendCQ: a.SendCQ, recvCQ: a.RecvCQ, db: db, cap: cp,
-		sqDepth: sqDepth, rqDepth: rqDepth, sqShift: log2(sqStride), rqShift: log2(rqStride), mem: mem,
+		ctx: c, pd: pd, num: binary.LittleEndian.Uint32(resp), typ: typ, sendCQ: a.SendCQ, recvCQ: a.RecvCQ, srq: a.SRQ,
+		db: db, cap: cp, sqDepth: sqDepth, rqDepth: rqDepth, sqShift: log2(sqStride), rqShift: rqShift, mem: mem,
 		sq:  mem.Buf[:sqBytes:sqBytes],
-		rq:  mem.Buf[sqAlloc : sqAlloc+rqBytes : sqAlloc+rqBytes],
 		rec: mem.Buf[recOff : recOff+abi.QPNotifyRecordSize : recOff+abi.QPNotifyRecordSize],
 		psn: randomPSN(),
+	}
+	if rqBytes > 0 {
+		qp.rq = mem.Buf[sqAlloc : sqAlloc+rqBytes : sqAlloc+rqBytes]
 	}
 	c.objMu.Lock()
 	c.qps[qp.num] = qp
@@ -182,6 +233,12 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 
 // Num returns the QP number.
 func (qp *QP) Num() uint32 { return qp.num }
+
+// Type returns abi.QPTypeRC or abi.QPTypeUD.
+func (qp *QP) Type() int { return qp.typ }
+
+// SRQ returns the shared receive queue the QP was created with, or nil.
+func (qp *QP) SRQ() *SRQ { return qp.srq }
 
 // PSN returns the QP's initial send PSN: 24 random bits drawn from
 // crypto/rand at CreateQP, as perftest draws lrand48() & 0xffffff. It is
@@ -308,13 +365,32 @@ func (qp *QP) Destroy() error {
 	return nil
 }
 
-// checkSend validates one send WR against the QP's capacities.
+// checkSend validates one send WR against the QP's type and capacities.
 func (qp *QP) checkSend(wr *SendWR) error {
 	if wr.Opcode < abi.WROpSend || wr.Opcode > abi.WROpAtomicFetchAdd {
 		return argErr("opcode", "%d", wr.Opcode)
 	}
 	if wr.Flags&^(abi.WRFlagSignaled|abi.WRFlagInline|abi.WRFlagFence|abi.WRFlagSolicited) != 0 {
 		return argErr("send flags", "%#x", wr.Flags)
+	}
+	if qp.typ == abi.QPTypeUD {
+		// docs/spec.md, "Semantics (UD)": "SEND and SEND_WITH_IMM only
+		// (other opcodes and FENCE are LOC_QP_OP_ERR)", to an "AH of the
+		// device in the QP's PD".
+		switch {
+		case wr.Opcode != abi.WROpSend && wr.Opcode != abi.WROpSendWithImm:
+			return argErr("opcode", "%d on a UD QP", wr.Opcode)
+		case wr.Flags&abi.WRFlagFence != 0:
+			return argErr("send flags", "FENCE on a UD QP")
+		case wr.AH == nil:
+			return argErr("ah", "a UD send needs one")
+		case wr.AH.pd != qp.pd:
+			return argErr("ah", "not of the QP's PD")
+		case wr.RemoteQPN > 0xffffff:
+			return argErr("remote qpn", "%#x beyond 24 bits", wr.RemoteQPN)
+		}
+	} else if wr.AH != nil || wr.RemoteQPN != 0 || wr.RemoteQKey != 0 {
+		return argErr("ud address", "on an RC QP")
 	}
 	if len(wr.Inline) > 0 || wr.Flags&abi.WRFlagInline != 0 {
 		if len(wr.SGL) != 0 {
@@ -351,10 +427,7 @@ func (qp *QP) free(pi uint32, ciOff int, depth uint32) (uint32, error) {
 func (qp *QP) ring(off int, pi uint32) error {
 	abi.StoreUint32(qp.rec, off, pi)
 	abi.Fence()
-	if qp.ctx.t.Polling(qp.db) {
-		return nil
-	}
-	return qp.ctx.t.Notify(qp.db)
+	return qp.ctx.doorbell(qp.db)
 }
 
 // PostSend posts send WRs: it checks them all and the free slots (nothing
@@ -390,10 +463,17 @@ func (qp *QP) PostSend(wrs ...SendWR) error {
 		binary.LittleEndian.PutUint64(w[0:], wr.WRID)
 		w[8] = uint8(wr.Opcode)
 		binary.LittleEndian.PutUint32(w[12:], wr.Imm)
-		binary.LittleEndian.PutUint64(w[16:], wr.RemoteAddr)
-		binary.LittleEndian.PutUint32(w[24:], wr.RKey)
-		binary.LittleEndian.PutUint64(w[32:], wr.CompareAdd)
-		binary.LittleEndian.PutUint64(w[40:], wr.Swap)
+		if wr.AH != nil {
+			// Checked: a UD QP, whose RDMA and atomic fields stay zero.
+			binary.LittleEndian.PutUint32(w[48:], wr.AH.num)
+			binary.LittleEndian.PutUint32(w[52:], wr.RemoteQPN)
+			binary.LittleEndian.PutUint32(w[56:], wr.RemoteQKey)
+		} else {
+			binary.LittleEndian.PutUint64(w[16:], wr.RemoteAddr)
+			binary.LittleEndian.PutUint32(w[24:], wr.RKey)
+			binary.LittleEndian.PutUint64(w[32:], wr.CompareAdd)
+			binary.LittleEndian.PutUint64(w[40:], wr.Swap)
+		}
 		if len(wr.Inline) > 0 || flags&abi.WRFlagInline != 0 {
 			flags |= abi.WRFlagInline
 			binary.LittleEndian.PutUint32(w[28:], uint32(len(wr.Inline)))
@@ -420,8 +500,12 @@ func putSGL(b []byte, sgl []abi.SGE) {
 
 // PostRecv posts receive WRs, all or none (ErrQueueFull if they do not
 // fit), then the receive producer index and, unless the engine polls, a
-// doorbell notification.
+// doorbell notification. A QP with an SRQ has no receive queue: post to
+// the SRQ (ErrInvalid).
 func (qp *QP) PostRecv(wrs ...RecvWR) error {
+	if qp.srq != nil {
+		return argErr("post recv", "qp %d takes its receives from srq %d", qp.num, qp.srq.num)
+	}
 	if len(wrs) == 0 {
 		return nil
 	}
@@ -444,11 +528,7 @@ func (qp *QP) PostRecv(wrs ...RecvWR) error {
 	for i := range wrs {
 		wr := &wrs[i]
 		off := (pi & (qp.rqDepth - 1)) * stride
-		w := qp.rq[off : off+stride : off+stride]
-		clear(w[:abi.RecvWQEHdrSize])
-		binary.LittleEndian.PutUint64(w[0:], wr.WRID)
-		binary.LittleEndian.PutUint16(w[8:], uint16(len(wr.SGL)))
-		putSGL(w[abi.RecvWQEHdrSize:], wr.SGL)
+		putRecvWQE(qp.rq[off:off+stride:off+stride], wr)
 		pi++
 	}
 	qp.rqPI = pi
