@@ -322,6 +322,9 @@ type ConnectOpts struct {
 
 // ConnectRCOpts is ConnectRC with opts.
 func (qp *QP) ConnectRCOpts(remoteGID [16]byte, remoteQPN, remotePSN uint32, access int, opts ConnectOpts) error {
+	if qp.typ != abi.QPTypeRC {
+		return argErr("qp type", "ConnectRC on a QP of type %d (a UD QP takes ReadyUD)", qp.typ)
+	}
 	mtu := opts.PathMTU
 	if mtu == 0 {
 		mtu = abi.MTU4096

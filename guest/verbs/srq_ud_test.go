@@ -151,6 +151,10 @@ func TestReadyUDSequence(t *testing.T) {
 	if err := rc.ReadyUD(1); !errors.Is(err, ErrInvalid) {
 		t.Errorf("ReadyUD on RC: got %v, want ErrInvalid", err)
 	}
+	n = len(f.cmds)
+	if err := qp.ConnectRC([16]byte{}, 5, 0, 0); !errors.Is(err, ErrInvalid) || len(f.cmds) != n {
+		t.Errorf("ConnectRC on UD: got %v and %d commands, want ErrInvalid and none", err, len(f.cmds)-n)
+	}
 	f.status[abi.CmdModifyQP] = abi.StatusInvalid
 	if err := qp.ReadyUD(1); !errors.Is(err, abi.StatusInvalid) {
 		t.Errorf("refused MODIFY_QP: got %v, want INVALID", err)
