@@ -52,7 +52,7 @@ readonly CACHE_ROOT="${VRDMA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vrdma}/rdma-
 readonly SYSTEM_LIBIBVERBS=/usr/lib/x86_64-linux-gnu/libibverbs.so.1
 
 # The provider's sources, in link order.
-readonly SOURCES=(vrdma.c vrdma_verbs.c)
+readonly SOURCES=(vrdma.c vrdma_verbs.c vrdma_ex.c)
 
 # Build packages. libibverbs-dev brings the system libibverbs.so.1 (and the
 # 44.0 public headers the loading test compiles against); no libnl, udev or
@@ -259,7 +259,7 @@ build() {
 	# on post, poll or arm (SECCOMP_MODE_STRICT).
 	log "running the data-path check (datapath_check.c)"
 	run cc "${CFLAGS[@]}" "${inc[@]}" -I "$SRC_DIR" -o "$gen/datapath_check" \
-		"$SRC_DIR/datapath_check.c" "$gen/vrdma_verbs.o" -lpthread
+		"$SRC_DIR/datapath_check.c" "$gen/vrdma_verbs.o" "$gen/vrdma_ex.o" -lpthread
 	run "$gen/datapath_check" >&2 || die "the data-path check failed"
 
 	mkdir -p "$OUT_DIR"

@@ -577,11 +577,15 @@ SAME(offsetof(struct ib_uverbs_ex_query_device_resp, device_cap_flags_ex), 224);
  *
  * 1. struct ibv_qp_ex gained wr_flush at its end (352 -> 360 bytes), so in
  *    struct verbs_qp comp_mask moved from 352 to 360 and xrcd from 360 to
- *    368. The provider allocates its verbs_qp (calloc, 56.1 layout) and uses
- *    only ibv_cmd_create_qp, never the _ex path. libibverbs 44.0 reads
- *    comp_mask at offset 352 (ibv_qp_to_qp_ex): that is wr_flush here, inside
- *    the allocation and always zero, so it reads "no VERBS_QP_EX", which is
- *    the truth for this provider. Everything 44.0 may touch lies inside the
+ *    368. The provider allocates its verbs_qp (calloc, 56.1 layout) and
+ *    creates it with ibv_cmd_create_qp, which writes neither field.
+ *    libibverbs 44.0 reads comp_mask at offset 352 (ibv_qp_to_qp_ex): that is
+ *    wr_flush here, inside the allocation and zero, so an ordinary QP reads
+ *    "no VERBS_QP_EX". A QP made with send_ops_flags (vrdma_ex.c,
+ *    vrdma_mark_qp_ex) gets VERBS_QP_EX in 56.1's field and, when the loaded
+ *    library's ibv_qp_to_qp_ex still answers NULL (44.0), at offset 352 too;
+ *    44.0 programs have no wr_flush, and 44.0 never reads xrcd (offset 360)
+ *    without VERBS_QP_XRCD. Everything 44.0 may touch lies inside the
  *    allocation because the 56.1 struct is larger.
  */
 static_assert(offsetof(struct ibv_qp_ex, wr_flush) == 352,

@@ -9,9 +9,10 @@
  *
  * The notify page and the flags page are two pages of a memfd that stands
  * in for the uverbs file descriptor, so the test sees every doorbell write.
- * The last check runs post and poll under SECCOMP_MODE_STRICT, where any
- * system call but read, write, _exit and sigreturn kills the process: the
- * fast path makes none.
+ * The last check runs post and poll (ibv_post_send, ibv_wr_*, ibv_poll_cq,
+ * ibv_start_poll) under SECCOMP_MODE_STRICT, where any system call but
+ * read, write, _exit and sigreturn kills the process: the fast path makes
+ * none.
  *
  * scripts/guest-provider.sh builds and runs it before it installs the
  * provider; it prints "datapath_check: all N checks passed", or the failures
@@ -64,6 +65,7 @@ static struct {
 	struct ibv_qp_init_attr qp_attr;
 	int qp_destroyed;
 	int next_qpn;
+	int lib_v56;		/* ibv_qp_to_qp_ex reads 56.1's layout */
 } fk;
 
 static int memfd;		/* the "uverbs fd": page 0 notify, page 1 flags */
@@ -133,6 +135,23 @@ int ibv_cmd_destroy_qp(struct ibv_qp *qp)
 {
 	fk.qp_destroyed++;
 	return 0;
+}
+
+/*
+ * ibv_qp_to_qp_ex as the guests' libibverbs (Debian 12, rdma-core 44.0)
+ * has it, reading comp_mask at that library's offset, 352; with
+ * fk.lib_v56 set, as 56.1 has it (the provider's headers: vqp.comp_mask).
+ */
+struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
+{
+	struct verbs_qp *vqp = container_of(qp, struct verbs_qp, qp);
+	uint32_t mask;
+
+	if (fk.lib_v56)
+		mask = vqp->comp_mask;
+	else
+		memcpy(&mask, (uint8_t *)vqp + 352, sizeof(mask));
+	return (mask & VERBS_QP_EX) ? &vqp->qp_ex : NULL;
 }
 
 /* Not reached by these checks; present so vrdma_verbs.o links. */
@@ -611,8 +630,660 @@ static void check_doorbell_sharing(struct ibv_cq *ibcq)
 	CHECK(list_empty(&ctx->db_maps), "mapping dropped with the last QP");
 }
 
+/* ---------------------------------------------------------------------- */
+/* The extended API: ibv_qp_ex (ibv_wr_*) and ibv_cq_ex                   */
+/* ---------------------------------------------------------------------- */
+
+#define ALL_SEND_OPS                                                           \
+	(IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |                  \
+	 IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |      \
+	 IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |        \
+	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
+
+static struct ibv_qp *make_qp_ex(struct ibv_cq *cq, enum ibv_qp_type type,
+				 uint32_t comp_mask, uint64_t ops,
+				 uint32_t send_wr, uint32_t send_sge,
+				 uint32_t inl, int sig_all)
+{
+	struct ibv_qp_init_attr_ex attr = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = type,
+		.sq_sig_all = sig_all, .comp_mask = comp_mask, .pd = &pd,
+		.send_ops_flags = ops,
+		.cap = { .max_send_wr = send_wr, .max_recv_wr = 1,
+			 .max_send_sge = send_sge, .max_recv_sge = 1,
+			 .max_inline_data = inl },
+	};
+
+	return vrdma_create_qp_ex(&ctx->ibv_ctx.context, &attr);
+}
+
+static struct ibv_qp_ex *make_wr_qp(struct ibv_cq *cq, uint32_t send_wr,
+				    uint32_t send_sge, uint32_t inl)
+{
+	struct ibv_qp *qp = make_qp_ex(cq, IBV_QPT_RC,
+				       IBV_QP_INIT_ATTR_PD |
+					       IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+				       ALL_SEND_OPS, send_wr, send_sge, inl, 0);
+
+	return qp ? ibv_qp_to_qp_ex(qp) : NULL;
+}
+
+static void check_qp_ex_create(struct ibv_cq *cq)
+{
+	static const struct {
+		const char *name;
+		enum ibv_qp_type type;
+		uint32_t comp_mask;
+		uint64_t ops;
+		uint32_t create_flags;
+		int err;	/* 0: created */
+	} cases[] = {
+		{ "RC, every op the device has", IBV_QPT_RC, 0, ALL_SEND_OPS, 0, 0 },
+		{ "RC, SEND only", IBV_QPT_RC, 0, IBV_QP_EX_WITH_SEND, 0, 0 },
+		{ "RC, no op", IBV_QPT_RC, 0, 0, 0, 0 },
+		{ "LOCAL_INV", IBV_QPT_RC, 0, IBV_QP_EX_WITH_LOCAL_INV, 0, EOPNOTSUPP },
+		{ "BIND_MW", IBV_QPT_RC, 0, IBV_QP_EX_WITH_BIND_MW, 0, EOPNOTSUPP },
+		{ "SEND_WITH_INV", IBV_QPT_RC, 0, IBV_QP_EX_WITH_SEND_WITH_INV, 0, EOPNOTSUPP },
+		{ "TSO", IBV_QPT_RC, 0, IBV_QP_EX_WITH_TSO, 0, EOPNOTSUPP },
+		{ "FLUSH", IBV_QPT_RC, 0, IBV_QP_EX_WITH_FLUSH, 0, EOPNOTSUPP },
+		{ "ATOMIC_WRITE", IBV_QPT_RC, 0, IBV_QP_EX_WITH_ATOMIC_WRITE, 0, EOPNOTSUPP },
+		{ "UD with RDMA_WRITE", IBV_QPT_UD, 0, IBV_QP_EX_WITH_RDMA_WRITE, 0, EOPNOTSUPP },
+		{ "UC", IBV_QPT_UC, 0, IBV_QP_EX_WITH_SEND, 0, EOPNOTSUPP },
+		{ "create flags", IBV_QPT_RC, IBV_QP_INIT_ATTR_CREATE_FLAGS,
+		  IBV_QP_EX_WITH_SEND, IBV_QP_CREATE_SCATTER_FCS, EOPNOTSUPP },
+		{ "create flags 0", IBV_QPT_RC, IBV_QP_INIT_ATTR_CREATE_FLAGS,
+		  IBV_QP_EX_WITH_SEND, 0, 0 },
+		{ "TSO header", IBV_QPT_RC, IBV_QP_INIT_ATTR_MAX_TSO_HEADER,
+		  IBV_QP_EX_WITH_SEND, 0, EOPNOTSUPP },
+	};
+	struct ibv_qp_init_attr_ex attr;
+	struct ibv_qp_ex *qpx;
+	struct ibv_qp *qp;
+	size_t i;
+
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		attr = (struct ibv_qp_init_attr_ex){
+			.send_cq = cq, .recv_cq = cq, .qp_type = cases[i].type,
+			.comp_mask = IBV_QP_INIT_ATTR_PD |
+				     IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+				     cases[i].comp_mask,
+			.pd = &pd, .send_ops_flags = cases[i].ops,
+			.create_flags = cases[i].create_flags,
+			.cap = { .max_send_wr = 4, .max_recv_wr = 1,
+				 .max_send_sge = 1, .max_recv_sge = 1 },
+		};
+		errno = 0;
+		qp = vrdma_create_qp_ex(&ctx->ibv_ctx.context, &attr);
+		if (cases[i].err) {
+			CHECK(!qp && errno == cases[i].err,
+			      "%s: got %p errno %d, want errno %d",
+			      cases[i].name, (void *)qp, errno, cases[i].err);
+			if (qp)
+				vrdma_destroy_qp(qp);
+			continue;
+		}
+		CHECK(qp != NULL, "%s: %s", cases[i].name, strerror(errno));
+		if (!qp)
+			continue;
+		qpx = ibv_qp_to_qp_ex(qp);
+		CHECK(qpx == (struct ibv_qp_ex *)qp,
+		      "%s: ibv_qp_to_qp_ex (44.0 layout) = %p", cases[i].name,
+		      (void *)qpx);
+		CHECK(attr.cap.max_send_wr == 4 &&
+		      attr.cap.max_send_sge == to_vqp(qp)->sq.max_sge,
+		      "%s: granted caps %u/%u", cases[i].name,
+		      attr.cap.max_send_wr, attr.cap.max_send_sge);
+		if (qpx) {
+			CHECK(!!qpx->wr_send == !!(cases[i].ops & IBV_QP_EX_WITH_SEND) &&
+			      !!qpx->wr_rdma_read == !!(cases[i].ops & IBV_QP_EX_WITH_RDMA_READ) &&
+			      !!qpx->wr_atomic_fetch_add ==
+				      !!(cases[i].ops & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD),
+			      "%s: the builders asked for, and only those", cases[i].name);
+			CHECK(!qpx->wr_send_inv && !qpx->wr_local_inv &&
+			      !qpx->wr_bind_mw && !qpx->wr_send_tso &&
+			      !qpx->wr_set_xrc_srqn && !qpx->wr_atomic_write &&
+			      qpx->wr_start && qpx->wr_complete && qpx->wr_abort &&
+			      qpx->wr_set_sge && qpx->wr_set_sge_list &&
+			      qpx->wr_set_inline_data &&
+			      qpx->wr_set_inline_data_list && qpx->wr_set_ud_addr,
+			      "%s: ops the device lacks stay NULL", cases[i].name);
+		}
+		vrdma_destroy_qp(qp);
+	}
+
+	/* Under 56.1's library the bit is found where 56.1 puts it, and the
+	 * 44.0 word (56.1's wr_flush) is left alone. */
+	fk.lib_v56 = 1;
+	qpx = make_wr_qp(cq, 4, 1, 0);
+	CHECK(qpx && !qpx->wr_flush, "56.1 library: qp_ex %p, wr_flush untouched",
+	      (void *)qpx);
+	if (qpx)
+		vrdma_destroy_qp(&qpx->qp_base);
+	fk.lib_v56 = 0;
+
+	/* Without SEND_OPS_FLAGS: an ordinary QP, no qp_ex. */
+	qp = make_qp_ex(cq, IBV_QPT_RC, IBV_QP_INIT_ATTR_PD |
+			IBV_QP_INIT_ATTR_CREATE_FLAGS, 0, 2, 1, 0, 0);
+	CHECK(qp && !ibv_qp_to_qp_ex(qp), "no SEND_OPS_FLAGS: no qp_ex");
+	if (qp)
+		vrdma_destroy_qp(qp);
+	errno = 0;
+	qp = make_qp_ex(cq, IBV_QPT_RC, IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+			IBV_QP_EX_WITH_SEND, 2, 1, 0, 0);
+	CHECK(!qp && errno == EINVAL, "no PD: errno %d", errno);
+	errno = 0;
+	qp = make_qp_ex(cq, IBV_QPT_RC, IBV_QP_INIT_ATTR_PD |
+			IBV_QP_INIT_ATTR_XRCD, 0, 2, 1, 0, 0);
+	CHECK(!qp && errno == EOPNOTSUPP, "XRCD: errno %d", errno);
+}
+
 /*
- * check_no_syscalls posts, polls and arms in a child under
+ * check_wr_ops builds one WQE of each kind with the ibv_wr_* API, and the
+ * same work requests with ibv_post_send on a twin QP: the slots must be
+ * byte for byte the same (one encoder), published by one wr_complete.
+ */
+static void check_wr_ops(struct ibv_cq *cq)
+{
+	uint8_t payload[64], pay2[16];
+	struct ibv_sge sgl[3] = {
+		{ .addr = 0x1000, .length = 10, .lkey = 0xa1 },
+		{ .addr = 0x2000, .length = 20, .lkey = 0xa2 },
+		{ .addr = 0x3000, .length = 30, .lkey = 0xa3 },
+	};
+	struct ibv_sge isge[2], one = { .addr = 0x4000, .length = 8, .lkey = 0xb4 };
+	struct ibv_data_buf bufs[2];
+	struct ibv_send_wr wr[8], *bad;
+	struct ibv_qp_ex *qpx;
+	struct vrdma_qp *qp, *twin;
+	int ret, i;
+
+	for (i = 0; i < (int)sizeof(payload); i++)
+		payload[i] = 0xc0 + i;
+	for (i = 0; i < (int)sizeof(pay2); i++)
+		pay2[i] = 0x10 + i;
+
+	/* 3 SGEs: 64 + 48 = 112; inline 64: a 128-byte stride (4 SGEs). */
+	qpx = make_wr_qp(cq, 8, 3, 64);
+	twin = make_qp(cq, 8, 1, 3, 1, 64, 0);
+	if (!qpx || !twin) {
+		CHECK(0, "create: %s", strerror(errno));
+		return;
+	}
+	qp = to_vqp(&qpx->qp_base);
+	CHECK(qp->max_inline_data == 64 && qp->sq.max_sge == 4,
+	      "layout: inline %u, sge %u", qp->max_inline_data, qp->sq.max_sge);
+
+	*flags = 0;
+	*notify = 0;
+	ibv_wr_start(qpx);
+	qpx->wr_id = 101;
+	qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(qpx);
+	ibv_wr_set_sge(qpx, 0xa1, 0x1000, 10);
+
+	qpx->wr_id = 102;
+	qpx->wr_flags = IBV_SEND_SOLICITED;
+	ibv_wr_send_imm(qpx, htobe32(0x01020304));
+	ibv_wr_set_sge_list(qpx, 3, sgl);
+
+	qpx->wr_id = 103;
+	qpx->wr_flags = IBV_SEND_INLINE;	/* ignored: the setter decides */
+	ibv_wr_rdma_write(qpx, 0x77, 0x123456789aULL);
+	ibv_wr_set_inline_data(qpx, payload, 64);
+
+	qpx->wr_id = 104;
+	qpx->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_FENCE;
+	ibv_wr_rdma_write_imm(qpx, 0x78, 0x5000, htobe32(0xdeadbeef));
+	bufs[0] = (struct ibv_data_buf){ .addr = pay2, .length = 5 };
+	bufs[1] = (struct ibv_data_buf){ .addr = payload, .length = 7 };
+	ibv_wr_set_inline_data_list(qpx, 2, bufs);
+
+	qpx->wr_id = 105;
+	qpx->wr_flags = 0;
+	ibv_wr_rdma_read(qpx, 0x79, 0x6000);
+	ibv_wr_set_sge_list(qpx, 2, sgl);
+
+	qpx->wr_id = 106;
+	qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_atomic_cmp_swp(qpx, 0x7a, 0x8000, 5, 6);
+	ibv_wr_set_sge(qpx, one.lkey, one.addr, one.length);
+
+	qpx->wr_id = 107;
+	qpx->wr_flags = IBV_SEND_FENCE;
+	ibv_wr_atomic_fetch_add(qpx, 0x7b, 0x8008, 9);
+	ibv_wr_set_sge(qpx, one.lkey, one.addr, one.length);
+
+	/* Built, not published: the device sees nothing yet. */
+	CHECK(qp->rec->sq_pi == 0 && *notify == 0,
+	      "before wr_complete: sq_pi %u, notify %#x", qp->rec->sq_pi, *notify);
+	ret = ibv_wr_complete(qpx);
+	CHECK(ret == 0, "wr_complete: %d", ret);
+	CHECK(qp->rec->sq_pi == 7 && qp->sq.pi == 7 && *notify == NOTIFY_VALUE,
+	      "one publish of 7: sq_pi %u, notify %#x", qp->rec->sq_pi, *notify);
+
+	/* The same seven through ibv_post_send. */
+	memset(wr, 0, sizeof(wr));
+	for (i = 0; i < 7; i++) {
+		wr[i].wr_id = 101 + i;
+		wr[i].next = i < 6 ? &wr[i + 1] : NULL;
+	}
+	wr[0].opcode = IBV_WR_SEND;
+	wr[0].send_flags = IBV_SEND_SIGNALED;
+	wr[0].sg_list = sgl;
+	wr[0].num_sge = 1;
+	wr[1].opcode = IBV_WR_SEND_WITH_IMM;
+	wr[1].send_flags = IBV_SEND_SOLICITED;
+	wr[1].imm_data = htobe32(0x01020304);
+	wr[1].sg_list = sgl;
+	wr[1].num_sge = 3;
+	isge[0] = (struct ibv_sge){ .addr = (uintptr_t)payload, .length = 64 };
+	wr[2].opcode = IBV_WR_RDMA_WRITE;
+	wr[2].send_flags = IBV_SEND_INLINE;
+	wr[2].sg_list = isge;
+	wr[2].num_sge = 1;
+	wr[2].wr.rdma.rkey = 0x77;
+	wr[2].wr.rdma.remote_addr = 0x123456789aULL;
+	{
+		static struct ibv_sge isge2[2];
+
+		isge2[0] = (struct ibv_sge){ .addr = (uintptr_t)pay2, .length = 5 };
+		isge2[1] = (struct ibv_sge){ .addr = (uintptr_t)payload, .length = 7 };
+		wr[3].sg_list = isge2;
+	}
+	wr[3].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	wr[3].send_flags = IBV_SEND_SIGNALED | IBV_SEND_FENCE | IBV_SEND_INLINE;
+	wr[3].imm_data = htobe32(0xdeadbeef);
+	wr[3].num_sge = 2;
+	wr[3].wr.rdma.rkey = 0x78;
+	wr[3].wr.rdma.remote_addr = 0x5000;
+	wr[4].opcode = IBV_WR_RDMA_READ;
+	wr[4].sg_list = sgl;
+	wr[4].num_sge = 2;
+	wr[4].wr.rdma.rkey = 0x79;
+	wr[4].wr.rdma.remote_addr = 0x6000;
+	wr[5].opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+	wr[5].send_flags = IBV_SEND_SIGNALED;
+	wr[5].sg_list = &one;
+	wr[5].num_sge = 1;
+	wr[5].wr.atomic.rkey = 0x7a;
+	wr[5].wr.atomic.remote_addr = 0x8000;
+	wr[5].wr.atomic.compare_add = 5;
+	wr[5].wr.atomic.swap = 6;
+	wr[6].opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+	wr[6].send_flags = IBV_SEND_FENCE;
+	wr[6].sg_list = &one;
+	wr[6].num_sge = 1;
+	wr[6].wr.atomic.rkey = 0x7b;
+	wr[6].wr.atomic.remote_addr = 0x8008;
+	wr[6].wr.atomic.compare_add = 9;
+	ret = vrdma_post_send(&twin->vqp.qp, wr, &bad);
+	CHECK(ret == 0 && twin->rec->sq_pi == 7, "twin post_send: %d", ret);
+	CHECK(twin->sq.shift == qp->sq.shift, "twin stride %u vs %u",
+	      twin->sq.shift, qp->sq.shift);
+	for (i = 0; i < 7; i++)
+		CHECK(memcmp(sq_wqe(qp, i), sq_wqe(twin, i),
+			     1u << qp->sq.shift) == 0,
+		      "WQE %d: ibv_wr_* and ibv_post_send differ", i);
+
+	/* And the bytes themselves, against the spec. */
+	{
+		struct vrdma_send_wqe *w;
+		struct vrdma_sge *s;
+
+		w = sq_wqe(qp, 0);
+		s = (struct vrdma_sge *)(w + 1);
+		CHECK(w->wr_id == 101 && w->opcode == VRDMA_WR_SEND &&
+		      w->flags == VRDMA_WQE_SIGNALED && w->num_sge == 1 &&
+		      s[0].addr == 0x1000 && s[0].length == 10 &&
+		      s[0].lkey == 0xa1 && w->ah == 0 && w->remote_qpn == 0 &&
+		      w->remote_qkey == 0 && w->reserved == 0, "wr_send");
+		w = sq_wqe(qp, 1);
+		s = (struct vrdma_sge *)(w + 1);
+		CHECK(w->opcode == VRDMA_WR_SEND_WITH_IMM &&
+		      w->flags == VRDMA_WQE_SOLICITED && w->num_sge == 3 &&
+		      s[2].addr == 0x3000 && s[2].lkey == 0xa3 &&
+		      w->imm_data == htobe32(0x01020304), "wr_send_imm");
+		w = sq_wqe(qp, 2);
+		CHECK(w->opcode == VRDMA_WR_RDMA_WRITE &&
+		      w->flags == VRDMA_WQE_INLINE && w->num_sge == 0 &&
+		      w->inline_len == 64 && w->rkey == 0x77 &&
+		      w->remote_addr == 0x123456789aULL &&
+		      memcmp(w + 1, payload, 64) == 0,
+		      "wr_rdma_write + inline data, 64 bytes (the QP's max)");
+		w = sq_wqe(qp, 3);
+		CHECK(w->opcode == VRDMA_WR_RDMA_WRITE_WITH_IMM &&
+		      w->flags == (VRDMA_WQE_SIGNALED | VRDMA_WQE_FENCE |
+				   VRDMA_WQE_INLINE) &&
+		      w->inline_len == 12 && w->imm_data == htobe32(0xdeadbeef) &&
+		      memcmp(w + 1, pay2, 5) == 0 &&
+		      memcmp((uint8_t *)(w + 1) + 5, payload, 7) == 0,
+		      "wr_rdma_write_imm + inline list");
+		w = sq_wqe(qp, 4);
+		CHECK(w->opcode == VRDMA_WR_RDMA_READ && w->flags == 0 &&
+		      w->num_sge == 2 && w->rkey == 0x79 && w->remote_addr == 0x6000,
+		      "wr_rdma_read");
+		w = sq_wqe(qp, 5);
+		CHECK(w->opcode == VRDMA_WR_ATOMIC_CMP_AND_SWP &&
+		      w->compare_add == 5 && w->swap == 6 && w->rkey == 0x7a &&
+		      w->num_sge == 1, "wr_atomic_cmp_swp");
+		w = sq_wqe(qp, 6);
+		CHECK(w->opcode == VRDMA_WR_ATOMIC_FETCH_AND_ADD &&
+		      w->flags == VRDMA_WQE_FENCE && w->compare_add == 9 &&
+		      w->swap == 0 && w->remote_addr == 0x8008, "wr_atomic_fetch_add");
+	}
+
+	/* A later setter replaces the data an earlier one gave. */
+	atomic_store((_Atomic uint32_t *)&qp->rec->sq_ci, 7);
+	ibv_wr_start(qpx);
+	qpx->wr_id = 108;
+	qpx->wr_flags = 0;
+	ibv_wr_send(qpx);
+	ibv_wr_set_inline_data(qpx, payload, 3);
+	ibv_wr_set_sge(qpx, 0xa2, 0x2000, 20);
+	ret = ibv_wr_complete(qpx);
+	CHECK(ret == 0 && sq_wqe(qp, 7)->num_sge == 1 &&
+	      sq_wqe(qp, 7)->flags == 0 && sq_wqe(qp, 7)->inline_len == 0,
+	      "set_sge after set_inline_data: SGE data only");
+
+	vrdma_destroy_qp(&qpx->qp_base);
+	vrdma_destroy_qp(&twin->vqp.qp);
+}
+
+/* check_wr_errors: abort, a full ring, and each setter's error. */
+static void check_wr_errors(struct ibv_cq *cq)
+{
+	struct ibv_sge sgl[5] = {
+		{ .addr = 0x1000, .length = 1, .lkey = 1 },
+		{ .addr = 0x2000, .length = 1, .lkey = 2 },
+		{ .addr = 0x3000, .length = 1, .lkey = 3 },
+		{ .addr = 0x4000, .length = 1, .lkey = 4 },
+		{ .addr = 0x5000, .length = 1, .lkey = 5 },
+	};
+	/* Never read: the lengths are checked before any byte is copied. */
+	struct ibv_data_buf far[2] = { { .addr = (void *)0x1000, .length = 40 },
+				       { .addr = (void *)0x2000, .length = 40 } };
+	uint8_t big[65] = { 0 };
+	struct ibv_ah ah = { 0 };
+	struct ibv_qp_ex *qpx;
+	struct vrdma_qp *qp;
+	int ret, i;
+	static const struct {
+		const char *name;
+		int step;
+	} bad[] = {
+		{ "5 SGEs where the QP holds 4", 0 },
+		{ "65 inline bytes where the QP holds 64", 1 },
+		{ "an inline list of 80 bytes", 2 },
+		{ "inline data on RDMA_READ", 3 },
+		{ "a setter before any builder", 4 },
+		{ "a UD address on an RC QP", 5 },
+		{ "inline data on an atomic", 6 },
+	};
+
+	/* Depth 4, 4 SGEs and 64 inline bytes in a 128-byte stride. */
+	qpx = make_wr_qp(cq, 4, 4, 64);
+	if (!qpx) {
+		CHECK(0, "create: %s", strerror(errno));
+		return;
+	}
+	qp = to_vqp(&qpx->qp_base);
+
+	/* wr_abort discards: nothing published, the slot is reused. */
+	*flags = 0;
+	*notify = 0;
+	ibv_wr_start(qpx);
+	qpx->wr_id = 1;
+	qpx->wr_flags = 0;
+	ibv_wr_send(qpx);
+	ibv_wr_set_sge(qpx, 1, 0x1000, 1);
+	ibv_wr_abort(qpx);
+	CHECK(qp->rec->sq_pi == 0 && qp->sq.pi == 0 && *notify == 0,
+	      "wr_abort: sq_pi %u, notify %#x", qp->rec->sq_pi, *notify);
+	CHECK(pthread_spin_trylock(&qp->sq.lock) == 0, "wr_abort dropped the lock");
+	pthread_spin_unlock(&qp->sq.lock);
+
+	/* Five builders on a ring of four: ENOMEM, the batch discarded. */
+	ibv_wr_start(qpx);
+	for (i = 0; i < 5; i++) {
+		qpx->wr_id = 10 + i;
+		ibv_wr_send(qpx);
+		ibv_wr_set_sge(qpx, 1, 0x1000, 1);
+	}
+	ret = ibv_wr_complete(qpx);
+	CHECK(ret == ENOMEM && qp->rec->sq_pi == 0 && *notify == 0,
+	      "overflow: ret %d, sq_pi %u", ret, qp->rec->sq_pi);
+	CHECK(pthread_spin_trylock(&qp->sq.lock) == 0,
+	      "a failed wr_complete dropped the lock");
+	pthread_spin_unlock(&qp->sq.lock);
+
+	/* Four fit; after the device consumes two, two more. */
+	ibv_wr_start(qpx);
+	for (i = 0; i < 4; i++) {
+		qpx->wr_id = 20 + i;
+		ibv_wr_send(qpx);
+	}
+	ret = ibv_wr_complete(qpx);
+	CHECK(ret == 0 && qp->rec->sq_pi == 4 && *notify == NOTIFY_VALUE &&
+	      sq_wqe(qp, 0)->wr_id == 20 && sq_wqe(qp, 3)->wr_id == 23,
+	      "a full ring in one batch: ret %d, sq_pi %u", ret, qp->rec->sq_pi);
+	atomic_store((_Atomic uint32_t *)&qp->rec->sq_ci, 2);
+	*flags = VRDMA_DOORBELL_NO_NOTIFY;
+	*notify = 0;
+	ibv_wr_start(qpx);
+	qpx->wr_id = 24;
+	ibv_wr_send(qpx);
+	qpx->wr_id = 25;
+	ibv_wr_send(qpx);
+	ret = ibv_wr_complete(qpx);
+	CHECK(ret == 0 && qp->rec->sq_pi == 6 && *notify == 0 &&
+	      sq_wqe(qp, 5)->wr_id == 25,
+	      "wrapped batch, engine polling (no doorbell): ret %d, sq_pi %u",
+	      ret, qp->rec->sq_pi);
+	*flags = 0;
+	atomic_store((_Atomic uint32_t *)&qp->rec->sq_ci, 6);
+
+	/* Each setter error fails the whole batch, good WQEs before it too. */
+	for (i = 0; i < (int)(sizeof(bad) / sizeof(bad[0])); i++) {
+		*notify = 0;
+		ibv_wr_start(qpx);
+		if (bad[i].step != 4) {
+			qpx->wr_id = 30;
+			ibv_wr_send(qpx);
+			ibv_wr_set_sge(qpx, 1, 0x1000, 1);
+		}
+		switch (bad[i].step) {
+		case 0:
+			ibv_wr_send(qpx);
+			ibv_wr_set_sge_list(qpx, 5, sgl);
+			break;
+		case 1:
+			ibv_wr_rdma_write(qpx, 1, 0x1000);
+			ibv_wr_set_inline_data(qpx, big, sizeof(big));
+			break;
+		case 2:
+			ibv_wr_send(qpx);
+			ibv_wr_set_inline_data_list(qpx, 2, far);
+			break;
+		case 3:
+			ibv_wr_rdma_read(qpx, 1, 0x1000);
+			ibv_wr_set_inline_data(qpx, big, 8);
+			break;
+		case 4:
+			ibv_wr_set_sge(qpx, 1, 0x1000, 1);
+			ibv_wr_send(qpx);
+			break;
+		case 5:
+			ibv_wr_send(qpx);
+			ibv_wr_set_ud_addr(qpx, &ah, 5, 0x11111111);
+			break;
+		case 6:
+			ibv_wr_atomic_fetch_add(qpx, 1, 0x1000, 1);
+			ibv_wr_set_inline_data(qpx, big, 8);
+			break;
+		}
+		/* After the error, further calls change nothing. */
+		ibv_wr_send(qpx);
+		ibv_wr_set_sge(qpx, 1, 0x1000, 1);
+		ret = ibv_wr_complete(qpx);
+		CHECK(ret == EINVAL && qp->rec->sq_pi == 6 && qp->sq.pi == 6 &&
+		      *notify == 0, "%s: ret %d, sq_pi %u", bad[i].name, ret,
+		      qp->rec->sq_pi);
+	}
+	/* The QP still works. */
+	ibv_wr_start(qpx);
+	qpx->wr_id = 40;
+	ibv_wr_send(qpx);
+	ret = ibv_wr_complete(qpx);
+	CHECK(ret == 0 && qp->rec->sq_pi == 7 && sq_wqe(qp, 6)->wr_id == 40,
+	      "after the errors: ret %d, sq_pi %u", ret, qp->rec->sq_pi);
+	vrdma_destroy_qp(&qpx->qp_base);
+
+	/* sq_sig_all: every WQE SIGNALED whatever wr_flags say. */
+	{
+		struct ibv_qp *q = make_qp_ex(cq, IBV_QPT_RC,
+					      IBV_QP_INIT_ATTR_PD |
+						      IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+					      IBV_QP_EX_WITH_SEND, 2, 1, 0, 1);
+
+		qpx = q ? ibv_qp_to_qp_ex(q) : NULL;
+		if (qpx) {
+			ibv_wr_start(qpx);
+			qpx->wr_flags = 0;
+			ibv_wr_send(qpx);
+			ret = ibv_wr_complete(qpx);
+			CHECK(ret == 0 && sq_wqe(to_vqp(q), 0)->flags ==
+						   VRDMA_WQE_SIGNALED,
+			      "sq_sig_all with ibv_wr_send");
+			vrdma_destroy_qp(q);
+		} else {
+			CHECK(0, "sq_sig_all qp_ex");
+		}
+	}
+}
+
+static void check_cq_ex(void)
+{
+	static const struct {
+		const char *name;
+		uint64_t wc_flags;
+		uint32_t comp_mask, flags;
+		int err;
+	} cases[] = {
+		{ "standard wc_flags", IBV_WC_STANDARD_FLAGS, 0, 0, 0 },
+		{ "SINGLE_THREADED", IBV_WC_EX_WITH_BYTE_LEN,
+		  IBV_CQ_INIT_ATTR_MASK_FLAGS, IBV_CREATE_CQ_ATTR_SINGLE_THREADED, 0 },
+		{ "completion timestamp", IBV_WC_EX_WITH_COMPLETION_TIMESTAMP, 0, 0, EOPNOTSUPP },
+		{ "wallclock timestamp", IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK, 0, 0, EOPNOTSUPP },
+		{ "CVLAN", IBV_WC_EX_WITH_CVLAN, 0, 0, EOPNOTSUPP },
+		{ "FLOW_TAG", IBV_WC_EX_WITH_FLOW_TAG, 0, 0, EOPNOTSUPP },
+		{ "TM_INFO", IBV_WC_EX_WITH_TM_INFO, 0, 0, EOPNOTSUPP },
+		{ "IGNORE_OVERRUN", 0, IBV_CQ_INIT_ATTR_MASK_FLAGS,
+		  IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN, EOPNOTSUPP },
+		{ "parent domain", 0, IBV_CQ_INIT_ATTR_MASK_PD, 0, EOPNOTSUPP },
+	};
+	struct ibv_poll_cq_attr pattr = {};
+	struct ibv_cq_init_attr_ex attr;
+	struct ibv_cq_ex *cqx;
+	struct vrdma_cq *cq;
+	struct ibv_wc wc[4];
+	size_t i;
+	int ret, n;
+
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		attr = (struct ibv_cq_init_attr_ex){
+			.cqe = 16, .wc_flags = cases[i].wc_flags,
+			.comp_mask = cases[i].comp_mask, .flags = cases[i].flags,
+		};
+		errno = 0;
+		cqx = vrdma_create_cq_ex(&ctx->ibv_ctx.context, &attr);
+		CHECK(cases[i].err ? (!cqx && errno == cases[i].err) : !!cqx,
+		      "%s: cq %p errno %d, want %d", cases[i].name, (void *)cqx,
+		      errno, cases[i].err);
+		if (cqx)
+			vrdma_destroy_cq(ibv_cq_ex_to_cq(cqx));
+	}
+
+	attr = (struct ibv_cq_init_attr_ex){ .cqe = 8,
+					     .wc_flags = IBV_WC_STANDARD_FLAGS };
+	cqx = vrdma_create_cq_ex(&ctx->ibv_ctx.context, &attr);
+	if (!cqx) {
+		CHECK(0, "create_cq_ex: %s", strerror(errno));
+		return;
+	}
+	cq = to_vcq(ibv_cq_ex_to_cq(cqx));
+	CHECK(cq->depth == VRDMA_MIN_CQE, "depth %u", cq->depth);
+
+	ret = ibv_start_poll(cqx, &pattr);
+	CHECK(ret == ENOENT, "empty: start_poll %d", ret);
+	CHECK(pthread_spin_trylock(&cq->lock) == 0,
+	      "a start_poll that found nothing dropped the lock");
+	pthread_spin_unlock(&cq->lock);
+
+	device_complete(cq, 501, IBV_WC_SUCCESS, VRDMA_WC_RECV_RDMA_WITH_IMM,
+			VRDMA_WC_F_WITH_IMM, htobe32(0xcafe));
+	device_complete(cq, 502, IBV_WC_SUCCESS, VRDMA_WC_RDMA_READ, 0, 0);
+	ret = ibv_start_poll(cqx, &pattr);
+	CHECK(ret == 0 && cqx->wr_id == 501 && cqx->status == IBV_WC_SUCCESS,
+	      "start_poll: %d wr_id %llu", ret, (unsigned long long)cqx->wr_id);
+	if (ret)
+		goto out;
+	CHECK(ibv_wc_read_opcode(cqx) == IBV_WC_RECV_RDMA_WITH_IMM &&
+	      ibv_wc_read_wc_flags(cqx) == IBV_WC_WITH_IMM &&
+	      ibv_wc_read_imm_data(cqx) == htobe32(0xcafe) &&
+	      ibv_wc_read_byte_len(cqx) == 100 && ibv_wc_read_qp_num(cqx) == 7 &&
+	      ibv_wc_read_src_qp(cqx) == 9 && ibv_wc_read_vendor_err(cqx) == 0 &&
+	      ibv_wc_read_slid(cqx) == 0 && ibv_wc_read_sl(cqx) == 0 &&
+	      ibv_wc_read_dlid_path_bits(cqx) == 0,
+	      "first completion's fields");
+	/* The device adds one while we poll: next_poll finds it. */
+	device_complete(cq, 503, IBV_WC_REM_ACCESS_ERR, VRDMA_WC_RDMA_WRITE, 0, 0);
+	ret = ibv_next_poll(cqx);
+	CHECK(ret == 0 && cqx->wr_id == 502 &&
+	      ibv_wc_read_opcode(cqx) == IBV_WC_RDMA_READ &&
+	      ibv_wc_read_wc_flags(cqx) == 0, "next_poll: %d", ret);
+	ret = ibv_next_poll(cqx);
+	CHECK(ret == 0 && cqx->wr_id == 503 &&
+	      cqx->status == IBV_WC_REM_ACCESS_ERR &&
+	      ibv_wc_read_vendor_err(cqx) == 0x55,
+	      "a completion written during the poll: %d", ret);
+	CHECK(cq->rec->ci == 0, "ci published only by end_poll (%u)", cq->rec->ci);
+	ret = ibv_next_poll(cqx);
+	CHECK(ret == ENOENT, "drained: next_poll %d", ret);
+	ibv_end_poll(cqx);
+	CHECK(cq->rec->ci == 3 && cq->ci == 3, "end_poll: record ci %u",
+	      cq->rec->ci);
+	CHECK(pthread_spin_trylock(&cq->lock) == 0, "end_poll dropped the lock");
+	pthread_spin_unlock(&cq->lock);
+
+	/* ibv_poll_cq on the same CQ, before and after an ex poll. */
+	device_complete(cq, 504, 0, VRDMA_WC_SEND, 0, 0);
+	device_complete(cq, 505, 0, VRDMA_WC_SEND, 0, 0);
+	n = vrdma_poll_cq(ibv_cq_ex_to_cq(cqx), 1, wc);
+	CHECK(n == 1 && wc[0].wr_id == 504, "poll_cq on a cq_ex: %d", n);
+	ret = ibv_start_poll(cqx, &pattr);
+	CHECK(ret == 0 && cqx->wr_id == 505, "start_poll after poll_cq: %d", ret);
+	if (!ret)
+		ibv_end_poll(cqx);
+	CHECK(cq->rec->ci == 5, "ci %u", cq->rec->ci);
+
+	pattr.comp_mask = 1;
+	CHECK(ibv_start_poll(cqx, &pattr) == EINVAL, "poll attr comp_mask");
+	pattr.comp_mask = 0;
+
+	/* A producer index past the ring: EIO, the lock dropped. */
+	cq->rec->pi = cq->rec->ci + cq->depth + 1;
+	ret = ibv_start_poll(cqx, &pattr);
+	CHECK(ret == EIO, "overrun pi: start_poll %d", ret);
+	CHECK(pthread_spin_trylock(&cq->lock) == 0, "EIO dropped the lock");
+	pthread_spin_unlock(&cq->lock);
+	cq->rec->pi = cq->rec->ci;
+out:
+	vrdma_destroy_cq(ibv_cq_ex_to_cq(cqx));
+}
+
+/*
+ * check_no_syscalls posts (ibv_post_send and ibv_wr_*), polls (ibv_poll_cq
+ * and ibv_start_poll) and arms in a child under
  * SECCOMP_MODE_STRICT: a system call other than read/write/_exit/sigreturn
  * kills it with SIGKILL.
  */
@@ -624,12 +1295,18 @@ static void check_no_syscalls(struct ibv_cq *ibcq)
 				  .send_flags = IBV_SEND_SIGNALED };
 	struct ibv_recv_wr rwr = { .wr_id = 2, .sg_list = &sge, .num_sge = 1 };
 	struct vrdma_cq *cq = to_vcq(ibcq);
+	struct ibv_cq_init_attr_ex cattr = { .cqe = 64,
+					     .wc_flags = IBV_WC_STANDARD_FLAGS };
+	struct ibv_cq_ex *cqx;
+	struct ibv_qp_ex *qpx;
 	struct vrdma_qp *qp;
 	int status;
 	pid_t pid;
 
 	qp = make_qp(ibcq, 64, 64, 1, 1, 0, 0);
-	if (!qp) {
+	qpx = make_wr_qp(ibcq, 64, 1, 16);
+	cqx = vrdma_create_cq_ex(&ctx->ibv_ctx.context, &cattr);
+	if (!qp || !qpx || !cqx) {
 		CHECK(0, "create_qp");
 		return;
 	}
@@ -653,8 +1330,27 @@ static void check_no_syscalls(struct ibv_cq *ibcq)
 			device_complete(cq, i, 0, VRDMA_WC_SEND, 0, 0);
 			n += vrdma_poll_cq(ibcq, 4, wc);
 			vrdma_req_notify_cq(ibcq, i & 1);
+
+			/* The same through ibv_wr_* and ibv_cq_ex. */
+			ibv_wr_start(qpx);
+			qpx->wr_id = i;
+			qpx->wr_flags = IBV_SEND_SIGNALED;
+			ibv_wr_send(qpx);
+			ibv_wr_set_inline_data(qpx, &sge, sizeof(sge));
+			if (ibv_wr_complete(qpx))
+				syscall(SYS_exit, 6);
+			atomic_store((_Atomic uint32_t *)&to_vqp(&qpx->qp_base)->rec->sq_ci,
+				     i + 1);
+			device_complete(to_vcq(ibv_cq_ex_to_cq(cqx)), i, 0,
+					VRDMA_WC_SEND, 0, 0);
+			if (ibv_start_poll(cqx, &(struct ibv_poll_cq_attr){}) == 0) {
+				n++;
+				while (ibv_next_poll(cqx) == 0)
+					n++;
+				ibv_end_poll(cqx);
+			}
 		}
-		syscall(SYS_exit, n == 1000 ? 0 : 5);
+		syscall(SYS_exit, n == 2000 ? 0 : 5);
 	}
 	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork/wait");
 	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
@@ -662,6 +1358,8 @@ static void check_no_syscalls(struct ibv_cq *ibcq)
 	      WIFSIGNALED(status) ? "killed by signal (a system call)" : "exit",
 	      WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
 	vrdma_destroy_qp(&qp->vqp.qp);
+	vrdma_destroy_qp(&qpx->qp_base);
+	vrdma_destroy_cq(ibv_cq_ex_to_cq(cqx));
 }
 
 int main(void)
@@ -678,6 +1376,10 @@ int main(void)
 	check_qp_layout(cq);
 	check_post(cq);
 	check_doorbell_sharing(cq);
+	check_qp_ex_create(cq);
+	check_wr_ops(cq);
+	check_wr_errors(cq);
+	check_cq_ex();
 	check_no_syscalls(cq);
 	vrdma_destroy_cq(cq);
 

@@ -17,7 +17,9 @@ static const struct verbs_context_ops vrdma_ctx_ops = {
 	.cq_event = vrdma_cq_event,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
+	.create_cq_ex = vrdma_create_cq_ex,
 	.create_qp = vrdma_create_qp,
+	.create_qp_ex = vrdma_create_qp_ex,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,
@@ -34,7 +36,7 @@ static const struct verbs_context_ops vrdma_ctx_ops = {
 	.reg_mr = vrdma_reg_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
 	/*
-	 * Not set, so libibverbs answers EOPNOTSUPP: SRQ, MW, create_cq_ex,
+	 * Not set, so libibverbs answers EOPNOTSUPP: SRQ, MW,
 	 * resize_cq, UD (create_qp refuses it), XRC, flows, DM.
 	 */
 };

@@ -86,6 +86,14 @@ struct vrdma_cq {
 	atomic_uint arm_seq;
 	/* Atomic: completion events seen (cq_event), for diagnostics. */
 	atomic_uint events;
+	/*
+	 * ibv_start_poll .. ibv_end_poll (vrdma_ex.c): lock is held from a
+	 * successful start_poll to end_poll, and protects these. ex_wc is the
+	 * current completion, decoded as ibv_poll_cq decodes it; ex_pi the
+	 * producer index last read.
+	 */
+	struct ibv_wc ex_wc;
+	uint32_t ex_pi;
 };
 
 /* One work queue of a QP. */
@@ -114,10 +122,26 @@ struct vrdma_qp {
 	uint16_t *notify;		/* notify register (MMIO) */
 	const uint16_t *flags;		/* the doorbell queue's used-ring flags */
 	uint16_t notify_value;
+	/*
+	 * The ibv_wr_* batch (vrdma_ex.c): sq.lock is held from wr_start to
+	 * wr_complete or wr_abort, and protects these. wr_pi is the slot the
+	 * next builder takes (sq.pi until wr_complete publishes), wr_ci the
+	 * consumer index last read, wr_wqe the WQE the setters complete (NULL
+	 * before the batch's first builder), wr_inline_ok whether its opcode
+	 * takes inline data, wr_err the batch's first error (wr_complete
+	 * returns it and publishes nothing).
+	 */
+	uint32_t wr_pi;
+	uint32_t wr_ci;
+	struct vrdma_send_wqe *wr_wqe;
+	bool wr_inline_ok;
+	int wr_err;
 };
 
 struct vrdma_ah {
 	struct ibv_ah ibv_ah;
+	/* Immutable after create_ah: the device's AH number (UD WQEs). */
+	uint32_t ahn;
 };
 
 static inline struct vrdma_context *to_vctx(struct ibv_context *ibctx)
@@ -191,6 +215,7 @@ int vrdma_destroy_cq(struct ibv_cq *cq);
 int vrdma_poll_cq(struct ibv_cq *cq, int num_entries, struct ibv_wc *wc);
 int vrdma_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 void vrdma_cq_event(struct ibv_cq *cq);
+void vrdma_cqe_to_wc(const struct vrdma_cqe *cqe, struct ibv_wc *wc);
 
 struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 			       struct ibv_qp_init_attr *attr);
@@ -203,5 +228,11 @@ int vrdma_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 		    struct ibv_send_wr **bad_wr);
 int vrdma_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 		    struct ibv_recv_wr **bad_wr);
+
+/* vrdma_ex.c: ibv_create_qp_ex with ibv_qp_ex, ibv_create_cq_ex. */
+struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context,
+				  struct ibv_qp_init_attr_ex *attr);
+struct ibv_cq_ex *vrdma_create_cq_ex(struct ibv_context *context,
+				     struct ibv_cq_init_attr_ex *attr);
 
 #endif /* VRDMA_PROVIDER_H */

@@ -11,11 +11,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <util/mmio.h>
 #include <util/udma_barrier.h>
 
 #include "vrdma.h"
 #include "vrdma_abi.h"
+#include "vrdma_post.h"
 
 /* ---------------------------------------------------------------------- */
 /* Device, port, PD, MR, AH: the kernel does the work.                    */
@@ -261,7 +261,7 @@ int vrdma_destroy_cq(struct ibv_cq *ibcq)
 	return 0;
 }
 
-static void vrdma_cqe_to_wc(const struct vrdma_cqe *cqe, struct ibv_wc *wc)
+void vrdma_cqe_to_wc(const struct vrdma_cqe *cqe, struct ibv_wc *wc)
 {
 	/* The CQE's status and opcode are ibv_wc_status / ibv_wc_opcode. */
 	wc->wr_id = le64toh(cqe->wr_id);
@@ -407,23 +407,6 @@ static void vrdma_put_db(struct vrdma_context *ctx, struct vrdma_db_map *m)
 		free(m);
 	}
 	pthread_mutex_unlock(&ctx->db_lock);
-}
-
-/*
- * vrdma_ring_doorbell runs after a producer index was published (release).
- * docs/spec.md: "advances the producer index in the QP record (release),
- * issues a full memory barrier, and then reads the flags field of the used
- * ring of the QP's doorbell queue: if bit 0 is clear, ... the driver
- * notifies the queue".
- */
-static inline void vrdma_ring_doorbell(struct vrdma_qp *qp)
-{
-	uint16_t flags;
-
-	atomic_thread_fence(memory_order_seq_cst);
-	flags = le16toh(*(const volatile uint16_t *)qp->flags);
-	if (!(flags & VRDMA_DOORBELL_NO_NOTIFY))
-		mmio_write16(qp->notify, qp->notify_value);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -646,116 +629,74 @@ int vrdma_destroy_qp(struct ibv_qp *ibqp)
 /* Posting                                                                */
 /* ---------------------------------------------------------------------- */
 
-static inline int vrdma_wr_opcode(enum ibv_wr_opcode op, bool *can_inline)
-{
-	*can_inline = false;
-	switch (op) {
-	case IBV_WR_SEND:
-		*can_inline = true;
-		return VRDMA_WR_SEND;
-	case IBV_WR_SEND_WITH_IMM:
-		*can_inline = true;
-		return VRDMA_WR_SEND_WITH_IMM;
-	case IBV_WR_RDMA_WRITE:
-		*can_inline = true;
-		return VRDMA_WR_RDMA_WRITE;
-	case IBV_WR_RDMA_WRITE_WITH_IMM:
-		*can_inline = true;
-		return VRDMA_WR_RDMA_WRITE_WITH_IMM;
-	case IBV_WR_RDMA_READ:
-		return VRDMA_WR_RDMA_READ;
-	case IBV_WR_ATOMIC_CMP_AND_SWP:
-		return VRDMA_WR_ATOMIC_CMP_AND_SWP;
-	case IBV_WR_ATOMIC_FETCH_AND_ADD:
-		return VRDMA_WR_ATOMIC_FETCH_AND_ADD;
-	default:
-		return -1;
-	}
-}
-
 /*
- * vrdma_build_send_wqe checks one work request and, only if it is good,
- * writes its WQE into slot. Returns 0 or EINVAL (nothing written).
+ * vrdma_build_send_wqe encodes one work request into wqe with the encoder
+ * the ibv_wr_* API shares (vrdma_post.h). Returns 0 or EINVAL; a refused
+ * WQE is left unpublished.
  */
-static inline int vrdma_build_send_wqe(struct vrdma_qp *qp, uint8_t *slot,
+static inline int vrdma_build_send_wqe(struct vrdma_qp *qp,
+				       struct vrdma_send_wqe *wqe,
 				       const struct ibv_send_wr *wr)
 {
-	struct vrdma_send_wqe *wqe = (struct vrdma_send_wqe *)slot;
-	struct vrdma_sge *sge = (struct vrdma_sge *)(wqe + 1);
-	bool can_inline, use_inline;
-	uint32_t inline_len = 0;
-	uint8_t flags = 0;
+	uint32_t inline_len = 0, off = 0;
+	bool can_inline;
 	int opcode, i;
 
-	opcode = vrdma_wr_opcode(wr->opcode, &can_inline);
+	opcode = vrdma_wqe_opcode(wr->opcode, &can_inline);
 	if (opcode < 0 || wr->num_sge < 0)
 		return EINVAL;
-	/* INLINE applies to SEND and RDMA WRITE; READ and atomics ignore it. */
-	use_inline = can_inline && (wr->send_flags & IBV_SEND_INLINE);
-	if (use_inline) {
-		for (i = 0; i < wr->num_sge; i++) {
-			inline_len += wr->sg_list[i].length;
-			if (inline_len > qp->max_inline_data ||
-			    wr->sg_list[i].length > qp->max_inline_data)
-				return EINVAL;
-		}
-		flags |= VRDMA_WQE_INLINE;
-	} else if ((uint32_t)wr->num_sge > qp->sq.max_sge) {
+	/*
+	 * docs/spec.md, Semantics (UD): SEND and SEND_WITH_IMM only, no
+	 * FENCE, to an AH and a 24-bit QP number. The device would fail the
+	 * QP for the others; refusing the work request is kinder.
+	 */
+	if (qp->vqp.qp.qp_type == IBV_QPT_UD &&
+	    ((opcode != VRDMA_WR_SEND && opcode != VRDMA_WR_SEND_WITH_IMM) ||
+	     (wr->send_flags & IBV_SEND_FENCE) || !wr->wr.ud.ah ||
+	     wr->wr.ud.remote_qpn > 0xffffff))
 		return EINVAL;
-	}
-
-	if ((wr->send_flags & IBV_SEND_SIGNALED) || qp->sq_sig_all)
-		flags |= VRDMA_WQE_SIGNALED;
-	if (wr->send_flags & IBV_SEND_FENCE)
-		flags |= VRDMA_WQE_FENCE;
-	if (wr->send_flags & IBV_SEND_SOLICITED)
-		flags |= VRDMA_WQE_SOLICITED;
-
-	memset(wqe, 0, sizeof(*wqe));
-	wqe->wr_id = htole64(wr->wr_id);
-	wqe->opcode = opcode;
-	wqe->flags = flags;
+	vrdma_wqe_begin(qp, wqe, wr->wr_id, opcode, wr->send_flags);
+	if (qp->vqp.qp.qp_type == IBV_QPT_UD)
+		vrdma_wqe_set_ud(wqe, to_vah(wr->wr.ud.ah)->ahn,
+				 wr->wr.ud.remote_qpn, wr->wr.ud.remote_qkey);
 
 	switch (opcode) {
 	case VRDMA_WR_SEND_WITH_IMM:
-		/* The 32 bits as posted (already network order). */
-		wqe->imm_data = (__le32)wr->imm_data;
+		vrdma_wqe_set_imm(wqe, wr->imm_data);
 		break;
 	case VRDMA_WR_RDMA_WRITE_WITH_IMM:
-		wqe->imm_data = (__le32)wr->imm_data;
+		vrdma_wqe_set_imm(wqe, wr->imm_data);
 		/* fall through */
 	case VRDMA_WR_RDMA_WRITE:
 	case VRDMA_WR_RDMA_READ:
-		wqe->remote_addr = htole64(wr->wr.rdma.remote_addr);
-		wqe->rkey = htole32(wr->wr.rdma.rkey);
+		vrdma_wqe_set_rdma(wqe, wr->wr.rdma.remote_addr,
+				   wr->wr.rdma.rkey);
 		break;
 	case VRDMA_WR_ATOMIC_CMP_AND_SWP:
-		wqe->swap = htole64(wr->wr.atomic.swap);
-		/* fall through */
+		vrdma_wqe_set_atomic(wqe, wr->wr.atomic.remote_addr,
+				     wr->wr.atomic.rkey,
+				     wr->wr.atomic.compare_add,
+				     wr->wr.atomic.swap);
+		break;
 	case VRDMA_WR_ATOMIC_FETCH_AND_ADD:
-		wqe->remote_addr = htole64(wr->wr.atomic.remote_addr);
-		wqe->rkey = htole32(wr->wr.atomic.rkey);
-		wqe->compare_add = htole64(wr->wr.atomic.compare_add);
+		vrdma_wqe_set_atomic(wqe, wr->wr.atomic.remote_addr,
+				     wr->wr.atomic.rkey,
+				     wr->wr.atomic.compare_add, 0);
 		break;
 	}
 
-	if (use_inline) {
-		uint8_t *dst = (uint8_t *)(wqe + 1);
-
-		for (i = 0; i < wr->num_sge; i++) {
-			memcpy(dst, (const void *)(uintptr_t)wr->sg_list[i].addr,
-			       wr->sg_list[i].length);
-			dst += wr->sg_list[i].length;
-		}
-		wqe->inline_len = htole32(inline_len);
-	} else {
-		for (i = 0; i < wr->num_sge; i++) {
-			sge[i].addr = htole64(wr->sg_list[i].addr);
-			sge[i].length = htole32(wr->sg_list[i].length);
-			sge[i].lkey = htole32(wr->sg_list[i].lkey);
-		}
-		wqe->num_sge = htole16(wr->num_sge);
-	}
+	/* INLINE applies to SEND and RDMA WRITE; READ and atomics ignore it. */
+	if (!can_inline || !(wr->send_flags & IBV_SEND_INLINE))
+		return vrdma_wqe_set_sges(qp, wqe, wr->sg_list, wr->num_sge);
+	for (i = 0; i < wr->num_sge; i++)
+		if (vrdma_inline_add_len(qp, &inline_len,
+					 wr->sg_list[i].length))
+			return EINVAL;
+	for (i = 0; i < wr->num_sge; i++)
+		vrdma_wqe_put_inline(wqe, &off,
+				     (const void *)(uintptr_t)wr->sg_list[i].addr,
+				     wr->sg_list[i].length);
+	vrdma_wqe_set_inline(wqe, inline_len);
 	return 0;
 }
 
@@ -763,37 +704,27 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 		    struct ibv_send_wr **bad_wr)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);
-	struct vrdma_wq *sq = &qp->sq;
-	uint32_t pi, ci, posted = 0;
+	struct vrdma_send_wqe *wqe;
+	uint32_t pi, ci;
 	int err = 0;
 
-	pthread_spin_lock(&sq->lock);
-	pi = sq->pi;
+	pthread_spin_lock(&qp->sq.lock);
+	pi = qp->sq.pi;
 	ci = vrdma_load_acquire(&qp->rec->sq_ci);
 	for (; wr; wr = wr->next) {
-		if (pi - ci >= sq->depth) {
-			/* Look again: the device may have moved on. */
-			ci = vrdma_load_acquire(&qp->rec->sq_ci);
-			if (pi - ci >= sq->depth) {
-				err = ENOMEM;
-				break;
-			}
+		wqe = vrdma_sq_slot(qp, pi, &ci);
+		if (!wqe) {
+			err = ENOMEM;
+			break;
 		}
-		err = vrdma_build_send_wqe(
-			qp, sq->ring + ((pi & (sq->depth - 1)) << sq->shift),
-			wr);
+		err = vrdma_build_send_wqe(qp, wqe, wr);
 		if (err)
 			break;
 		pi++;
-		posted++;
 	}
-	if (posted) {
-		sq->pi = pi;
-		/* Release: the WQEs before the producer index. */
-		vrdma_store_release(&qp->rec->sq_pi, pi);
-		vrdma_ring_doorbell(qp);
-	}
-	pthread_spin_unlock(&sq->lock);
+	if (pi != qp->sq.pi)
+		vrdma_sq_publish(qp, pi);
+	pthread_spin_unlock(&qp->sq.lock);
 	if (err)
 		*bad_wr = wr;
 	return err;
