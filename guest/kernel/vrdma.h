@@ -75,6 +75,7 @@ struct vrdma_dev {
 	/* Device handle -> object, for events; irq-safe xa_lock. */
 	struct xarray cq_xa;
 	struct xarray qp_xa;
+	struct xarray srq_xa;
 
 	/* Limits, from QUERY_DEVICE and QUERY_PORT at probe. */
 	struct vrdma_device_attr dattr;
@@ -83,6 +84,7 @@ struct vrdma_dev {
 	u32 max_cqe;
 	u32 max_inline;
 	u32 max_rd_atom;
+	u32 max_srq;		/* 0: the device has no SRQs */
 	u32 gid_tbl_len;
 	u32 max_msg_sz;
 	u8 max_mtu;
@@ -136,6 +138,15 @@ struct vrdma_qp {
 	bool sq_sig_all;
 };
 
+struct vrdma_srq {
+	struct ib_srq ibsrq;
+	u32 srqn;
+	struct ib_umem *umem;
+	/* Immutable after create_srq: what the ring holds. */
+	u32 max_wr;
+	u32 max_sge;
+};
+
 struct vrdma_ah {
 	struct ib_ah ibah;
 	u32 ahn;
@@ -169,6 +180,11 @@ static inline struct vrdma_cq *to_vcq(struct ib_cq *ibcq)
 static inline struct vrdma_qp *to_vqp(struct ib_qp *ibqp)
 {
 	return container_of(ibqp, struct vrdma_qp, ibqp);
+}
+
+static inline struct vrdma_srq *to_vsrq(struct ib_srq *ibsrq)
+{
+	return container_of(ibsrq, struct vrdma_srq, ibsrq);
 }
 
 static inline struct vrdma_ah *to_vah(struct ib_ah *ibah)

@@ -8,8 +8,9 @@
  * doorbell queues that carry no descriptors. This driver owns the first two
  * and registers an ib_device "vrdma%d" whose user-space provider
  * (guest/rdma-core) posts and polls in user memory: the kernel creates the
- * objects (ucontext, PD, MR, CQ, RC QP, AH) through control commands and
- * maps for the provider, per QP, the page of the virtio-pci notify region
+ * objects (ucontext, PD, MR, CQ, RC and UD QP, SRQ, AH) through control
+ * commands and maps for the provider, per QP and SRQ, the page of the
+ * virtio-pci notify region
  * that holds its doorbell queue's notify register (uncached) and the page
  * holding that queue's used-ring flags word (read-only). Nothing on the
  * data path enters the kernel. The uverbs contract is part 2 of
@@ -31,11 +32,12 @@
  * device answers again (vrdmad restarted, spec "Reset and disconnect").
  *
  * Event queue: 64 16-byte buffers kept posted; the callback validates each
- * and dispatches CQ completions and errors, QP fatal errors, port changes
- * and DEVICE_FATAL. CQs and QPs are found by device handle in xarrays whose
- * irq-safe lock the handler holds while it calls the object's handler;
- * destroy erases the entry under that lock first, so no handler runs on a
- * destroyed object. An event for an unknown handle is counted and ignored.
+ * and dispatches CQ completions and errors, QP fatal errors and last-WQE
+ * events, SRQ limit events, port changes and DEVICE_FATAL. CQs, QPs and
+ * SRQs are found by device handle in xarrays whose irq-safe lock the
+ * handler holds while it calls the object's handler; destroy erases the
+ * entry under that lock first, so no handler runs on a destroyed object.
+ * An event for an unknown handle is counted and ignored.
  * The handler does at most 2 x 64 events per call, the rest in a work item.
  *
  * Port and netdev: RoCE needs a net_device for the GID table. The port is
@@ -48,13 +50,14 @@
  * net_device is running with carrier, as rxe reports it.
  *
  * Lock order: cmd_mutex -> ctrl_lock; uctx->lock -> (mmap xarray);
- * event_lock -> cq_xa/qp_xa lock -> uverbs' event queue locks;
+ * event_lock -> cq_xa/qp_xa/srq_xa lock -> uverbs' event queue locks;
  * rtnl -> netdev_lock; lock (flags, reprobe) is a leaf taken in any
  * context. stop_mutex is taken alone.
  *
- * Not supported: kernel (non-udata) CQs, QPs and AHs (ULPs, MADs, ib_cm,
- * rdma_cm), get_dma_mr, UD and other QP types, SRQ, memory windows, ODP,
- * resize_cq, virtio-mmio, vIOMMU, suspend/resume.
+ * Not supported: kernel (non-udata) CQs, QPs, SRQs and AHs (ULPs, MADs,
+ * ib_cm, rdma_cm), get_dma_mr, QP types other than RC and UD, XRC and
+ * tag-matching SRQs, SRQ resizing, memory windows, ODP, resize_cq,
+ * virtio-mmio, vIOMMU, suspend/resume.
  */
 #include <linux/etherdevice.h>
 #include <linux/module.h>
@@ -252,25 +255,53 @@ static void vrdma_cq_event(struct vrdma_dev *dev, u32 type, u32 cqn)
 			cq ? "" : " (unknown)");
 }
 
-static void vrdma_qp_event(struct vrdma_dev *dev, u32 qpn)
+static void vrdma_qp_event(struct vrdma_dev *dev, enum ib_event_type type,
+			   u32 qpn)
 {
 	struct ib_event ev = {
 		.device = &dev->ibdev,
-		.event = IB_EVENT_QP_FATAL,
+		.event = type,
 	};
 	struct vrdma_qp *qp;
+	bool bogus = false;
 
 	xa_lock(&dev->qp_xa);
 	qp = xa_load(&dev->qp_xa, qpn);
-	if (qp && qp->ibqp.event_handler) {
+	/* Only a QP that takes its receives from an SRQ has a last WQE. */
+	if (qp && type == IB_EVENT_QP_LAST_WQE_REACHED && !qp->ibqp.srq) {
+		bogus = true;
+	} else if (qp && qp->ibqp.event_handler) {
 		ev.element.qp = &qp->ibqp;
 		qp->ibqp.event_handler(&ev, qp->ibqp.qp_context);
 	}
 	xa_unlock(&dev->qp_xa);
 	if (!qp)
 		dev->events_unknown_handle++;
-	dev_dbg(&dev->vdev->dev, "QP_FATAL for QP %#x%s\n", qpn,
-		qp ? "" : " (unknown)");
+	if (bogus)
+		dev->events_malformed++;
+	dev_dbg(&dev->vdev->dev, "%s for QP %#x%s\n", ib_event_msg(type), qpn,
+		!qp ? " (unknown)" : bogus ? " (no SRQ: ignored)" : "");
+}
+
+static void vrdma_srq_event(struct vrdma_dev *dev, u32 srqn)
+{
+	struct ib_event ev = {
+		.device = &dev->ibdev,
+		.event = IB_EVENT_SRQ_LIMIT_REACHED,
+	};
+	struct vrdma_srq *srq;
+
+	xa_lock(&dev->srq_xa);
+	srq = xa_load(&dev->srq_xa, srqn);
+	if (srq && srq->ibsrq.event_handler) {
+		ev.element.srq = &srq->ibsrq;
+		srq->ibsrq.event_handler(&ev, srq->ibsrq.srq_context);
+	}
+	xa_unlock(&dev->srq_xa);
+	if (!srq)
+		dev->events_unknown_handle++;
+	dev_dbg(&dev->vdev->dev, "SRQ_LIMIT_REACHED for SRQ %#x%s\n", srqn,
+		srq ? "" : " (unknown)");
 }
 
 /* Called with event_lock held (interrupts off). */
@@ -286,7 +317,13 @@ static void vrdma_handle_event(struct vrdma_dev *dev,
 		vrdma_cq_event(dev, type, handle);
 		break;
 	case VRDMA_EVENT_QP_FATAL:
-		vrdma_qp_event(dev, handle);
+		vrdma_qp_event(dev, IB_EVENT_QP_FATAL, handle);
+		break;
+	case VRDMA_EVENT_QP_LAST_WQE_REACHED:
+		vrdma_qp_event(dev, IB_EVENT_QP_LAST_WQE_REACHED, handle);
+		break;
+	case VRDMA_EVENT_SRQ_LIMIT_REACHED:
+		vrdma_srq_event(dev, handle);
 		break;
 	case VRDMA_EVENT_PORT_ACTIVE:
 	case VRDMA_EVENT_PORT_ERROR:
@@ -682,6 +719,8 @@ static int vrdma_query(struct vrdma_dev *dev)
 	dev->max_inline = min_t(u32, le32_to_cpu(a->max_inline_data),
 				VRDMA_PAGE_SIZE - sizeof(struct vrdma_send_wqe));
 	dev->max_rd_atom = min_t(u32, le32_to_cpu(a->max_qp_rd_atom), U8_MAX);
+	/* Zero from a daemon older than SRQs: create_srq is -EOPNOTSUPP. */
+	dev->max_srq = min_t(u32, le32_to_cpu(a->max_srq), INT_MAX);
 
 	dev->gid_tbl_len = le32_to_cpu(p.gid_tbl_len);
 	if (!dev->gid_tbl_len) {
@@ -769,6 +808,7 @@ static int vrdma_probe(struct virtio_device *vdev)
 	INIT_WORK(&dev->fatal_work, vrdma_fatal_work);
 	xa_init_flags(&dev->cq_xa, XA_FLAGS_LOCK_IRQ);
 	xa_init_flags(&dev->qp_xa, XA_FLAGS_LOCK_IRQ);
+	xa_init_flags(&dev->srq_xa, XA_FLAGS_LOCK_IRQ);
 	dev->cmd_timeout = msecs_to_jiffies(clamp(cmd_timeout_ms, 100U,
 						  600000U));
 	dev->num_dbq = ndbq;
@@ -833,6 +873,7 @@ err_vqs:
 err_dealloc:
 	xa_destroy(&dev->cq_xa);
 	xa_destroy(&dev->qp_xa);
+	xa_destroy(&dev->srq_xa);
 	mutex_destroy(&dev->stop_mutex);
 	mutex_destroy(&dev->cmd_mutex);
 	vdev->priv = NULL;
@@ -863,9 +904,11 @@ static void vrdma_remove(struct virtio_device *vdev)
 
 	vrdma_stop(dev);
 	vrdma_del_vqs(dev);
-	WARN_ON(!xa_empty(&dev->cq_xa) || !xa_empty(&dev->qp_xa));
+	WARN_ON(!xa_empty(&dev->cq_xa) || !xa_empty(&dev->qp_xa) ||
+		!xa_empty(&dev->srq_xa));
 	xa_destroy(&dev->cq_xa);
 	xa_destroy(&dev->qp_xa);
+	xa_destroy(&dev->srq_xa);
 	mutex_destroy(&dev->stop_mutex);
 	mutex_destroy(&dev->cmd_mutex);
 	vdev->priv = NULL;

@@ -3,7 +3,7 @@
  * vrdma: the verbs (ib_device_ops). Every object is a user object: the
  * provider in user space owns the rings; these functions create the device
  * objects, pin what the device reads and writes (ib_umem), and map the
- * doorbell pages. Kernel CQs, QPs and AHs are not supported.
+ * doorbell pages. Kernel CQs, QPs, SRQs and AHs are not supported.
  */
 #include <linux/log2.h>
 #include <linux/slab.h>
@@ -22,7 +22,8 @@
 
 /* The attribute mask bits MODIFY_QP takes; ib and ibv share the values. */
 #define VRDMA_QP_ATTR_MASK (IB_QP_STATE | IB_QP_ACCESS_FLAGS | \
-			    IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_AV | \
+			    IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_QKEY | \
+			    IB_QP_AV | \
 			    IB_QP_PATH_MTU | IB_QP_TIMEOUT | IB_QP_RETRY_CNT | \
 			    IB_QP_RNR_RETRY | IB_QP_RQ_PSN | \
 			    IB_QP_MAX_QP_RD_ATOMIC | IB_QP_MIN_RNR_TIMER | \
@@ -33,6 +34,7 @@ static_assert(IB_QP_STATE == VRDMA_QP_STATE);
 static_assert(IB_QP_ACCESS_FLAGS == VRDMA_QP_ACCESS_FLAGS);
 static_assert(IB_QP_PKEY_INDEX == VRDMA_QP_PKEY_INDEX);
 static_assert(IB_QP_PORT == VRDMA_QP_PORT);
+static_assert(IB_QP_QKEY == VRDMA_QP_QKEY);
 static_assert(IB_QP_AV == VRDMA_QP_AV);
 static_assert(IB_QP_PATH_MTU == VRDMA_QP_PATH_MTU);
 static_assert(IB_QP_TIMEOUT == VRDMA_QP_TIMEOUT);
@@ -48,6 +50,8 @@ static_assert(IB_ACCESS_LOCAL_WRITE == VRDMA_ACCESS_LOCAL_WRITE);
 static_assert(IB_ACCESS_REMOTE_WRITE == VRDMA_ACCESS_REMOTE_WRITE);
 static_assert(IB_ACCESS_REMOTE_READ == VRDMA_ACCESS_REMOTE_READ);
 static_assert(IB_ACCESS_REMOTE_ATOMIC == VRDMA_ACCESS_REMOTE_ATOMIC);
+static_assert(IB_SRQ_MAX_WR == VRDMA_SRQ_MAX_WR);
+static_assert(IB_SRQ_LIMIT == VRDMA_SRQ_LIMIT);
 /* ibv_qp_state as enum vrdma_qp_state spells it. */
 static_assert(IB_QPS_RESET == 0 && IB_QPS_INIT == 1 && IB_QPS_RTR == 2 &&
 	      IB_QPS_RTS == 3 && IB_QPS_ERR == 6);
@@ -106,6 +110,15 @@ static int vrdma_query_device(struct ib_device *ibdev,
 	attr->atomic_cap = atomic <= IB_ATOMIC_GLOB ? atomic : IB_ATOMIC_NONE;
 	attr->max_ah = min_t(u32, le32_to_cpu(a->max_ah), INT_MAX);
 	attr->max_pkeys = 1;
+	/*
+	 * docs/spec.md QUERY_DEVICE: "an SRQ holds up to max_qp_wr WQEs of up
+	 * to max_sge SGEs".
+	 */
+	attr->max_srq = dev->max_srq;
+	if (dev->max_srq) {
+		attr->max_srq_wr = dev->max_qp_wr;
+		attr->max_srq_sge = dev->max_sge;
+	}
 	return 0;
 }
 
@@ -654,6 +667,12 @@ static int vrdma_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc)
 
 /* ---- QP ---------------------------------------------------------------- */
 
+/* QP numbers the device may hand out: 24 bits, not 0, 1 or 0xffffff. */
+static bool vrdma_valid_qpn(u32 qpn)
+{
+	return qpn >= 2 && qpn <= 0xfffffe;
+}
+
 static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr,
 			   struct ib_udata *udata)
 {
@@ -664,22 +683,28 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr,
 	struct vrdma_create_qp_cmd ucmd;
 	struct vrdma_create_qp req = {};
 	struct vrdma_handle resp;
-	u32 sq_stride, rq_stride, send_sge, recv_sge, inl;
-	u64 sq_bytes, rq_bytes, sq_pages, rq_pages;
+	u32 sq_stride, send_sge, recv_sge = 0, inl, flags;
+	u64 sq_bytes, rq_bytes = 0, sq_pages, rq_pages = 0;
 	u64 notify_key, flags_key;
+	struct vrdma_srq *srq = NULL;
 	unsigned int dbq;
-	size_t npages;
+	size_t npages, req_len;
 	__le64 *pages;
 	int err;
 
 	if (!udata)
 		return -EOPNOTSUPP;
-	if (attr->qp_type != IB_QPT_RC)
+	if (attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UD)
 		return -EOPNOTSUPP;
-	if (attr->srq || attr->create_flags || attr->xrcd)
+	if (attr->create_flags || attr->xrcd)
 		return -EOPNOTSUPP;
 	if (!attr->send_cq || !attr->recv_cq)
 		return -EINVAL;
+	if (attr->srq) {
+		if (attr->srq->srq_type != IB_SRQT_BASIC)
+			return -EOPNOTSUPP;
+		srq = to_vsrq(attr->srq);
+	}
 	uctx = rdma_udata_to_drv_context(udata, struct vrdma_ucontext, ibuc);
 	err = vrdma_udata_in(udata, &ucmd, sizeof(ucmd));
 	if (err)
@@ -690,38 +715,54 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr,
 	/* Depths: powers of two, within the device's limit and the ask. */
 	if (!ucmd.sq_depth || !is_power_of_2(ucmd.sq_depth) ||
 	    ucmd.sq_depth > dev->max_qp_wr ||
-	    !ucmd.rq_depth || !is_power_of_2(ucmd.rq_depth) ||
-	    ucmd.rq_depth > dev->max_qp_wr ||
-	    attr->cap.max_send_wr > ucmd.sq_depth ||
-	    attr->cap.max_recv_wr > ucmd.rq_depth)
+	    attr->cap.max_send_wr > ucmd.sq_depth)
 		return -EINVAL;
 	if (ucmd.sq_wqe_shift < VRDMA_MIN_SQ_WQE_SHIFT ||
-	    ucmd.sq_wqe_shift > VRDMA_MAX_WQE_SHIFT ||
-	    ucmd.rq_wqe_shift < VRDMA_MIN_RQ_WQE_SHIFT ||
-	    ucmd.rq_wqe_shift > VRDMA_MAX_WQE_SHIFT)
+	    ucmd.sq_wqe_shift > VRDMA_MAX_WQE_SHIFT)
 		return -EINVAL;
+	if (srq) {
+		/*
+		 * No receive queue of its own; the RQ capabilities the
+		 * application asked for are ignored, as verbs defines it.
+		 */
+		if (ucmd.rq_depth || ucmd.rq_wqe_shift)
+			return -EINVAL;
+	} else {
+		if (!ucmd.rq_depth || !is_power_of_2(ucmd.rq_depth) ||
+		    ucmd.rq_depth > dev->max_qp_wr ||
+		    attr->cap.max_recv_wr > ucmd.rq_depth)
+			return -EINVAL;
+		if (ucmd.rq_wqe_shift < VRDMA_MIN_RQ_WQE_SHIFT ||
+		    ucmd.rq_wqe_shift > VRDMA_MAX_WQE_SHIFT)
+			return -EINVAL;
+	}
 
 	/* What the strides hold, bounded by the device: at least the ask. */
 	sq_stride = 1U << ucmd.sq_wqe_shift;
-	rq_stride = 1U << ucmd.rq_wqe_shift;
 	send_sge = min_t(u32, dev->max_sge,
 			 (sq_stride - sizeof(struct vrdma_send_wqe)) /
 			 sizeof(struct vrdma_sge));
-	recv_sge = min_t(u32, dev->max_sge,
-			 (rq_stride - sizeof(struct vrdma_recv_wqe)) /
-			 sizeof(struct vrdma_sge));
 	inl = min_t(u32, dev->max_inline,
 		    sq_stride - sizeof(struct vrdma_send_wqe));
-	if (!send_sge || !recv_sge ||
-	    attr->cap.max_send_sge > send_sge ||
-	    attr->cap.max_recv_sge > recv_sge ||
+	/* A datagram, inline data included, fits the port's MTU. */
+	if (attr->qp_type == IB_QPT_UD)
+		inl = min_t(u32, inl, ib_mtu_enum_to_int(dev->active_mtu));
+	if (!send_sge || attr->cap.max_send_sge > send_sge ||
 	    attr->cap.max_inline_data > inl)
 		return -EINVAL;
+	if (!srq) {
+		recv_sge = min_t(u32, dev->max_sge,
+				 ((1U << ucmd.rq_wqe_shift) -
+				  sizeof(struct vrdma_recv_wqe)) /
+				 sizeof(struct vrdma_sge));
+		if (!recv_sge || attr->cap.max_recv_sge > recv_sge)
+			return -EINVAL;
+		rq_bytes = (u64)ucmd.rq_depth << ucmd.rq_wqe_shift;
+		rq_pages = DIV_ROUND_UP_ULL(rq_bytes, VRDMA_PAGE_SIZE);
+	}
 
 	sq_bytes = (u64)ucmd.sq_depth << ucmd.sq_wqe_shift;
-	rq_bytes = (u64)ucmd.rq_depth << ucmd.rq_wqe_shift;
 	sq_pages = DIV_ROUND_UP_ULL(sq_bytes, VRDMA_PAGE_SIZE);
-	rq_pages = DIV_ROUND_UP_ULL(rq_bytes, VRDMA_PAGE_SIZE);
 	err = vrdma_check_buf(ucmd.buf_addr, ucmd.buf_len,
 			      sq_pages * VRDMA_PAGE_SIZE + rq_bytes,
 			      ucmd.record_offset,
@@ -746,10 +787,12 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr,
 		goto err_umem;
 	}
 
+	flags = ucmd.flags & VRDMA_QP_F_RQ_NOTIFY;
 	req.pdn = cpu_to_le32(to_vpd(ibqp->pd)->pdn);
 	req.send_cqn = cpu_to_le32(to_vcq(attr->send_cq)->cqn);
 	req.recv_cqn = cpu_to_le32(to_vcq(attr->recv_cq)->cqn);
-	req.qp_type = cpu_to_le32(VRDMA_QPT_RC);
+	req.qp_type = cpu_to_le32(attr->qp_type == IB_QPT_UD ? VRDMA_QPT_UD :
+							      VRDMA_QPT_RC);
 	req.max_send_wr = cpu_to_le32(ucmd.sq_depth);
 	req.max_recv_wr = cpu_to_le32(ucmd.rq_depth);
 	req.max_send_sge = cpu_to_le32(send_sge);
@@ -763,12 +806,30 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr,
 	req.rq_npages = cpu_to_le32(rq_pages);
 	req.page_list = cpu_to_le64(virt_to_phys(pages));
 	req.sq_sig_all = cpu_to_le32(attr->sq_sig_type == IB_SIGNAL_ALL_WR);
-	req.flags = cpu_to_le32(ucmd.flags & VRDMA_QP_F_RQ_NOTIFY);
-	err = vrdma_exec(dev, VRDMA_CMD_CREATE_QP, &req, sizeof(req), &resp,
+	/*
+	 * Without an SRQ, the 80-byte layout that every revision of the
+	 * device takes (docs/spec.md CREATE_QP), so an RC QP still works
+	 * with a daemon older than SRQs.
+	 */
+	req_len = offsetof(struct vrdma_create_qp, srqn);
+	if (srq) {
+		flags |= VRDMA_QP_F_SRQ;
+		req.srqn = cpu_to_le32(srq->srqn);
+		req_len = sizeof(req);
+	}
+	req.flags = cpu_to_le32(flags);
+	err = vrdma_exec(dev, VRDMA_CMD_CREATE_QP, &req, req_len, &resp,
 			 sizeof(resp), pages);
 	if (err)
 		goto err_umem;
 	qp->qpn = le32_to_cpu(resp.handle);
+	if (!vrdma_valid_qpn(qp->qpn)) {
+		ibdev_err_ratelimited(&dev->ibdev,
+				      "device answered QP number %#x\n",
+				      qp->qpn);
+		err = -EIO;
+		goto err_destroy;
+	}
 	ibqp->qp_num = qp->qpn;
 	err = xa_insert_irq(&dev->qp_xa, qp->qpn, qp, GFP_KERNEL);
 	if (err) {
@@ -842,6 +903,9 @@ static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 		req.pkey_index = cpu_to_le32(attr->pkey_index);
 	if (mask & IB_QP_PORT)
 		req.port_num = cpu_to_le32(attr->port_num);
+	/* The device refuses a Q_Key on an RC QP (and AV etc. on UD). */
+	if (mask & IB_QP_QKEY)
+		req.qkey = cpu_to_le32(attr->qkey);
 	if (mask & IB_QP_AV) {
 		const struct ib_global_route *grh;
 
@@ -921,20 +985,26 @@ static int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 	attr->retry_cnt = min_t(u32, le32_to_cpu(resp.retry_cnt), 7);
 	attr->rnr_retry = min_t(u32, le32_to_cpu(resp.rnr_retry), 7);
 	attr->cap = qp->cap;
-	attr->ah_attr.type = RDMA_AH_ATTR_TYPE_ROCE;
-	memcpy(dgid.raw, resp.dgid, sizeof(dgid.raw));
-	rdma_ah_set_grh(&attr->ah_attr, &dgid, 0,
-			min_t(u32, le32_to_cpu(resp.sgid_index), U8_MAX),
-			min_t(u32, le32_to_cpu(resp.hop_limit), U8_MAX), 0);
-	rdma_ah_set_port_num(&attr->ah_attr, VRDMA_PORT);
+	if (ibqp->qp_type == IB_QPT_UD) {
+		attr->qkey = le32_to_cpu(resp.qkey);
+	} else {
+		attr->ah_attr.type = RDMA_AH_ATTR_TYPE_ROCE;
+		memcpy(dgid.raw, resp.dgid, sizeof(dgid.raw));
+		rdma_ah_set_grh(&attr->ah_attr, &dgid, 0,
+				min_t(u32, le32_to_cpu(resp.sgid_index), U8_MAX),
+				min_t(u32, le32_to_cpu(resp.hop_limit), U8_MAX),
+				0);
+		rdma_ah_set_port_num(&attr->ah_attr, VRDMA_PORT);
+	}
 
 	memset(init_attr, 0, sizeof(*init_attr));
 	init_attr->send_cq = ibqp->send_cq;
 	init_attr->recv_cq = ibqp->recv_cq;
+	init_attr->srq = ibqp->srq;
 	init_attr->cap = qp->cap;
 	init_attr->sq_sig_type = qp->sq_sig_all ? IB_SIGNAL_ALL_WR :
 						  IB_SIGNAL_REQ_WR;
-	init_attr->qp_type = IB_QPT_RC;
+	init_attr->qp_type = ibqp->qp_type;
 	init_attr->port_num = VRDMA_PORT;
 	return 0;
 }
@@ -966,6 +1036,200 @@ static int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 	return -EOPNOTSUPP;
 }
 
+/* ---- SRQ --------------------------------------------------------------- */
+
+static int vrdma_create_srq(struct ib_srq *ibsrq,
+			    struct ib_srq_init_attr *attr,
+			    struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibsrq->device);
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	struct vrdma_create_srq_resp uresp = {};
+	struct vrdma_create_srq_cmd ucmd;
+	struct vrdma_create_srq req = {};
+	struct vrdma_ucontext *uctx;
+	struct vrdma_handle resp;
+	u64 ring_bytes, ring_pages;
+	u64 notify_key, flags_key;
+	unsigned int dbq;
+	u32 max_sge;
+	size_t npages;
+	__le64 *pages;
+	int err;
+
+	if (!udata)
+		return -EOPNOTSUPP;
+	/* A daemon that predates SRQs reports max_srq 0. */
+	if (!dev->max_srq || attr->srq_type != IB_SRQT_BASIC)
+		return -EOPNOTSUPP;
+	uctx = rdma_udata_to_drv_context(udata, struct vrdma_ucontext, ibuc);
+	err = vrdma_udata_in(udata, &ucmd, sizeof(ucmd));
+	if (err)
+		return err;
+	if (ucmd.reserved)
+		return -EINVAL;
+	if (!ucmd.depth || !is_power_of_2(ucmd.depth) ||
+	    ucmd.depth > dev->max_qp_wr || attr->attr.max_wr > ucmd.depth)
+		return -EINVAL;
+	if (ucmd.wqe_shift < VRDMA_MIN_RQ_WQE_SHIFT ||
+	    ucmd.wqe_shift > VRDMA_MAX_WQE_SHIFT)
+		return -EINVAL;
+	max_sge = min_t(u32, dev->max_sge,
+			((1U << ucmd.wqe_shift) - sizeof(struct vrdma_recv_wqe)) /
+			sizeof(struct vrdma_sge));
+	if (!max_sge || attr->attr.max_sge > max_sge)
+		return -EINVAL;
+	ring_bytes = (u64)ucmd.depth << ucmd.wqe_shift;
+	ring_pages = DIV_ROUND_UP_ULL(ring_bytes, VRDMA_PAGE_SIZE);
+	err = vrdma_check_buf(ucmd.buf_addr, ucmd.buf_len, ring_bytes,
+			      ucmd.record_offset,
+			      sizeof(struct vrdma_srq_record));
+	if (err)
+		return err;
+
+	dbq = (unsigned int)atomic_inc_return(&dev->next_dbq) % dev->num_dbq;
+	err = vrdma_uctx_doorbell(dev, uctx, dbq, &notify_key, &flags_key);
+	if (err)
+		return err;
+
+	srq->umem = ib_umem_get(ibsrq->device, ucmd.buf_addr, ucmd.buf_len,
+				IB_ACCESS_LOCAL_WRITE);
+	if (IS_ERR(srq->umem))
+		return PTR_ERR(srq->umem);
+	pages = vrdma_umem_pages(srq->umem, &npages);
+	if (IS_ERR(pages)) {
+		err = PTR_ERR(pages);
+		goto err_umem;
+	}
+
+	req.pdn = cpu_to_le32(to_vpd(ibsrq->pd)->pdn);
+	req.max_wr = cpu_to_le32(ucmd.depth);
+	req.max_sge = cpu_to_le32(max_sge);
+	/* ibv_create_srq(3): srq_limit is ignored on input; not armed. */
+	req.srq_limit = 0;
+	req.wqe_shift = cpu_to_le32(ucmd.wqe_shift);
+	req.doorbell_queue = cpu_to_le32(dbq);
+	req.record = cpu_to_le64(vrdma_buf_gpa(pages, ucmd.record_offset));
+	req.npages = cpu_to_le32(ring_pages);
+	req.page_list = cpu_to_le64(virt_to_phys(pages));
+	err = vrdma_exec(dev, VRDMA_CMD_CREATE_SRQ, &req, sizeof(req), &resp,
+			 sizeof(resp), pages);
+	if (err)
+		goto err_umem;
+	srq->srqn = le32_to_cpu(resp.handle);
+	err = xa_insert_irq(&dev->srq_xa, srq->srqn, srq, GFP_KERNEL);
+	if (err) {
+		err = err == -EBUSY ? -EIO : err;	/* a reused handle */
+		goto err_destroy;
+	}
+	srq->max_wr = ucmd.depth;
+	srq->max_sge = max_sge;
+	attr->attr.max_wr = ucmd.depth;
+	attr->attr.max_sge = max_sge;
+	attr->attr.srq_limit = 0;
+
+	uresp.srqn = srq->srqn;
+	uresp.doorbell_queue = dbq;
+	uresp.notify_mmap_key = notify_key;
+	uresp.flags_mmap_key = flags_key;
+	uresp.notify_offset = offset_in_page(dev->dbq[dbq].notify_pa);
+	uresp.flags_offset = offset_in_page(dev->dbq[dbq].flags_pa);
+	uresp.notify_value = dev->dbq[dbq].notify_value;
+	err = vrdma_udata_out(udata, &uresp, sizeof(uresp));
+	if (err)
+		goto err_erase;
+	return 0;
+
+err_erase:
+	xa_erase_irq(&dev->srq_xa, srq->srqn);
+err_destroy:
+	vrdma_exec_destroy(dev, VRDMA_CMD_DESTROY_SRQ, srq->srqn);
+	vrdma_quiesce(dev);
+err_umem:
+	ib_umem_release(srq->umem);
+	return err;
+}
+
+static int vrdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
+			    enum ib_srq_attr_mask mask, struct ib_udata *udata)
+{
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	struct vrdma_srq_attr req = {};
+
+	if (udata && udata->inlen &&
+	    !ib_is_udata_cleared(udata, 0, udata->inlen))
+		return -EOPNOTSUPP;
+	/* The device does not resize SRQs (no IB_DEVICE_SRQ_RESIZE). */
+	if (mask & IB_SRQ_MAX_WR)
+		return -EOPNOTSUPP;
+	if (mask & ~IB_SRQ_LIMIT)
+		return -EINVAL;
+	if (!mask)
+		return 0;
+	if (attr->srq_limit > srq->max_wr)
+		return -EINVAL;
+	req.srqn = cpu_to_le32(srq->srqn);
+	req.attr_mask = cpu_to_le32(VRDMA_SRQ_LIMIT);
+	req.srq_limit = cpu_to_le32(attr->srq_limit);
+	return vrdma_exec(to_vdev(ibsrq->device), VRDMA_CMD_MODIFY_SRQ, &req,
+			  sizeof(req), NULL, 0, NULL);
+}
+
+static int vrdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr)
+{
+	struct vrdma_dev *dev = to_vdev(ibsrq->device);
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	struct vrdma_handle req = { .handle = cpu_to_le32(srq->srqn) };
+	struct vrdma_srq_attr resp;
+	u32 limit;
+	int err;
+
+	err = vrdma_exec(dev, VRDMA_CMD_QUERY_SRQ, &req, sizeof(req), &resp,
+			 sizeof(resp), NULL);
+	if (err == -ENOENT)
+		vrdma_set_dead(dev, "device lost its objects");
+	if (err)
+		return err;
+	limit = le32_to_cpu(resp.srq_limit);
+	if (le32_to_cpu(resp.srqn) != srq->srqn ||
+	    le32_to_cpu(resp.max_wr) != srq->max_wr || limit > srq->max_wr) {
+		ibdev_err_ratelimited(&dev->ibdev,
+				      "QUERY_SRQ of %#x answered SRQ %#x, max_wr %u, limit %u\n",
+				      srq->srqn, le32_to_cpu(resp.srqn),
+				      le32_to_cpu(resp.max_wr), limit);
+		return -EIO;
+	}
+	attr->max_wr = srq->max_wr;
+	attr->max_sge = srq->max_sge;
+	attr->srq_limit = limit;
+	return 0;
+}
+
+static int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibsrq->device);
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+
+	/*
+	 * The core refuses while a QP uses the SRQ, so the device's BUSY
+	 * cannot be a legitimate answer here. After the erase, no event
+	 * handler runs for the SRQ.
+	 */
+	xa_erase_irq(&dev->srq_xa, srq->srqn);
+	vrdma_exec_destroy(dev, VRDMA_CMD_DESTROY_SRQ, srq->srqn);
+	vrdma_quiesce(dev);
+	ib_umem_release(srq->umem);
+	return 0;
+}
+
+static int vrdma_post_srq_recv(struct ib_srq *ibsrq,
+			       const struct ib_recv_wr *wr,
+			       const struct ib_recv_wr **bad_wr)
+{
+	*bad_wr = wr;	/* user SRQs are posted to in user space */
+	return -EOPNOTSUPP;
+}
+
 /* ---- AH ---------------------------------------------------------------- */
 
 static int vrdma_create_ah(struct ib_ah *ibah,
@@ -974,6 +1238,7 @@ static int vrdma_create_ah(struct ib_ah *ibah,
 {
 	struct vrdma_dev *dev = to_vdev(ibah->device);
 	struct rdma_ah_attr *ah_attr = init_attr->ah_attr;
+	struct vrdma_create_ah_resp uresp = {};
 	const struct ib_global_route *grh;
 	struct vrdma_create_ah req = {};
 	struct vrdma_handle resp;
@@ -994,7 +1259,18 @@ static int vrdma_create_ah(struct ib_ah *ibah,
 	if (err)
 		return err;
 	to_vah(ibah)->ahn = le32_to_cpu(resp.handle);
-	return 0;
+
+	/*
+	 * UD send WQEs name the device's AH: the provider needs its number.
+	 * A provider without UD asks for no response.
+	 */
+	if (!udata->outlen)
+		return 0;
+	uresp.ahn = to_vah(ibah)->ahn;
+	err = vrdma_udata_out(udata, &uresp, sizeof(uresp));
+	if (err)
+		vrdma_exec_destroy(dev, VRDMA_CMD_DESTROY_AH, uresp.ahn);
+	return err;
 }
 
 /* uverbs destroys user AHs with RDMA_DESTROY_AH_SLEEPABLE. */
@@ -1016,6 +1292,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
 	.create_qp = vrdma_create_qp,
+	.create_srq = vrdma_create_srq,
 	.create_user_ah = vrdma_create_ah,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dealloc_ucontext = vrdma_dealloc_ucontext,
@@ -1024,6 +1301,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.destroy_ah = vrdma_destroy_ah,
 	.destroy_cq = vrdma_destroy_cq,
 	.destroy_qp = vrdma_destroy_qp,
+	.destroy_srq = vrdma_destroy_srq,
 	.disassociate_ucontext = vrdma_disassociate_ucontext,
 	.get_dma_mr = vrdma_get_dma_mr,
 	.get_link_layer = vrdma_get_link_layer,
@@ -1031,13 +1309,16 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.mmap = vrdma_mmap,
 	.mmap_free = vrdma_mmap_free,
 	.modify_qp = vrdma_modify_qp,
+	.modify_srq = vrdma_modify_srq,
 	.poll_cq = vrdma_poll_cq,
 	.post_recv = vrdma_post_recv,
 	.post_send = vrdma_post_send,
+	.post_srq_recv = vrdma_post_srq_recv,
 	.query_device = vrdma_query_device,
 	.query_pkey = vrdma_query_pkey,
 	.query_port = vrdma_query_port,
 	.query_qp = vrdma_query_qp,
+	.query_srq = vrdma_query_srq,
 	.reg_user_mr = vrdma_reg_user_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
 
@@ -1045,5 +1326,6 @@ const struct ib_device_ops vrdma_dev_ops = {
 	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
 	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
+	INIT_RDMA_OBJ_SIZE(ib_srq, vrdma_srq, ibsrq),
 	INIT_RDMA_OBJ_SIZE(ib_ucontext, vrdma_ucontext, ibuc),
 };
