@@ -18,6 +18,8 @@
 #include <assert.h>
 #include <infiniband/driver.h>
 
+#include "vrdma_abi.h"
+
 #define SAME(expr, v44) static_assert((expr) == (v44), #expr " differs from rdma-core 44.0")
 
 
@@ -573,6 +575,52 @@ SAME(offsetof(struct ib_uverbs_ex_query_device_resp, hca_core_clock), 216);
 SAME(offsetof(struct ib_uverbs_ex_query_device_resp, device_cap_flags_ex), 224);
 
 /*
+ * Shared receive queues, UD and address handles (issue 27), measured the
+ * same way against v44.0's verbs.h and driver.h: the provider's
+ * verbs_srq, the SRQ commands it builds and the work-request and
+ * work-completion fields UD uses.
+ */
+SAME(sizeof(struct ibv_srq), 128);
+SAME(offsetof(struct ibv_srq, context), 0);
+SAME(offsetof(struct ibv_srq, srq_context), 8);
+SAME(offsetof(struct ibv_srq, pd), 16);
+SAME(offsetof(struct ibv_srq, handle), 24);
+SAME(offsetof(struct ibv_srq, mutex), 32);
+SAME(offsetof(struct ibv_srq, cond), 72);
+SAME(offsetof(struct ibv_srq, events_completed), 120);
+SAME(sizeof(struct ibv_srq_attr), 12);
+SAME(offsetof(struct ibv_srq_attr, max_wr), 0);
+SAME(offsetof(struct ibv_srq_attr, max_sge), 4);
+SAME(offsetof(struct ibv_srq_attr, srq_limit), 8);
+SAME(sizeof(struct ibv_srq_init_attr), 24);
+SAME(offsetof(struct ibv_srq_init_attr, srq_context), 0);
+SAME(offsetof(struct ibv_srq_init_attr, attr), 8);
+SAME(sizeof(struct verbs_srq), 160);
+SAME(offsetof(struct verbs_srq, srq), 0);
+SAME(offsetof(struct verbs_srq, srq_type), 128);
+SAME(offsetof(struct verbs_srq, xrcd), 136);
+SAME(offsetof(struct verbs_srq, cq), 144);
+SAME(offsetof(struct verbs_srq, srq_num), 152);
+SAME(sizeof(struct ibv_create_srq), 40);
+SAME(sizeof(struct ibv_modify_srq), 24);
+SAME(sizeof(struct ibv_query_srq), 24);
+SAME(sizeof(struct ib_uverbs_create_srq_resp), 16);
+SAME(offsetof(struct ib_uverbs_create_srq_resp, srq_handle), 0);
+SAME(offsetof(struct ib_uverbs_create_srq_resp, max_wr), 4);
+SAME(offsetof(struct ib_uverbs_create_srq_resp, max_sge), 8);
+SAME(offsetof(struct ib_uverbs_create_srq_resp, srqn), 12);
+SAME(sizeof(struct ibv_send_wr), 128);
+SAME(offsetof(struct ibv_send_wr, wr), 40);
+SAME(offsetof(struct ibv_send_wr, wr.ud.ah), 40);
+SAME(offsetof(struct ibv_send_wr, wr.ud.remote_qpn), 48);
+SAME(offsetof(struct ibv_send_wr, wr.ud.remote_qkey), 52);
+SAME(offsetof(struct ibv_send_wr, qp_type), 72);
+SAME(sizeof(struct ibv_wc), 48);
+SAME(offsetof(struct ibv_wc, src_qp), 32);
+SAME(offsetof(struct ibv_wc, wc_flags), 36);
+SAME(offsetof(struct ibv_wc, pkey_index), 40);
+
+/*
  * Known differences, 44.0 -> 56.1:
  *
  * 1. struct ibv_qp_ex gained wr_flush at its end (352 -> 360 bytes), so in
@@ -606,3 +654,18 @@ static_assert(offsetof(struct ibv_port_attr, active_speed_ex) == 52,
  *    by 44.0). The provider uses none of them; the Go test checks every
  *    symbol it imports against Debian 12's libibverbs.so.1.
  */
+
+/*
+ * The driver's part of a uverbs command or response starts right after
+ * the core structure: that is where the kernel's udata begins (the core
+ * sizes are the kernel's uapi, stable). DECLARE_DRV_CMD lays it out so;
+ * these hold it for the responses the kernel driver writes into.
+ */
+static_assert(offsetof(struct vrdma_ucmd_create_srq, drv_payload) ==
+	      sizeof(struct ibv_create_srq), "create_srq udata in");
+static_assert(offsetof(struct vrdma_ucmd_create_srq_resp, drv_payload) ==
+	      sizeof(struct ib_uverbs_create_srq_resp), "create_srq udata out");
+static_assert(offsetof(struct vrdma_ucmd_create_ah_resp, drv_payload) ==
+	      sizeof(struct ib_uverbs_create_ah_resp), "create_ah udata out");
+static_assert(offsetof(struct vrdma_ucmd_create_qp_resp, drv_payload) ==
+	      sizeof(struct ib_uverbs_create_qp_resp), "create_qp udata out");

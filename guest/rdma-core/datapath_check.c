@@ -120,6 +120,8 @@ int ibv_cmd_create_qp(struct ibv_pd *pd, struct ibv_qp *qp,
 	fk.qp_attr = *attr;
 	qp->context = pd->context;
 	qp->pd = pd;
+	qp->qp_type = attr->qp_type;
+	qp->srq = attr->srq;
 	qp->qp_num = ++fk.next_qpn;
 	r->qpn = qp->qp_num;
 	r->doorbell_queue = DOORBELL_QUEUE;
@@ -134,6 +136,74 @@ int ibv_cmd_create_qp(struct ibv_pd *pd, struct ibv_qp *qp,
 int ibv_cmd_destroy_qp(struct ibv_qp *qp)
 {
 	fk.qp_destroyed++;
+	return 0;
+}
+
+/* The fake kernel's SRQs, AHs and port (UD and SRQ checks). */
+#define FAKE_AHN 0xabc123
+
+static struct {
+	struct vrdma_create_srq_cmd srq_cmd;
+	struct ibv_srq_init_attr srq_attr;
+	int srq_destroyed;
+	enum ibv_mtu port_mtu;	/* 0: IBV_MTU_1024 */
+} fks;
+
+int ibv_cmd_create_srq(struct ibv_pd *pd, struct ibv_srq *srq,
+		       struct ibv_srq_init_attr *attr,
+		       struct ibv_create_srq *cmd, size_t cmd_size,
+		       struct ib_uverbs_create_srq_resp *resp, size_t resp_size)
+{
+	struct vrdma_ucmd_create_srq *c = (void *)cmd;
+	struct vrdma_ucmd_create_srq_resp *r = (void *)resp;
+
+	if (cmd_size != sizeof(*c) || resp_size != sizeof(*r))
+		return EINVAL;
+	fks.srq_cmd = c->drv_payload;
+	fks.srq_attr = *attr;
+	srq->context = pd->context;
+	srq->pd = pd;
+	r->srqn = 0x51;
+	r->doorbell_queue = DOORBELL_QUEUE;
+	r->notify_mmap_key = 0;
+	r->flags_mmap_key = VRDMA_MMAP_SIZE;
+	r->notify_offset = NOTIFY_OFFSET;
+	r->flags_offset = FLAGS_OFFSET;
+	r->notify_value = NOTIFY_VALUE;
+	return 0;
+}
+
+int ibv_cmd_destroy_srq(struct ibv_srq *srq)
+{
+	fks.srq_destroyed++;
+	return 0;
+}
+
+int ibv_cmd_create_ah(struct ibv_pd *pd, struct ibv_ah *ah,
+		      struct ibv_ah_attr *attr,
+		      struct ib_uverbs_create_ah_resp *resp, size_t resp_size)
+{
+	struct vrdma_ucmd_create_ah_resp *r = (void *)resp;
+
+	/* The driver's part follows the 4-byte ib_uverbs_create_ah_resp. */
+	if (resp_size != sizeof(*r) || offsetof(typeof(*r), ahn) != 4)
+		return EINVAL;
+	ah->context = pd->context;
+	ah->pd = pd;
+	r->ahn = FAKE_AHN;
+	return 0;
+}
+
+int ibv_cmd_destroy_ah(struct ibv_ah *ah) { return 0; }
+
+int ibv_cmd_query_port(struct ibv_context *context, uint8_t port_num,
+		       struct ibv_port_attr *port_attr,
+		       struct ibv_query_port *cmd, size_t cmd_size)
+{
+	if (port_num != 1)
+		return EINVAL;
+	memset(port_attr, 0, sizeof(*port_attr));
+	port_attr->active_mtu = fks.port_mtu ? fks.port_mtu : IBV_MTU_1024;
 	return 0;
 }
 
@@ -160,9 +230,6 @@ int ibv_cmd_query_device_any(struct ibv_context *context,
 			     struct ibv_device_attr_ex *attr, size_t attr_size,
 			     struct ib_uverbs_ex_query_device_resp *resp,
 			     size_t *resp_size) { return EOPNOTSUPP; }
-int ibv_cmd_query_port(struct ibv_context *context, uint8_t port_num,
-		       struct ibv_port_attr *port_attr,
-		       struct ibv_query_port *cmd, size_t cmd_size) { return EOPNOTSUPP; }
 int ibv_cmd_alloc_pd(struct ibv_context *context, struct ibv_pd *pd,
 		     struct ibv_alloc_pd *cmd, size_t cmd_size,
 		     struct ib_uverbs_alloc_pd_resp *resp, size_t resp_size) { return EOPNOTSUPP; }
@@ -172,10 +239,11 @@ int ibv_cmd_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
 		   struct ibv_reg_mr *cmd, size_t cmd_size,
 		   struct ib_uverbs_reg_mr_resp *resp, size_t resp_size) { return EOPNOTSUPP; }
 int ibv_cmd_dereg_mr(struct verbs_mr *vmr) { return EOPNOTSUPP; }
-int ibv_cmd_create_ah(struct ibv_pd *pd, struct ibv_ah *ah,
-		      struct ibv_ah_attr *attr,
-		      struct ib_uverbs_create_ah_resp *resp, size_t resp_size) { return EOPNOTSUPP; }
-int ibv_cmd_destroy_ah(struct ibv_ah *ah) { return EOPNOTSUPP; }
+int ibv_cmd_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr,
+		       int srq_attr_mask, struct ibv_modify_srq *cmd,
+		       size_t cmd_size) { return EOPNOTSUPP; }
+int ibv_cmd_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr,
+		      struct ibv_query_srq *cmd, size_t cmd_size) { return EOPNOTSUPP; }
 int ibv_cmd_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *qp_attr,
 		     int attr_mask, struct ibv_qp_init_attr *qp_init_attr,
 		     struct ibv_query_qp *cmd, size_t cmd_size) { return EOPNOTSUPP; }
@@ -374,8 +442,7 @@ static struct vrdma_qp *make_qp(struct ibv_cq *cq, uint32_t send_wr,
 
 static void check_qp_layout(struct ibv_cq *cq)
 {
-	struct ibv_qp_init_attr attr = { .send_cq = cq, .recv_cq = cq,
-					 .qp_type = IBV_QPT_UD };
+	struct ibv_qp_init_attr attr = { .send_cq = cq, .recv_cq = cq };
 	struct vrdma_qp *qp;
 
 	qp = make_qp(cq, 100, 3, 4, 2, 60, 0);
@@ -429,7 +496,10 @@ static void check_qp_layout(struct ibv_cq *cq)
 	errno = 0;
 	CHECK(!make_qp(cq, 1, 1, 1, 1, 257, 0) && errno == EINVAL, "inline above max");
 	errno = 0;
-	CHECK(!vrdma_create_qp(&pd, &attr) && errno == EOPNOTSUPP, "UD refused");
+	attr.qp_type = IBV_QPT_UC;
+	CHECK(!vrdma_create_qp(&pd, &attr) && errno == EOPNOTSUPP, "UC refused");
+	attr.qp_type = IBV_QPT_XRC_SEND;
+	CHECK(!vrdma_create_qp(&pd, &attr) && errno == EOPNOTSUPP, "XRC refused");
 }
 
 static void check_post(struct ibv_cq *ibcq)
@@ -628,6 +698,430 @@ static void check_doorbell_sharing(struct ibv_cq *ibcq)
 	CHECK(b->db->refcnt == 1, "refcnt after one destroy");
 	vrdma_destroy_qp(&b->vqp.qp);
 	CHECK(list_empty(&ctx->db_maps), "mapping dropped with the last QP");
+}
+
+/* ---------------------------------------------------------------------- */
+/* UD QPs and shared receive queues                                       */
+/* ---------------------------------------------------------------------- */
+
+static struct vrdma_qp *make_qp_on(struct ibv_cq *cq, enum ibv_qp_type type,
+				   struct ibv_srq *srq, uint32_t send_wr,
+				   uint32_t recv_wr, uint32_t inl)
+{
+	struct ibv_qp_init_attr attr = {
+		.send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = type,
+		.cap = { .max_send_wr = send_wr, .max_recv_wr = recv_wr,
+			 .max_send_sge = 1, .max_recv_sge = 1,
+			 .max_inline_data = inl },
+	};
+	struct ibv_qp *qp = vrdma_create_qp(&pd, &attr);
+
+	return qp ? to_vqp(qp) : NULL;
+}
+
+static struct vrdma_recv_wqe *srq_wqe(struct vrdma_srq *srq, uint32_t i)
+{
+	return (void *)(srq->wq.ring +
+			((i & (srq->wq.depth - 1)) << srq->wq.shift));
+}
+
+static void check_ud(struct ibv_cq *ibcq)
+{
+	static const struct {
+		enum ibv_wr_opcode opcode;
+		unsigned int send_flags;
+		bool no_ah;
+		uint32_t remote_qpn;
+		const char *what;
+	} refused[] = {
+		{ IBV_WR_RDMA_WRITE, 0, false, 2, "RDMA_WRITE" },
+		{ IBV_WR_RDMA_WRITE_WITH_IMM, 0, false, 2, "RDMA_WRITE_WITH_IMM" },
+		{ IBV_WR_RDMA_READ, 0, false, 2, "RDMA_READ" },
+		{ IBV_WR_ATOMIC_FETCH_AND_ADD, 0, false, 2, "FETCH_AND_ADD" },
+		{ IBV_WR_SEND, IBV_SEND_FENCE, false, 2, "FENCE" },
+		{ IBV_WR_SEND, 0, true, 2, "no AH" },
+		{ IBV_WR_SEND, 0, false, 0x1000000, "a QPN beyond 24 bits" },
+	};
+	struct ibv_ah_attr ah_attr = { .is_global = 1, .port_num = 1 };
+	struct ibv_sge sge = { .addr = 0x1000, .length = 64, .lkey = 0xa1 };
+	uint8_t payload[20];
+	struct ibv_sge isge = { .addr = (uintptr_t)payload,
+				.length = sizeof(payload) };
+	uint32_t saved_inline = ctx->max_inline_data;
+	struct ibv_send_wr wr, *bad;
+	struct vrdma_send_wqe *w;
+	struct vrdma_qp *qp;
+	struct ibv_ah *ah;
+	size_t i;
+	int ret;
+
+	for (i = 0; i < sizeof(payload); i++)
+		payload[i] = 0xc0 + i;
+
+	/* Inline data of a UD QP is bounded by the port's MTU too. */
+	ctx->max_inline_data = 1024;
+	fks.port_mtu = IBV_MTU_512;
+	qp = make_qp_on(ibcq, IBV_QPT_UD, NULL, 4, 4, 500);
+	CHECK(qp && qp->max_inline_data == 512 &&
+	      fk.qp_attr.cap.max_inline_data == 512 &&
+	      fk.qp_cmd.sq_wqe_shift == 10,
+	      "UD, 500 inline bytes, MTU 512: granted %u, shift %u",
+	      qp ? qp->max_inline_data : 0, fk.qp_cmd.sq_wqe_shift);
+	if (qp)
+		vrdma_destroy_qp(&qp->vqp.qp);
+	errno = 0;
+	CHECK(!make_qp_on(ibcq, IBV_QPT_UD, NULL, 4, 4, 513) && errno == EINVAL,
+	      "UD inline above the 512-byte MTU");
+	qp = make_qp_on(ibcq, IBV_QPT_RC, NULL, 4, 4, 513);
+	CHECK(qp && qp->max_inline_data == 960,
+	      "RC inline is not bound by the MTU: %u",
+	      qp ? qp->max_inline_data : 0);
+	if (qp)
+		vrdma_destroy_qp(&qp->vqp.qp);
+	ctx->max_inline_data = saved_inline;
+	fks.port_mtu = 0;
+
+	qp = make_qp_on(ibcq, IBV_QPT_UD, NULL, 4, 4, 32);
+	if (!qp) {
+		CHECK(0, "create UD QP: %s", strerror(errno));
+		return;
+	}
+	CHECK(fk.qp_attr.qp_type == IBV_QPT_UD && fk.qp_cmd.rq_depth == 4 &&
+	      fk.qp_cmd.flags == VRDMA_QP_F_RQ_NOTIFY, "UD QP to the kernel");
+
+	ah = vrdma_create_ah(&pd, &ah_attr);
+	CHECK(ah && to_vah(ah)->ahn == FAKE_AHN,
+	      "create_ah keeps the device's AH number");
+	if (!ah)
+		goto out;
+
+	*flags = 0;
+	*notify = 0;
+	memset(&wr, 0, sizeof(wr));
+	wr.wr_id = 21;
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_SEND_WITH_IMM;
+	wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
+	wr.imm_data = htobe32(0x01020304);
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = 0xfedcba;
+	wr.wr.ud.remote_qkey = 0x11111111;
+	ret = vrdma_post_send(&qp->vqp.qp, &wr, &bad);
+	CHECK(ret == 0 && qp->rec->sq_pi == 1 && *notify == NOTIFY_VALUE,
+	      "UD post: ret %d, sq_pi %u", ret, qp->rec->sq_pi);
+	w = sq_wqe(qp, 0);
+	CHECK(w->wr_id == 21 && w->opcode == VRDMA_WR_SEND_WITH_IMM &&
+	      w->flags == (VRDMA_WQE_SIGNALED | VRDMA_WQE_SOLICITED) &&
+	      w->num_sge == 1 && memcmp(&w->imm_data, &wr.imm_data, 4) == 0,
+	      "UD SEND_WITH_IMM header");
+	CHECK(w->ah == FAKE_AHN && w->remote_qpn == 0xfedcba &&
+	      w->remote_qkey == 0x11111111 && w->reserved == 0,
+	      "UD destination: ah %#x, qpn %#x, qkey %#x, reserved %#x",
+	      w->ah, w->remote_qpn, w->remote_qkey, w->reserved);
+	/* wr.wr is a union: ud.ah overlays rdma.remote_addr. */
+	CHECK(w->remote_addr == 0 && w->rkey == 0 && w->compare_add == 0,
+	      "UD leaves the RDMA fields zero");
+
+	/* Bit 31 of the Q_Key asks for the QP's own: passed through. */
+	wr.opcode = IBV_WR_SEND;
+	wr.sg_list = &isge;
+	wr.send_flags = IBV_SEND_INLINE;
+	wr.wr.ud.remote_qkey = VRDMA_QKEY_USE_QP | 5;
+	ret = vrdma_post_send(&qp->vqp.qp, &wr, &bad);
+	w = sq_wqe(qp, 1);
+	CHECK(ret == 0 && w->opcode == VRDMA_WR_SEND &&
+	      w->flags == VRDMA_WQE_INLINE && w->num_sge == 0 &&
+	      w->inline_len == sizeof(payload) &&
+	      memcmp(w + 1, payload, sizeof(payload)) == 0 &&
+	      w->ah == FAKE_AHN && w->remote_qkey == (VRDMA_QKEY_USE_QP | 5),
+	      "UD inline SEND with the QP's own Q_Key: ret %d", ret);
+
+	/* What a UD QP cannot send is refused; nothing is published. */
+	wr.sg_list = &sge;
+	for (i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		wr.opcode = refused[i].opcode;
+		wr.send_flags = refused[i].send_flags;
+		wr.wr.ud.ah = refused[i].no_ah ? NULL : ah;
+		wr.wr.ud.remote_qpn = refused[i].remote_qpn;
+		*notify = 0;
+		bad = NULL;
+		ret = vrdma_post_send(&qp->vqp.qp, &wr, &bad);
+		CHECK(ret == EINVAL && bad == &wr && qp->rec->sq_pi == 2 &&
+		      *notify == 0, "UD %s: ret %d, sq_pi %u", refused[i].what,
+		      ret, qp->rec->sq_pi);
+	}
+	CHECK(vrdma_destroy_ah(ah) == 0, "destroy_ah");
+out:
+	vrdma_destroy_qp(&qp->vqp.qp);
+}
+
+static void check_srq(struct ibv_cq *ibcq)
+{
+	struct ibv_srq_init_attr attr = {
+		.attr = { .max_wr = 100, .max_sge = 3, .srq_limit = 7 },
+	};
+	struct ibv_sge sge[4] = {
+		{ .addr = 0x1000, .length = 10, .lkey = 0xb1 },
+		{ .addr = 0x2000, .length = 20, .lkey = 0xb2 },
+		{ .addr = 0x3000, .length = 30, .lkey = 0xb3 },
+		{ .addr = 0x4000, .length = 40, .lkey = 0xb4 },
+	};
+	struct ibv_recv_wr rwr[3], *rbad;
+	struct ibv_qp_init_attr qattr;
+	struct vrdma_recv_wqe *rw;
+	struct vrdma_srq *srq;
+	struct ibv_srq *ibsrq;
+	struct vrdma_sge *s;
+	struct ibv_qp *ibqp;
+	uint32_t i;
+	int ret;
+
+	ibsrq = vrdma_create_srq(&pd, &attr);
+	CHECK(ibsrq != NULL, "create_srq: %s", strerror(errno));
+	if (!ibsrq)
+		return;
+	srq = to_vsrq(ibsrq);
+	/* 16 + 16 * 3 = 64 bytes: 128 WQEs in two pages, then the record. */
+	CHECK(fks.srq_cmd.depth == 128 && fks.srq_cmd.wqe_shift == 6 &&
+	      fks.srq_cmd.record_offset == 2 * VRDMA_PAGE_SIZE &&
+	      fks.srq_cmd.buf_len == 3 * VRDMA_PAGE_SIZE &&
+	      fks.srq_cmd.buf_addr == (uintptr_t)srq->buf &&
+	      fks.srq_cmd.buf_addr % VRDMA_PAGE_SIZE == 0 &&
+	      fks.srq_cmd.reserved == 0,
+	      "create_srq command: depth %u shift %u record %u len %llu",
+	      fks.srq_cmd.depth, fks.srq_cmd.wqe_shift,
+	      fks.srq_cmd.record_offset,
+	      (unsigned long long)fks.srq_cmd.buf_len);
+	CHECK(fks.srq_attr.attr.max_wr == 128 && fks.srq_attr.attr.max_sge == 3,
+	      "the kernel is given what the ring holds: %u WRs, %u SGEs",
+	      fks.srq_attr.attr.max_wr, fks.srq_attr.attr.max_sge);
+	CHECK(attr.attr.max_wr == 128 && attr.attr.max_sge == 3,
+	      "granted %u WRs, %u SGEs", attr.attr.max_wr, attr.attr.max_sge);
+	CHECK((uint8_t *)srq->rec == (uint8_t *)srq->buf + 2 * VRDMA_PAGE_SIZE &&
+	      srq->notify_value == NOTIFY_VALUE, "record and doorbell");
+
+	/* notify 0: the device reads pi when a message arrives. */
+	memset(rwr, 0, sizeof(rwr));
+	rwr[0] = (struct ibv_recv_wr){ .wr_id = 31, .next = &rwr[1],
+				       .sg_list = sge, .num_sge = 3 };
+	rwr[1] = (struct ibv_recv_wr){ .wr_id = 32, .sg_list = sge };
+	*flags = 0;
+	*notify = 0;
+	ret = vrdma_post_srq_recv(ibsrq, rwr, &rbad);
+	CHECK(ret == 0 && srq->rec->pi == 2 && *notify == 0,
+	      "notify 0: no doorbell (ret %d, pi %u, notify %#x)", ret,
+	      srq->rec->pi, *notify);
+	rw = srq_wqe(srq, 0);
+	s = (struct vrdma_sge *)(rw + 1);
+	CHECK(rw->wr_id == 31 && rw->num_sge == 3 && s[0].addr == 0x1000 &&
+	      s[0].length == 10 && s[0].lkey == 0xb1 && s[2].addr == 0x3000 &&
+	      s[2].lkey == 0xb3, "SRQ receive WQE");
+	rw = srq_wqe(srq, 1);
+	CHECK(rw->wr_id == 32 && rw->num_sge == 0, "SRQ WQE without SGEs");
+
+	/* notify 1 (a message waits) and the engine asleep: notify. */
+	atomic_store((_Atomic uint32_t *)&srq->rec->notify, 1);
+	rwr[1].next = NULL;
+	ret = vrdma_post_srq_recv(ibsrq, &rwr[1], &rbad);
+	CHECK(ret == 0 && srq->rec->pi == 3 && *notify == NOTIFY_VALUE,
+	      "notify 1: the doorbell step notifies (notify %#x)", *notify);
+	/* notify 1, the engine polling: no notification. */
+	*flags = VRDMA_DOORBELL_NO_NOTIFY;
+	*notify = 0;
+	ret = vrdma_post_srq_recv(ibsrq, &rwr[1], &rbad);
+	CHECK(ret == 0 && srq->rec->pi == 4 && *notify == 0,
+	      "notify 1, NO_NOTIFY: no doorbell");
+	/* Only 1 asks for the doorbell step. */
+	*flags = 0;
+	atomic_store((_Atomic uint32_t *)&srq->rec->notify, 2);
+	ret = vrdma_post_srq_recv(ibsrq, &rwr[1], &rbad);
+	CHECK(ret == 0 && srq->rec->pi == 5 && *notify == 0,
+	      "notify 2 (not 1): no doorbell");
+	atomic_store((_Atomic uint32_t *)&srq->rec->notify, 0);
+
+	/* A bad WR stops the list; the good one before it is published. */
+	rwr[0].num_sge = 1;
+	rwr[0].next = &rwr[2];
+	rwr[2] = (struct ibv_recv_wr){ .wr_id = 33, .sg_list = sge,
+				       .num_sge = 4 };
+	ret = vrdma_post_srq_recv(ibsrq, rwr, &rbad);
+	CHECK(ret == EINVAL && rbad == &rwr[2] && srq->rec->pi == 6,
+	      "4 SGEs on a 3-SGE SRQ: ret %d, pi %u", ret, srq->rec->pi);
+
+	/* Full at 128 outstanding: ci is 0, pi 6, 122 more fit. */
+	rwr[1].next = NULL;
+	for (i = 0; i < 122; i++)
+		if (vrdma_post_srq_recv(ibsrq, &rwr[1], &rbad))
+			break;
+	CHECK(i == 122 && srq->rec->pi == 128, "122 more: %u, pi %u", i,
+	      srq->rec->pi);
+	ret = vrdma_post_srq_recv(ibsrq, &rwr[1], &rbad);
+	CHECK(ret == ENOMEM && rbad == &rwr[1] && srq->rec->pi == 128,
+	      "full SRQ: ret %d", ret);
+	/* A consumer index past pi (a broken device) reads as full. */
+	atomic_store((_Atomic uint32_t *)&srq->rec->ci, 133);
+	ret = vrdma_post_srq_recv(ibsrq, &rwr[1], &rbad);
+	CHECK(ret == ENOMEM && srq->rec->pi == 128,
+	      "ci beyond pi: ret %d, pi %u", ret, srq->rec->pi);
+	atomic_store((_Atomic uint32_t *)&srq->rec->ci, 128);
+	rwr[1].wr_id = 99;
+	ret = vrdma_post_srq_recv(ibsrq, &rwr[1], &rbad);
+	CHECK(ret == 0 && srq->rec->pi == 129 && srq_wqe(srq, 0)->wr_id == 99,
+	      "the ring wraps to slot 0");
+
+	/*
+	 * A QP on the SRQ has no receive queue: its receive capabilities
+	 * are ignored (5000 is above max_qp_wr) and granted as zero.
+	 */
+	qattr = (struct ibv_qp_init_attr){
+		.send_cq = ibcq, .recv_cq = ibcq, .srq = ibsrq,
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 5000,
+			 .max_send_sge = 1, .max_recv_sge = 5 },
+	};
+	ibqp = vrdma_create_qp(&pd, &qattr);
+	CHECK(ibqp != NULL, "create_qp on an SRQ: %s", strerror(errno));
+	if (ibqp) {
+		struct vrdma_qp *qp = to_vqp(ibqp);
+
+		CHECK(fk.qp_cmd.rq_depth == 0 && fk.qp_cmd.rq_wqe_shift == 0 &&
+		      fk.qp_cmd.record_offset == VRDMA_PAGE_SIZE &&
+		      fk.qp_cmd.buf_len == 2 * VRDMA_PAGE_SIZE &&
+		      fk.qp_cmd.flags == VRDMA_QP_F_RQ_NOTIFY,
+		      "SRQ QP command: rq %u/%u, record %u, len %llu, flags %#x",
+		      fk.qp_cmd.rq_depth, fk.qp_cmd.rq_wqe_shift,
+		      fk.qp_cmd.record_offset,
+		      (unsigned long long)fk.qp_cmd.buf_len, fk.qp_cmd.flags);
+		CHECK(fk.qp_attr.srq == ibsrq && fk.qp_attr.cap.max_recv_wr == 0 &&
+		      fk.qp_attr.cap.max_recv_sge == 0 &&
+		      qattr.cap.max_recv_wr == 0 && qattr.cap.max_recv_sge == 0,
+		      "receive caps of an SRQ QP are zero");
+		rwr[1].next = NULL;
+		rbad = NULL;
+		ret = vrdma_post_recv(ibqp, &rwr[1], &rbad);
+		CHECK(ret == EINVAL && rbad == &rwr[1],
+		      "post_recv on a QP with an SRQ: ret %d", ret);
+		CHECK(qp->db == srq->db && srq->db->refcnt == 2,
+		      "the SRQ and a QP on one doorbell queue share the mapping");
+		vrdma_destroy_qp(ibqp);
+	}
+
+	ret = fks.srq_destroyed;
+	CHECK(vrdma_destroy_srq(ibsrq) == 0 && fks.srq_destroyed == ret + 1,
+	      "destroy_srq");
+	CHECK(list_empty(&ctx->db_maps), "mapping dropped with the SRQ");
+
+	/* Limits. */
+	attr.attr.max_wr = 0;
+	attr.attr.max_sge = 1;
+	errno = 0;
+	CHECK(!vrdma_create_srq(&pd, &attr) && errno == EINVAL, "max_wr 0");
+	attr.attr.max_wr = 4097;
+	errno = 0;
+	CHECK(!vrdma_create_srq(&pd, &attr) && errno == EINVAL,
+	      "max_wr above max_qp_wr");
+	attr.attr.max_wr = 1;
+	attr.attr.max_sge = 17;
+	errno = 0;
+	CHECK(!vrdma_create_srq(&pd, &attr) && errno == EINVAL,
+	      "max_sge above the device's");
+	attr.attr.max_sge = 0;
+	ibsrq = vrdma_create_srq(&pd, &attr);
+	CHECK(ibsrq && fks.srq_cmd.depth == 1 && fks.srq_cmd.wqe_shift == 5 &&
+	      attr.attr.max_sge == 1 && attr.attr.max_wr == 1,
+	      "minimal SRQ: depth %u, shift %u, sge %u", fks.srq_cmd.depth,
+	      fks.srq_cmd.wqe_shift, attr.attr.max_sge);
+	if (ibsrq)
+		vrdma_destroy_srq(ibsrq);
+}
+
+static void check_poll_grh(void)
+{
+	struct ibv_wc wc[4];
+	struct ibv_cq *ibcq;
+	int n;
+
+	ibcq = vrdma_create_cq(&ctx->ibv_ctx.context, 8, NULL, 0);
+	if (!ibcq) {
+		CHECK(0, "create_cq: %s", strerror(errno));
+		return;
+	}
+	device_complete(to_vcq(ibcq), 41, 0, VRDMA_WC_RECV,
+			VRDMA_WC_F_GRH | VRDMA_WC_F_WITH_IMM, 0x55667788);
+	device_complete(to_vcq(ibcq), 42, 0, VRDMA_WC_RECV, VRDMA_WC_F_GRH, 0);
+	device_complete(to_vcq(ibcq), 43, 0, VRDMA_WC_RECV, 0, 0);
+	n = vrdma_poll_cq(ibcq, 4, wc);
+	CHECK(n == 3, "poll = %d", n);
+	CHECK(wc[0].wc_flags == (IBV_WC_GRH | IBV_WC_WITH_IMM) &&
+	      wc[0].imm_data == 0x55667788 && wc[0].src_qp == 9 &&
+	      wc[0].opcode == IBV_WC_RECV, "GRH with immediate: flags %#x",
+	      wc[0].wc_flags);
+	CHECK(wc[1].wc_flags == IBV_WC_GRH && wc[1].imm_data == 0 &&
+	      wc[1].src_qp == 9, "GRH: flags %#x", wc[1].wc_flags);
+	CHECK(wc[2].wc_flags == 0, "no GRH: flags %#x", wc[2].wc_flags);
+	vrdma_destroy_cq(ibcq);
+}
+
+/*
+ * check_srq_ud_no_syscalls: post_srq_recv (both ways of the notify word)
+ * and UD post_send under SECCOMP_MODE_STRICT, as check_no_syscalls.
+ */
+static void check_srq_ud_no_syscalls(struct ibv_cq *ibcq)
+{
+	struct ibv_srq_init_attr sattr = { .attr = { .max_wr = 64, .max_sge = 1 } };
+	struct ibv_ah_attr ah_attr = { .is_global = 1, .port_num = 1 };
+	struct ibv_sge sge = { .addr = 0x1000, .length = 8, .lkey = 1 };
+	struct ibv_recv_wr rwr = { .wr_id = 2, .sg_list = &sge, .num_sge = 1 };
+	struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_SEND };
+	struct ibv_srq *ibsrq;
+	struct vrdma_srq *srq;
+	struct vrdma_qp *qp;
+	struct ibv_ah *ah;
+	int status = 0;
+	pid_t pid;
+
+	ibsrq = vrdma_create_srq(&pd, &sattr);
+	qp = make_qp_on(ibcq, IBV_QPT_UD, NULL, 64, 1, 0);
+	ah = vrdma_create_ah(&pd, &ah_attr);
+	if (!ibsrq || !qp || !ah) {
+		CHECK(0, "create SRQ, UD QP, AH");
+		return;
+	}
+	srq = to_vsrq(ibsrq);
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = 0x123;
+	wr.wr.ud.remote_qkey = 0x11111111;
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		struct ibv_recv_wr *rbad;
+		struct ibv_send_wr *bad;
+		int i;
+
+		if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_STRICT))
+			_exit(3);
+		for (i = 0; i < 1000; i++) {
+			*flags = (i & 2) ? VRDMA_DOORBELL_NO_NOTIFY : 0;
+			atomic_store((_Atomic uint32_t *)&srq->rec->notify,
+				     i & 1);
+			if (vrdma_post_srq_recv(ibsrq, &rwr, &rbad) ||
+			    vrdma_post_send(&qp->vqp.qp, &wr, &bad))
+				syscall(SYS_exit, 4);
+			atomic_store((_Atomic uint32_t *)&srq->rec->ci, i + 1);
+			atomic_store((_Atomic uint32_t *)&qp->rec->sq_ci, i + 1);
+		}
+		syscall(SYS_exit, 0);
+	}
+	CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork/wait");
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+	      "post_srq_recv and UD post_send under SECCOMP_MODE_STRICT: %s %d",
+	      WIFSIGNALED(status) ? "killed by signal (a system call)" : "exit",
+	      WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+	vrdma_destroy_ah(ah);
+	vrdma_destroy_qp(&qp->vqp.qp);
+	vrdma_destroy_srq(ibsrq);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -1376,6 +1870,10 @@ int main(void)
 	check_qp_layout(cq);
 	check_post(cq);
 	check_doorbell_sharing(cq);
+	check_ud(cq);
+	check_srq(cq);
+	check_poll_grh();
+	check_srq_ud_no_syscalls(cq);
 	check_qp_ex_create(cq);
 	check_wr_ops(cq);
 	check_wr_errors(cq);

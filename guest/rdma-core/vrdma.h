@@ -15,8 +15,9 @@
  * req_notify make no system call and allocate nothing.
  *
  * Locks: vrdma_context.db_lock (a mutex, control path only) protects the
- * doorbell-page cache; each work queue and each CQ has a spinlock for its
- * indices and ring. No path takes two of these locks at once.
+ * doorbell-page cache; each work queue, each SRQ and each CQ has a
+ * spinlock for its indices and ring. No path takes two of these locks at
+ * once.
  */
 #ifndef VRDMA_PROVIDER_H
 #define VRDMA_PROVIDER_H
@@ -53,7 +54,7 @@ struct vrdma_device {
 struct vrdma_db_map {
 	struct list_node entry;
 	uint32_t queue;		/* doorbell queue index */
-	unsigned int refcnt;	/* QPs using the mapping */
+	unsigned int refcnt;	/* QPs and SRQs using the mapping */
 	void *notify_page;	/* PROT_WRITE, uncached */
 	void *flags_page;	/* PROT_READ */
 };
@@ -144,6 +145,25 @@ struct vrdma_ah {
 	uint32_t ahn;
 };
 
+/*
+ * A shared receive queue: a receive ring (wq, with its lock) that the QPs
+ * created with it consume from, and its record (docs/spec.md, struct
+ * vrdma_srq_record). Posting follows the RQ_NOTIFY protocol with the
+ * record's notify word.
+ */
+struct vrdma_srq {
+	struct verbs_srq vsrq;
+	struct vrdma_wq wq;
+	/* Immutable after create_srq. */
+	void *buf;			/* ring pages, then the record page */
+	size_t buf_len;
+	struct vrdma_srq_record *rec;
+	struct vrdma_db_map *db;
+	uint16_t *notify;		/* notify register (MMIO) */
+	const uint16_t *flags;		/* the doorbell queue's used-ring flags */
+	uint16_t notify_value;
+};
+
 static inline struct vrdma_context *to_vctx(struct ibv_context *ibctx)
 {
 	return container_of(ibctx, struct vrdma_context, ibv_ctx.context);
@@ -157,6 +177,11 @@ static inline struct vrdma_cq *to_vcq(struct ibv_cq *ibcq)
 static inline struct vrdma_qp *to_vqp(struct ibv_qp *ibqp)
 {
 	return container_of(ibqp, struct vrdma_qp, vqp.qp);
+}
+
+static inline struct vrdma_srq *to_vsrq(struct ibv_srq *ibsrq)
+{
+	return container_of(ibsrq, struct vrdma_srq, vsrq.srq);
 }
 
 static inline struct vrdma_ah *to_vah(struct ibv_ah *ibah)
@@ -228,6 +253,15 @@ int vrdma_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
 		    struct ibv_send_wr **bad_wr);
 int vrdma_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,
 		    struct ibv_recv_wr **bad_wr);
+
+struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
+				 struct ibv_srq_init_attr *attr);
+int vrdma_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr,
+		     int attr_mask);
+int vrdma_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr);
+int vrdma_destroy_srq(struct ibv_srq *srq);
+int vrdma_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
+			struct ibv_recv_wr **bad_wr);
 
 /* vrdma_ex.c: ibv_create_qp_ex with ibv_qp_ex, ibv_create_cq_ex. */
 struct ibv_qp *vrdma_create_qp_ex(struct ibv_context *context,

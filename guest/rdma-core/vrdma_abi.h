@@ -18,7 +18,8 @@
 
 /*
  * The names carry "ucmd" because vrdma-abi.h already has struct
- * vrdma_create_cq and struct vrdma_create_qp (the device's control commands).
+ * vrdma_create_cq, vrdma_create_qp and vrdma_create_srq (the device's
+ * control commands).
  */
 DECLARE_DRV_CMD(vrdma_ucmd_alloc_context, IB_USER_VERBS_CMD_GET_CONTEXT,
 		empty, vrdma_alloc_ucontext_resp);
@@ -26,5 +27,9 @@ DECLARE_DRV_CMD(vrdma_ucmd_create_cq, IB_USER_VERBS_CMD_CREATE_CQ,
 		vrdma_create_cq_cmd, vrdma_create_cq_resp);
 DECLARE_DRV_CMD(vrdma_ucmd_create_qp, IB_USER_VERBS_CMD_CREATE_QP,
 		vrdma_create_qp_cmd, vrdma_create_qp_resp);
+DECLARE_DRV_CMD(vrdma_ucmd_create_srq, IB_USER_VERBS_CMD_CREATE_SRQ,
+		vrdma_create_srq_cmd, vrdma_create_srq_resp);
+DECLARE_DRV_CMD(vrdma_ucmd_create_ah, IB_USER_VERBS_CMD_CREATE_AH,
+		empty, vrdma_create_ah_resp);
 
 #endif /* VRDMA_PROVIDER_ABI_H */

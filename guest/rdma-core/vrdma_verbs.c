@@ -116,20 +116,25 @@ int vrdma_dereg_mr(struct verbs_mr *vmr)
 
 struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 {
-	struct ib_uverbs_create_ah_resp resp;
+	struct vrdma_ucmd_create_ah_resp resp = {};
 	struct vrdma_ah *ah;
 	int ret;
 
 	ah = calloc(1, sizeof(*ah));
 	if (!ah)
 		return NULL;
-	/* RoCE: the kernel resolves the destination from the GID. */
-	ret = ibv_cmd_create_ah(pd, &ah->ibv_ah, attr, &resp, sizeof(resp));
+	/*
+	 * RoCE: the kernel resolves the destination from the GID. The
+	 * response carries the device's AH number, which UD WQEs name.
+	 */
+	ret = ibv_cmd_create_ah(pd, &ah->ibv_ah, attr, &resp.ibv_resp,
+				sizeof(resp));
 	if (ret) {
 		free(ah);
 		errno = ret;
 		return NULL;
 	}
+	ah->ahn = resp.ahn;
 	return &ah->ibv_ah;
 }
 
@@ -273,6 +278,9 @@ void vrdma_cqe_to_wc(const struct vrdma_cqe *cqe, struct ibv_wc *wc)
 	wc->src_qp = le32toh(cqe->src_qp);
 	wc->wc_flags = 0;
 	wc->imm_data = 0;
+	/* A UD receive: the buffer starts with the 40-byte GRH. */
+	if (le16toh(cqe->wc_flags) & VRDMA_WC_F_GRH)
+		wc->wc_flags |= IBV_WC_GRH;
 	if (le16toh(cqe->wc_flags) & VRDMA_WC_F_WITH_IMM) {
 		wc->wc_flags |= IBV_WC_WITH_IMM;
 		/*
@@ -352,20 +360,42 @@ void vrdma_cq_event(struct ibv_cq *ibcq)
 /* ---------------------------------------------------------------------- */
 
 /*
- * vrdma_get_db returns the mapping of a doorbell queue's pages for this
- * context, mapping them with the keys of a create_qp response if the
- * context has none yet. NULL with errno set on failure.
+ * vrdma_check_db checks the doorbell of a create_qp or create_srq response
+ * (struct vrdma_create_qp_resp): a queue the context has, and 16-bit words
+ * inside the mapped pages. 0 or EPROTO.
  */
-static struct vrdma_db_map *
-vrdma_get_db(struct vrdma_context *ctx,
-	     const struct vrdma_ucmd_create_qp_resp *resp)
+static int vrdma_check_db(struct vrdma_context *ctx, const char *what,
+			  uint32_t queue, uint32_t notify_offset,
+			  uint32_t flags_offset)
+{
+	if (queue < ctx->num_doorbell_queues &&
+	    notify_offset <= VRDMA_MMAP_SIZE - sizeof(uint16_t) &&
+	    flags_offset <= VRDMA_MMAP_SIZE - sizeof(uint16_t) &&
+	    !(notify_offset & 1) && !(flags_offset & 1))
+		return 0;
+	verbs_err(&ctx->ibv_ctx,
+		  "bad doorbell in %s response: queue %u of %u, notify offset %u, flags offset %u\n",
+		  what, queue, ctx->num_doorbell_queues, notify_offset,
+		  flags_offset);
+	return EPROTO;
+}
+
+/*
+ * vrdma_get_db returns the mapping of doorbell queue `queue`'s pages for
+ * this context, mapping them with the mmap keys of the create_qp or
+ * create_srq response if the context has none yet. NULL with errno set on
+ * failure.
+ */
+static struct vrdma_db_map *vrdma_get_db(struct vrdma_context *ctx,
+					 uint32_t queue, uint64_t notify_key,
+					 uint64_t flags_key)
 {
 	int fd = ctx->ibv_ctx.context.cmd_fd;
 	struct vrdma_db_map *m;
 
 	pthread_mutex_lock(&ctx->db_lock);
 	list_for_each(&ctx->db_maps, m, entry) {
-		if (m->queue == resp->doorbell_queue) {
+		if (m->queue == queue) {
 			m->refcnt++;
 			goto out;
 		}
@@ -374,14 +404,14 @@ vrdma_get_db(struct vrdma_context *ctx,
 	m = calloc(1, sizeof(*m));
 	if (!m)
 		goto out;
-	m->queue = resp->doorbell_queue;
+	m->queue = queue;
 	m->refcnt = 1;
 	m->notify_page = mmap(NULL, VRDMA_MMAP_SIZE, PROT_WRITE, MAP_SHARED, fd,
-			      resp->notify_mmap_key);
+			      notify_key);
 	if (m->notify_page == MAP_FAILED)
 		goto err_free;
 	m->flags_page = mmap(NULL, VRDMA_MMAP_SIZE, PROT_READ, MAP_SHARED, fd,
-			     resp->flags_mmap_key);
+			     flags_key);
 	if (m->flags_page == MAP_FAILED)
 		goto err_notify;
 	list_add_tail(&ctx->db_maps, &m->entry);
@@ -427,10 +457,14 @@ static int vrdma_wqe_shift(uint32_t bytes, uint32_t min)
 /*
  * vrdma_qp_layout checks the capabilities asked for against the context's
  * limits, picks depths and strides (docs/spec.md, CREATE_QP), and writes
- * the capabilities granted back into cap.
+ * the capabilities granted back into cap. A QP on an SRQ has no receive
+ * queue: its receive capabilities are ignored, as verbs defines it, and
+ * granted as zero. max_inline bounds the inline data (a UD QP's datagram
+ * fits the port's MTU).
  */
 static int vrdma_qp_layout(struct vrdma_context *ctx, struct vrdma_qp *qp,
-			   struct ibv_qp_cap *cap)
+			   struct ibv_qp_cap *cap, bool srq,
+			   uint32_t max_inline)
 {
 	uint32_t send_wr = cap->max_send_wr ? cap->max_send_wr : 1;
 	uint32_t recv_wr = cap->max_recv_wr ? cap->max_recv_wr : 1;
@@ -438,17 +472,19 @@ static int vrdma_qp_layout(struct vrdma_context *ctx, struct vrdma_qp *qp,
 	uint32_t recv_sge = cap->max_recv_sge ? cap->max_recv_sge : 1;
 	uint32_t inline_data = cap->max_inline_data;
 	uint32_t sq_bytes;
-	int sq_shift, rq_shift;
+	int sq_shift, rq_shift = 0;
 
+	if (srq)
+		recv_wr = recv_sge = 0;
 	if (send_wr > ctx->max_qp_wr || recv_wr > ctx->max_qp_wr ||
 	    send_sge > ctx->max_sge || recv_sge > ctx->max_sge ||
-	    inline_data > ctx->max_inline_data)
+	    inline_data > max_inline)
 		return EINVAL;
 
 	qp->sq.depth = vrdma_roundup_pow2(send_wr);
-	qp->rq.depth = vrdma_roundup_pow2(recv_wr);
+	qp->rq.depth = srq ? 0 : vrdma_roundup_pow2(recv_wr);
 	if (!qp->sq.depth || qp->sq.depth > ctx->max_qp_wr ||
-	    !qp->rq.depth || qp->rq.depth > ctx->max_qp_wr)
+	    (!srq && (!qp->rq.depth || qp->rq.depth > ctx->max_qp_wr)))
 		return EINVAL;
 
 	sq_bytes = sizeof(struct vrdma_send_wqe) +
@@ -456,9 +492,10 @@ static int vrdma_qp_layout(struct vrdma_context *ctx, struct vrdma_qp *qp,
 	if (sq_bytes < sizeof(struct vrdma_send_wqe) + inline_data)
 		sq_bytes = sizeof(struct vrdma_send_wqe) + inline_data;
 	sq_shift = vrdma_wqe_shift(sq_bytes, VRDMA_MIN_SQ_WQE_SHIFT);
-	rq_shift = vrdma_wqe_shift(sizeof(struct vrdma_recv_wqe) +
-				   sizeof(struct vrdma_sge) * recv_sge,
-				   VRDMA_MIN_RQ_WQE_SHIFT);
+	if (!srq)
+		rq_shift = vrdma_wqe_shift(sizeof(struct vrdma_recv_wqe) +
+					   sizeof(struct vrdma_sge) * recv_sge,
+					   VRDMA_MIN_RQ_WQE_SHIFT);
 	if (sq_shift < 0 || rq_shift < 0)
 		return EINVAL;
 	qp->sq.shift = sq_shift;
@@ -469,13 +506,17 @@ static int vrdma_qp_layout(struct vrdma_context *ctx, struct vrdma_qp *qp,
 			 sizeof(struct vrdma_sge);
 	if (qp->sq.max_sge > ctx->max_sge)
 		qp->sq.max_sge = ctx->max_sge;
-	qp->rq.max_sge = ((1U << rq_shift) - sizeof(struct vrdma_recv_wqe)) /
-			 sizeof(struct vrdma_sge);
-	if (qp->rq.max_sge > ctx->max_sge)
-		qp->rq.max_sge = ctx->max_sge;
+	qp->rq.max_sge = 0;
+	if (!srq) {
+		qp->rq.max_sge = ((1U << rq_shift) -
+				  sizeof(struct vrdma_recv_wqe)) /
+				 sizeof(struct vrdma_sge);
+		if (qp->rq.max_sge > ctx->max_sge)
+			qp->rq.max_sge = ctx->max_sge;
+	}
 	qp->max_inline_data = (1U << sq_shift) - sizeof(struct vrdma_send_wqe);
-	if (qp->max_inline_data > ctx->max_inline_data)
-		qp->max_inline_data = ctx->max_inline_data;
+	if (qp->max_inline_data > max_inline)
+		qp->max_inline_data = max_inline;
 
 	cap->max_send_wr = qp->sq.depth;
 	cap->max_recv_wr = qp->rq.depth;
@@ -483,6 +524,34 @@ static int vrdma_qp_layout(struct vrdma_context *ctx, struct vrdma_qp *qp,
 	cap->max_recv_sge = qp->rq.max_sge;
 	cap->max_inline_data = qp->max_inline_data;
 	return 0;
+}
+
+/*
+ * vrdma_qp_max_inline is the most inline data a QP of this type may carry:
+ * the device's limit, and for UD also the port's MTU in bytes (docs/spec.md
+ * CREATE_QP: a UD QP's max_inline_data is at most the MTU's bytes). 0 with
+ * errno set when the port cannot be queried.
+ */
+static uint32_t vrdma_qp_max_inline(struct vrdma_context *ctx,
+				    enum ibv_qp_type type)
+{
+	struct ibv_port_attr port = {};
+	uint32_t mtu;
+	int ret;
+
+	if (type != IBV_QPT_UD)
+		return ctx->max_inline_data;
+	ret = vrdma_query_port(&ctx->ibv_ctx.context, 1, &port);
+	if (ret) {
+		errno = ret;
+		return 0;
+	}
+	if (port.active_mtu < IBV_MTU_256 || port.active_mtu > IBV_MTU_4096) {
+		errno = EPROTO;
+		return 0;
+	}
+	mtu = 128U << port.active_mtu;	/* IBV_MTU_256 is 1 */
+	return mtu < ctx->max_inline_data ? mtu : ctx->max_inline_data;
 }
 
 struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
@@ -494,19 +563,24 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 	size_t sq_len, rq_len;
 	struct vrdma_qp *qp;
 	struct ibv_qp_cap cap;
+	uint32_t max_inline;
 	int ret;
 
-	if (attr->qp_type != IBV_QPT_RC || attr->srq) {
+	if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UD) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
+	errno = 0;
+	max_inline = vrdma_qp_max_inline(ctx, attr->qp_type);
+	if (!max_inline && errno)
+		return NULL;
 
 	qp = calloc(1, sizeof(*qp));
 	if (!qp)
 		return NULL;
 
 	cap = attr->cap;
-	ret = vrdma_qp_layout(ctx, qp, &cap);
+	ret = vrdma_qp_layout(ctx, qp, &cap, attr->srq != NULL, max_inline);
 	if (ret) {
 		errno = ret;
 		goto err_free;
@@ -519,11 +593,12 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 	if (!qp->buf)
 		goto err_free;
 	qp->sq.ring = qp->buf;
-	qp->rq.ring = (uint8_t *)qp->buf + sq_len;
+	qp->rq.ring = rq_len ? (uint8_t *)qp->buf + sq_len : NULL;
 	qp->rec = (struct vrdma_qp_notify_record *)((uint8_t *)qp->buf +
 						     sq_len + rq_len);
 	qp->sq_sig_all = attr->sq_sig_all;
 
+	/* With an SRQ the RQ fields stay zero; the kernel adds the SRQ. */
 	cmd.buf_addr = (uintptr_t)qp->buf;
 	cmd.buf_len = qp->buf_len;
 	cmd.sq_depth = qp->sq.depth;
@@ -544,18 +619,14 @@ struct ibv_qp *vrdma_create_qp(struct ibv_pd *pd,
 	/* The provider's layout is what the rings really hold. */
 	attr->cap = cap;
 
-	if (resp.doorbell_queue >= ctx->num_doorbell_queues ||
-	    resp.notify_offset > VRDMA_MMAP_SIZE - sizeof(uint16_t) ||
-	    resp.flags_offset > VRDMA_MMAP_SIZE - sizeof(uint16_t) ||
-	    (resp.notify_offset & 1) || (resp.flags_offset & 1)) {
-		verbs_err(&ctx->ibv_ctx,
-			  "bad doorbell in create_qp response: queue %u of %u, notify offset %u, flags offset %u\n",
-			  resp.doorbell_queue, ctx->num_doorbell_queues,
-			  resp.notify_offset, resp.flags_offset);
-		errno = EPROTO;
+	ret = vrdma_check_db(ctx, "create_qp", resp.doorbell_queue,
+			     resp.notify_offset, resp.flags_offset);
+	if (ret) {
+		errno = ret;
 		goto err_destroy;
 	}
-	qp->db = vrdma_get_db(ctx, &resp);
+	qp->db = vrdma_get_db(ctx, resp.doorbell_queue, resp.notify_mmap_key,
+			      resp.flags_mmap_key);
 	if (!qp->db)
 		goto err_destroy;
 	qp->notify = (uint16_t *)((uint8_t *)qp->db->notify_page +
@@ -730,48 +801,77 @@ int vrdma_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	return err;
 }
 
+/*
+ * vrdma_put_recv_wqe checks one receive work request against a ring's
+ * max_sge and, only if it is good, writes its WQE into slot. 0 or EINVAL.
+ */
+static inline int vrdma_put_recv_wqe(const struct vrdma_wq *wq, uint32_t pi,
+				     const struct ibv_recv_wr *wr)
+{
+	struct vrdma_recv_wqe *wqe;
+	struct vrdma_sge *sge;
+	int i;
+
+	if (wr->num_sge < 0 || (uint32_t)wr->num_sge > wq->max_sge)
+		return EINVAL;
+	wqe = (struct vrdma_recv_wqe *)(wq->ring +
+					((pi & (wq->depth - 1)) << wq->shift));
+	sge = (struct vrdma_sge *)(wqe + 1);
+	memset(wqe, 0, sizeof(*wqe));
+	wqe->wr_id = htole64(wr->wr_id);
+	wqe->num_sge = htole16(wr->num_sge);
+	for (i = 0; i < wr->num_sge; i++) {
+		sge[i].addr = htole64(wr->sg_list[i].addr);
+		sge[i].length = htole32(wr->sg_list[i].length);
+		sge[i].lkey = htole32(wr->sg_list[i].lkey);
+	}
+	return 0;
+}
+
+/*
+ * vrdma_post_recvs writes the WQEs of a receive list into wq, up to the
+ * first bad or the first that finds the ring full, and returns the new
+ * producer index (not yet published) in *pi. ci is the record's consumer
+ * index, read again only when the ring looks full; a consumer index the
+ * device moved past pi makes pi - ci wrap to a large value: full, never an
+ * overwrite.
+ */
+static inline int vrdma_post_recvs(struct vrdma_wq *wq, const __le32 *ci_p,
+				   struct ibv_recv_wr **wr, uint32_t *pi)
+{
+	uint32_t ci = vrdma_load_acquire(ci_p);
+	int err;
+
+	for (*pi = wq->pi; *wr; *wr = (*wr)->next) {
+		if (*pi - ci >= wq->depth) {
+			ci = vrdma_load_acquire(ci_p);
+			if (*pi - ci >= wq->depth)
+				return ENOMEM;
+		}
+		err = vrdma_put_recv_wqe(wq, *pi, *wr);
+		if (err)
+			return err;
+		(*pi)++;
+	}
+	return 0;
+}
+
 int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		    struct ibv_recv_wr **bad_wr)
 {
 	struct vrdma_qp *qp = to_vqp(ibqp);
 	struct vrdma_wq *rq = &qp->rq;
-	uint32_t pi, ci, posted = 0;
-	int err = 0, i;
+	uint32_t pi;
+	int err;
 
-	pthread_spin_lock(&rq->lock);
-	pi = rq->pi;
-	ci = vrdma_load_acquire(&qp->rec->rq_ci);
-	for (; wr; wr = wr->next) {
-		struct vrdma_recv_wqe *wqe;
-		struct vrdma_sge *sge;
-
-		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > rq->max_sge) {
-			err = EINVAL;
-			break;
-		}
-		if (pi - ci >= rq->depth) {
-			ci = vrdma_load_acquire(&qp->rec->rq_ci);
-			if (pi - ci >= rq->depth) {
-				err = ENOMEM;
-				break;
-			}
-		}
-		wqe = (struct vrdma_recv_wqe *)(rq->ring +
-						((pi & (rq->depth - 1))
-						 << rq->shift));
-		sge = (struct vrdma_sge *)(wqe + 1);
-		memset(wqe, 0, sizeof(*wqe));
-		wqe->wr_id = htole64(wr->wr_id);
-		wqe->num_sge = htole16(wr->num_sge);
-		for (i = 0; i < wr->num_sge; i++) {
-			sge[i].addr = htole64(wr->sg_list[i].addr);
-			sge[i].length = htole32(wr->sg_list[i].length);
-			sge[i].lkey = htole32(wr->sg_list[i].lkey);
-		}
-		pi++;
-		posted++;
+	/* A QP on an SRQ has no receive queue: post to the SRQ. */
+	if (ibqp->srq) {
+		*bad_wr = wr;
+		return EINVAL;
 	}
-	if (posted) {
+	pthread_spin_lock(&rq->lock);
+	err = vrdma_post_recvs(rq, &qp->rec->rq_ci, &wr, &pi);
+	if (pi != rq->pi) {
 		rq->pi = pi;
 		vrdma_store_release(&qp->rec->rq_pi, pi);
 		/*
@@ -784,6 +884,173 @@ int vrdma_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 			vrdma_ring_doorbell(qp);
 	}
 	pthread_spin_unlock(&rq->lock);
+	if (err)
+		*bad_wr = wr;
+	return err;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Shared receive queues                                                  */
+/* ---------------------------------------------------------------------- */
+
+struct ibv_srq *vrdma_create_srq(struct ibv_pd *pd,
+				 struct ibv_srq_init_attr *attr)
+{
+	struct vrdma_context *ctx = to_vctx(pd->context);
+	struct vrdma_ucmd_create_srq_resp resp = {};
+	struct vrdma_ucmd_create_srq cmd = {};
+	struct ibv_srq_init_attr init;
+	uint32_t max_wr = attr->attr.max_wr;
+	uint32_t max_sge = attr->attr.max_sge ? attr->attr.max_sge : 1;
+	struct vrdma_srq *srq;
+	size_t ring_len;
+	int shift, ret;
+
+	if (!max_wr || max_wr > ctx->max_qp_wr || max_sge > ctx->max_sge) {
+		errno = EINVAL;
+		return NULL;
+	}
+	shift = vrdma_wqe_shift(sizeof(struct vrdma_recv_wqe) +
+				sizeof(struct vrdma_sge) * max_sge,
+				VRDMA_MIN_RQ_WQE_SHIFT);
+	if (shift < 0) {
+		errno = EINVAL;
+		return NULL;
+	}
+
+	srq = calloc(1, sizeof(*srq));
+	if (!srq)
+		return NULL;
+	srq->wq.depth = vrdma_roundup_pow2(max_wr);
+	if (!srq->wq.depth || srq->wq.depth > ctx->max_qp_wr) {
+		errno = EINVAL;
+		goto err_free;
+	}
+	srq->wq.shift = shift;
+	/* What the stride holds, within the device's limit. */
+	srq->wq.max_sge = ((1U << shift) - sizeof(struct vrdma_recv_wqe)) /
+			  sizeof(struct vrdma_sge);
+	if (srq->wq.max_sge > ctx->max_sge)
+		srq->wq.max_sge = ctx->max_sge;
+
+	/* The ring in whole pages, then the record in a page of its own. */
+	ring_len = vrdma_page_align((size_t)srq->wq.depth << shift);
+	srq->buf_len = ring_len + VRDMA_PAGE_SIZE;
+	srq->buf = vrdma_alloc_buf(srq->buf_len);
+	if (!srq->buf)
+		goto err_free;
+	srq->wq.ring = srq->buf;
+	srq->rec = (struct vrdma_srq_record *)((uint8_t *)srq->buf + ring_len);
+
+	cmd.buf_addr = (uintptr_t)srq->buf;
+	cmd.buf_len = srq->buf_len;
+	cmd.depth = srq->wq.depth;
+	cmd.wqe_shift = shift;
+	cmd.record_offset = ring_len;
+	/* The standard command carries what the ring holds. */
+	init = *attr;
+	init.attr.max_wr = srq->wq.depth;
+	init.attr.max_sge = srq->wq.max_sge;
+	ret = ibv_cmd_create_srq(pd, &srq->vsrq.srq, &init, &cmd.ibv_cmd,
+				 sizeof(cmd), &resp.ibv_resp, sizeof(resp));
+	if (ret) {
+		errno = ret;
+		goto err_buf;
+	}
+
+	ret = vrdma_check_db(ctx, "create_srq", resp.doorbell_queue,
+			     resp.notify_offset, resp.flags_offset);
+	if (ret) {
+		errno = ret;
+		goto err_destroy;
+	}
+	srq->db = vrdma_get_db(ctx, resp.doorbell_queue, resp.notify_mmap_key,
+			       resp.flags_mmap_key);
+	if (!srq->db)
+		goto err_destroy;
+	srq->notify = (uint16_t *)((uint8_t *)srq->db->notify_page +
+				   resp.notify_offset);
+	srq->flags = (const uint16_t *)((const uint8_t *)srq->db->flags_page +
+					resp.flags_offset);
+	srq->notify_value = resp.notify_value;
+	attr->attr.max_wr = srq->wq.depth;
+	attr->attr.max_sge = srq->wq.max_sge;
+
+	pthread_spin_init(&srq->wq.lock, PTHREAD_PROCESS_PRIVATE);
+	return &srq->vsrq.srq;
+
+err_destroy:
+	ret = errno;
+	ibv_cmd_destroy_srq(&srq->vsrq.srq);
+	errno = ret;
+err_buf:
+	vrdma_free_buf(srq->buf, srq->buf_len);
+err_free:
+	free(srq);
+	return NULL;
+}
+
+int vrdma_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr,
+		     int attr_mask)
+{
+	struct ibv_modify_srq cmd;
+
+	/* IBV_SRQ_MAX_WR: the kernel answers EOPNOTSUPP (no resizing). */
+	return ibv_cmd_modify_srq(srq, attr, attr_mask, &cmd, sizeof(cmd));
+}
+
+int vrdma_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr)
+{
+	struct ibv_query_srq cmd;
+
+	return ibv_cmd_query_srq(srq, attr, &cmd, sizeof(cmd));
+}
+
+int vrdma_destroy_srq(struct ibv_srq *ibsrq)
+{
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	int ret;
+
+	ret = ibv_cmd_destroy_srq(ibsrq);
+	if (ret)
+		return ret;
+	/* The device no longer touches the ring once DESTROY_SRQ answered. */
+	vrdma_put_db(to_vctx(ibsrq->context), srq->db);
+	pthread_spin_destroy(&srq->wq.lock);
+	vrdma_free_buf(srq->buf, srq->buf_len);
+	free(srq);
+	return 0;
+}
+
+/*
+ * docs/spec.md, struct vrdma_srq_record: "after advancing pi (release) and
+ * a full barrier, the driver reads notify and takes the doorbell step only
+ * when it is 1" (a message waits for a receive). No system call.
+ */
+int vrdma_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
+			struct ibv_recv_wr **bad_wr)
+{
+	struct vrdma_srq *srq = to_vsrq(ibsrq);
+	struct vrdma_wq *wq = &srq->wq;
+	uint16_t flags;
+	uint32_t pi;
+	int err;
+
+	pthread_spin_lock(&wq->lock);
+	err = vrdma_post_recvs(wq, &srq->rec->ci, &wr, &pi);
+	if (pi != wq->pi) {
+		wq->pi = pi;
+		vrdma_store_release(&srq->rec->pi, pi);
+		atomic_thread_fence(memory_order_seq_cst);
+		if (vrdma_load_acquire(&srq->rec->notify) == 1) {
+			/* The doorbell step, as vrdma_ring_doorbell's. */
+			atomic_thread_fence(memory_order_seq_cst);
+			flags = le16toh(*(const volatile uint16_t *)srq->flags);
+			if (!(flags & VRDMA_DOORBELL_NO_NOTIFY))
+				mmio_write16(srq->notify, srq->notify_value);
+		}
+	}
+	pthread_spin_unlock(&wq->lock);
 	if (err)
 		*bad_wr = wr;
 	return err;
