@@ -545,6 +545,419 @@ static void check_events(void)
 	printf("ok events\n");
 }
 
+/* ---- shared receive queues and UD ------------------------------------- */
+
+/* wait_async waits up to ms for an async event; 1 with *ev filled, else 0. */
+static int wait_async(struct ibv_async_event *ev, int ms)
+{
+	struct pollfd p = { .fd = ctx->async_fd, .events = POLLIN };
+
+	if (poll(&p, 1, ms) != 1)
+		return 0;
+	return ibv_get_async_event(ctx, ev) == 0;
+}
+
+static void make_srq_end(struct end *e, struct ibv_srq *srq,
+			 struct ibv_cq *shared_cq)
+{
+	struct ibv_qp_init_attr attr = {
+		.qp_type = IBV_QPT_RC, .srq = srq,
+		.cap = { .max_send_wr = DEPTH, .max_send_sge = 1,
+			 .max_recv_wr = DEPTH, .max_recv_sge = 1 },
+	};
+
+	e->cq = shared_cq;
+	attr.send_cq = attr.recv_cq = e->cq;
+	e->qp = ibv_create_qp(pd, &attr);
+	if (!e->qp)
+		die("ibv_create_qp with an SRQ");
+	CHECK(attr.cap.max_recv_wr == 0 && attr.cap.max_recv_sge == 0,
+	      "a QP on an SRQ has no receive queue: wr %u sge %u",
+	      attr.cap.max_recv_wr, attr.cap.max_recv_sge);
+	if (posix_memalign((void **)&e->buf, 4096, BUF_SIZE))
+		die("posix_memalign");
+	memset(e->buf, 0, BUF_SIZE);
+	e->mr = ibv_reg_mr(pd, e->buf, BUF_SIZE, IBV_ACCESS_LOCAL_WRITE);
+	if (!e->mr)
+		die("ibv_reg_mr");
+}
+
+static void free_end(struct end *e, int own_cq)
+{
+	ibv_destroy_qp(e->qp);
+	if (own_cq)
+		ibv_destroy_cq(e->cq);
+	ibv_dereg_mr(e->mr);
+	free(e->buf);
+}
+
+static int post_srq1(struct ibv_srq *srq, uint64_t wr_id, struct ibv_sge *sge)
+{
+	struct ibv_recv_wr wr = { .wr_id = wr_id, .sg_list = sge,
+				  .num_sge = 1 }, *bad;
+
+	return ibv_post_srq_recv(srq, &wr, &bad);
+}
+
+/*
+ * Two RC QPs (r1, r2) take their receives from one SRQ, in the SRQ's
+ * order, whichever QP a message arrives on; the limit event; an empty SRQ
+ * is receiver-not-ready until a receive is posted (the record's notify
+ * word asks for the doorbell); destroy refuses while QPs use the SRQ.
+ */
+static void check_srq(void)
+{
+	struct ibv_srq_init_attr sattr = {
+		.attr = { .max_wr = 64, .max_sge = 2, .srq_limit = 0 },
+	};
+	struct ibv_srq_attr qa;
+	struct ibv_qp_attr ea;
+	struct ibv_device_attr da;
+	struct ibv_async_event ev;
+	struct end s1, s2, r1, r2, *src;
+	struct ibv_cq *rcq;
+	struct ibv_srq *srq;
+	struct ibv_wc wc[8];
+	struct ibv_sge sge;
+	unsigned int seen = 0;
+	int i, n, got, bad = 0;
+
+	CHECK(ibv_query_device(ctx, &da) == 0 && da.max_srq > 0 &&
+	      da.max_srq_wr >= 64 && da.max_srq_sge >= 2,
+	      "device SRQ limits: max_srq %d wr %d sge %d", da.max_srq,
+	      da.max_srq_wr, da.max_srq_sge);
+	srq = ibv_create_srq(pd, &sattr);
+	if (!srq) {
+		CHECK(0, "ibv_create_srq: %s", strerror(errno));
+		return;
+	}
+	CHECK(sattr.attr.max_wr >= 64 && sattr.attr.max_sge >= 2,
+	      "SRQ caps granted: wr %u sge %u", sattr.attr.max_wr,
+	      sattr.attr.max_sge);
+	rcq = ibv_create_cq(ctx, 4 * DEPTH, NULL, NULL, 0);
+	if (!rcq)
+		die("ibv_create_cq");
+	make_end(&s1, NULL, 0);
+	make_end(&s2, NULL, 0);
+	make_srq_end(&r1, srq, rcq);
+	make_srq_end(&r2, srq, rcq);
+	connect_to(&s1, &r1);
+	connect_to(&r1, &s1);
+	connect_to(&s2, &r2);
+	connect_to(&r2, &s2);
+
+	sge = sge_of(&r1, 0, 64);
+	CHECK(post_recv1(&r1, 1, &sge, 1) != 0,
+	      "ibv_post_recv on a QP with an SRQ fails");
+
+	/* 8 receives, 64 bytes each at offset 64 × i of r1's buffer. */
+	for (i = 0; i < 8; i++) {
+		sge = sge_of(&r1, 64 * i, 64);
+		CHECK(post_srq1(srq, 100 + i, &sge) == 0, "post_srq_recv %d", i);
+	}
+	/* 4 SENDs from each sender, interleaved. */
+	for (i = 0; i < 8; i++) {
+		struct end *s = (i & 1) ? &s2 : &s1;
+
+		fill(s->buf + 4096 + 64 * i, 48, 0x40 + i);
+		sge = sge_of(s, 4096 + 64 * i, 48);
+		CHECK(post_send1(s, IBV_WR_SEND, 200 + i, &sge, 1,
+				 IBV_SEND_SIGNALED, NULL, 0) == 0, "send %d", i);
+		CHECK(poll_n(s->cq, wc, 1) == 1 && wc[0].status == IBV_WC_SUCCESS,
+		      "send %d completes: %s", i, ibv_wc_status_str(wc[0].status));
+		CHECK(poll_n(rcq, wc, 1) == 1, "receive %d", i);
+		if (wc[0].status != IBV_WC_SUCCESS || wc[0].wr_id < 100 ||
+		    wc[0].wr_id >= 108) {
+			bad++;
+			continue;
+		}
+		/* The SRQ's order: the i-th message takes the i-th WQE. */
+		CHECK(wc[0].wr_id == 100 + (uint64_t)i &&
+		      wc[0].opcode == IBV_WC_RECV && wc[0].byte_len == 48,
+		      "receive %d: wr_id %" PRIu64 " byte_len %u", i,
+		      wc[0].wr_id, wc[0].byte_len);
+		src = (i & 1) ? &r2 : &r1;
+		CHECK(wc[0].qp_num == src->qp->qp_num,
+		      "receive %d on QP %#x, want %#x", i, wc[0].qp_num,
+		      src->qp->qp_num);
+		seen |= 1u << (wc[0].wr_id - 100);
+		CHECK(memcmp(r1.buf + 64 * (wc[0].wr_id - 100),
+			     ((i & 1) ? s2.buf : s1.buf) + 4096 + 64 * i, 48) == 0,
+		      "receive %d data", i);
+	}
+	CHECK(!bad && seen == 0xff, "8 SRQ WQEs consumed once each (%#x)", seen);
+
+	/* The limit: 5 posted, armed at 4; fires when fewer than 4 remain. */
+	for (i = 0; i < 5; i++) {
+		sge = sge_of(&r1, 64 * i, 64);
+		post_srq1(srq, 300 + i, &sge);
+	}
+	memset(&qa, 0, sizeof(qa));
+	qa.srq_limit = 4;
+	CHECK(ibv_modify_srq(srq, &qa, IBV_SRQ_LIMIT) == 0, "arm the limit");
+	CHECK(ibv_query_srq(srq, &qa) == 0 && qa.srq_limit == 4 &&
+	      qa.max_wr == sattr.attr.max_wr, "query_srq: limit %u, max_wr %u",
+	      qa.srq_limit, qa.max_wr);
+	qa.max_wr = 2 * sattr.attr.max_wr;
+	CHECK(ibv_modify_srq(srq, &qa, IBV_SRQ_MAX_WR) != 0,
+	      "resizing an SRQ is refused");
+	CHECK(!wait_async(&ev, 300), "no limit event with 5 receives");
+	sge = sge_of(&s1, 0, 8);
+	post_send1(&s1, IBV_WR_SEND, 400, &sge, 1, IBV_SEND_SIGNALED, NULL, 0);
+	post_send1(&s1, IBV_WR_SEND, 401, &sge, 1, IBV_SEND_SIGNALED, NULL, 0);
+	n = poll_n(rcq, wc, 2);
+	CHECK(n == 2 && wc[0].wr_id == 300 && wc[1].wr_id == 301,
+	      "two receives from the armed SRQ: %d", n);
+	poll_n(s1.cq, wc, 2);
+	got = wait_async(&ev, 10000);
+	CHECK(got && ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED &&
+	      ev.element.srq == srq, "IBV_EVENT_SRQ_LIMIT_REACHED (got %s)",
+	      got ? ibv_event_type_str(ev.event_type) : "none");
+	if (got)
+		ibv_ack_async_event(&ev);
+	CHECK(ibv_query_srq(srq, &qa) == 0 && qa.srq_limit == 0,
+	      "the limit is disarmed once it fired: %u", qa.srq_limit);
+	/* Drain the three still posted. */
+	for (i = 0; i < 3; i++)
+		post_send1(&s2, IBV_WR_SEND, 410 + i, &sge, 1,
+			   IBV_SEND_SIGNALED, NULL, 0);
+	CHECK(poll_n(rcq, wc, 3) == 3 && wc[2].wr_id == 304, "drained");
+	poll_n(s2.cq, wc, 3);
+
+	/* Empty SRQ: the SEND waits (RNR) until a receive is posted. */
+	fill(s1.buf, 32, 0x77);
+	sge = sge_of(&s1, 0, 32);
+	post_send1(&s1, IBV_WR_SEND, 500, &sge, 1, IBV_SEND_SIGNALED, NULL, 0);
+	CHECK(empty_for(rcq, 0.3), "no receive while the SRQ is empty");
+	sge = sge_of(&r1, 8192, 64);
+	post_srq1(srq, 501, &sge);
+	CHECK(poll_n(rcq, wc, 1) == 1 && wc[0].wr_id == 501 &&
+	      wc[0].status == IBV_WC_SUCCESS && wc[0].byte_len == 32 &&
+	      memcmp(r1.buf + 8192, s1.buf, 32) == 0,
+	      "the receive posted to an empty SRQ ends the wait");
+	CHECK(poll_n(s1.cq, wc, 1) == 1 && wc[0].wr_id == 500 &&
+	      wc[0].status == IBV_WC_SUCCESS, "the waiting SEND completes: %s",
+	      ibv_wc_status_str(wc[0].status));
+
+	/* A QP on the SRQ in ERR consumes no more: the last-WQE event. */
+	memset(&ea, 0, sizeof(ea));
+	ea.qp_state = IBV_QPS_ERR;
+	CHECK(ibv_modify_qp(r2.qp, &ea, IBV_QP_STATE) == 0, "r2 to ERR");
+	got = wait_async(&ev, 10000);
+	CHECK(got && ev.event_type == IBV_EVENT_QP_LAST_WQE_REACHED &&
+	      ev.element.qp == r2.qp, "IBV_EVENT_QP_LAST_WQE_REACHED (got %s)",
+	      got ? ibv_event_type_str(ev.event_type) : "none");
+	if (got)
+		ibv_ack_async_event(&ev);
+
+	CHECK(ibv_destroy_srq(srq) == EBUSY, "destroy_srq with QPs on it: EBUSY");
+	free_end(&r1, 0);
+	free_end(&r2, 0);
+	free_end(&s1, 1);
+	free_end(&s2, 1);
+	ibv_destroy_cq(rcq);
+	CHECK(ibv_destroy_srq(srq) == 0, "destroy_srq");
+	printf("ok srq\n");
+}
+
+static struct ibv_qp *make_ud(struct ibv_cq *cq, uint32_t qkey)
+{
+	struct ibv_qp_init_attr attr = {
+		.qp_type = IBV_QPT_UD, .send_cq = cq, .recv_cq = cq,
+		.cap = { .max_send_wr = DEPTH, .max_recv_wr = DEPTH,
+			 .max_send_sge = 1, .max_recv_sge = 1,
+			 .max_inline_data = 64 },
+	};
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				 .qkey = qkey };
+	struct ibv_qp *qp;
+
+	qp = ibv_create_qp(pd, &attr);
+	if (!qp) {
+		CHECK(0, "ibv_create_qp(UD): %s", strerror(errno));
+		return NULL;
+	}
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX |
+				      IBV_QP_PORT | IBV_QP_QKEY))
+		die("modify_qp UD INIT");
+	a.qp_state = IBV_QPS_RTR;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE))
+		die("modify_qp UD RTR");
+	a.qp_state = IBV_QPS_RTS;
+	a.sq_psn = 0;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN))
+		die("modify_qp UD RTS");
+	return qp;
+}
+
+static int post_ud(struct ibv_qp *qp, struct ibv_ah *ah, uint32_t qpn,
+		   uint32_t qkey, uint64_t wr_id, struct ibv_sge *sge,
+		   enum ibv_wr_opcode op, unsigned int flags)
+{
+	struct ibv_send_wr wr = { .wr_id = wr_id, .sg_list = sge,
+				  .num_sge = 1, .opcode = op,
+				  .send_flags = IBV_SEND_SIGNALED | flags,
+				  .imm_data = htobe32(0xa1b2c3d4) }, *bad;
+
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = qpn;
+	wr.wr.ud.remote_qkey = qkey;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+/*
+ * The network header a UD receive starts with (docs/spec.md, Semantics
+ * (UD)): an IPv6 header for IPv6 GIDs, 20 zero bytes and an IPv4 header
+ * for IPv4-mapped ones; sender and receiver are the same GID here.
+ */
+static int grh_ok(const uint8_t *g, uint32_t payload)
+{
+	static const uint8_t v4mapped[12] = { [10] = 0xff, [11] = 0xff };
+	static const uint8_t zero[20];
+
+	if (!memcmp(gid.raw, v4mapped, 12))
+		return !memcmp(g, zero, 20) && g[20] == 0x45 && g[29] == 17 &&
+		       ((g[22] << 8) | g[23]) == 20 + 8 + 12 + 8 + payload + 4 &&
+		       !memcmp(g + 32, gid.raw + 12, 4) &&
+		       !memcmp(g + 36, gid.raw + 12, 4);
+	return (g[0] >> 4) == 6 && g[6] == 17 &&
+	       ((g[4] << 8) | g[5]) == 8 + 12 + 8 + payload + 4 &&
+	       !memcmp(g + 8, gid.raw, 16) && !memcmp(g + 24, gid.raw, 16);
+}
+
+/*
+ * Two UD QPs of the device: datagrams with and without immediate data,
+ * inline, the GRH in the first 40 bytes, src_qp; a wrong Q_Key is
+ * dropped; bit 31 of remote_qkey sends the QP's own; a UD QP refuses RDMA
+ * opcodes at post; a datagram above the MTU is LOC_LEN_ERR.
+ */
+static void check_ud(void)
+{
+	const uint32_t qkey = 0x11111111;
+	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1 };
+	struct ibv_qp_init_attr qi;
+	struct ibv_qp *u1, *u2;
+	struct ibv_qp_attr qa;
+	struct ibv_cq *c1, *c2;
+	struct ibv_sge rs, ss;
+	struct ibv_recv_wr rwr, *rbad;
+	struct ibv_send_wr wr, *bad;
+	struct ibv_wc wc;
+	struct ibv_ah *ah;
+	struct end m;
+	uint32_t mtu_bytes = 128u << mtu;
+	int i;
+
+	c1 = ibv_create_cq(ctx, 4 * DEPTH, NULL, NULL, 0);
+	c2 = ibv_create_cq(ctx, 4 * DEPTH, NULL, NULL, 0);
+	if (!c1 || !c2)
+		die("ibv_create_cq");
+	u1 = make_ud(c1, qkey);
+	u2 = make_ud(c2, qkey);
+	if (!u1 || !u2)
+		return;
+	CHECK(ibv_query_qp(u2, &qa, IBV_QP_QKEY | IBV_QP_STATE, &qi) == 0 &&
+	      qa.qkey == qkey && qa.qp_state == IBV_QPS_RTS &&
+	      qi.qp_type == IBV_QPT_UD, "query_qp UD: qkey %#x state %d",
+	      qa.qkey, qa.qp_state);
+	aa.grh.dgid = gid;
+	aa.grh.sgid_index = gid_index;
+	aa.grh.hop_limit = 1;
+	ah = ibv_create_ah(pd, &aa);
+	if (!ah) {
+		CHECK(0, "ibv_create_ah: %s", strerror(errno));
+		return;
+	}
+	if (posix_memalign((void **)&m.buf, 4096, BUF_SIZE))
+		die("posix_memalign");
+	memset(m.buf, 0, BUF_SIZE);
+	m.mr = ibv_reg_mr(pd, m.buf, BUF_SIZE, IBV_ACCESS_LOCAL_WRITE);
+	if (!m.mr)
+		die("ibv_reg_mr");
+
+	/* Receives of 40 + 256 bytes at 512 × i from offset 64 KiB. */
+	for (i = 0; i < 6; i++) {
+		rs = sge_of(&m, 65536 + 512 * i, 40 + 256);
+		rwr = (struct ibv_recv_wr){ .wr_id = 600 + i, .sg_list = &rs,
+					    .num_sge = 1 };
+		CHECK(ibv_post_recv(u2, &rwr, &rbad) == 0, "post_recv %d", i);
+	}
+
+	fill(m.buf, 200, 0x31);
+	ss = sge_of(&m, 0, 200);
+	CHECK(post_ud(u1, ah, u2->qp_num, qkey, 700, &ss, IBV_WR_SEND, 0) == 0,
+	      "UD SEND");
+	CHECK(poll_n(c1, &wc, 1) == 1 && wc.status == IBV_WC_SUCCESS &&
+	      wc.wr_id == 700, "UD SEND completes: %s",
+	      ibv_wc_status_str(wc.status));
+	CHECK(poll_n(c2, &wc, 1) == 1 && wc.status == IBV_WC_SUCCESS &&
+	      wc.wr_id == 600 && wc.opcode == IBV_WC_RECV &&
+	      (wc.wc_flags & IBV_WC_GRH) && !(wc.wc_flags & IBV_WC_WITH_IMM) &&
+	      wc.byte_len == 40 + 200 && wc.src_qp == u1->qp_num &&
+	      wc.qp_num == u2->qp_num,
+	      "UD receive: %s flags %#x len %u src_qp %#x",
+	      ibv_wc_status_str(wc.status), wc.wc_flags, wc.byte_len, wc.src_qp);
+	CHECK(grh_ok(m.buf + 65536, 200), "the GRH names both GIDs");
+	CHECK(memcmp(m.buf + 65536 + 40, m.buf, 200) == 0, "UD payload");
+
+	/* SEND_WITH_IMM, inline; the source is overwritten after posting. */
+	fill(m.buf + 1024, 60, 0x52);
+	memcpy(m.buf + 2048, m.buf + 1024, 60);
+	ss = sge_of(&m, 1024, 60);
+	CHECK(post_ud(u1, ah, u2->qp_num, qkey, 701, &ss, IBV_WR_SEND_WITH_IMM,
+		      IBV_SEND_INLINE) == 0, "UD inline SEND_WITH_IMM");
+	memset(m.buf + 1024, 0, 60);
+	CHECK(poll_n(c1, &wc, 1) == 1 && wc.status == IBV_WC_SUCCESS, "sent");
+	CHECK(poll_n(c2, &wc, 1) == 1 && wc.status == IBV_WC_SUCCESS &&
+	      wc.wr_id == 601 && (wc.wc_flags & IBV_WC_GRH) &&
+	      (wc.wc_flags & IBV_WC_WITH_IMM) &&
+	      wc.imm_data == htobe32(0xa1b2c3d4) && wc.byte_len == 40 + 60,
+	      "UD receive with immediate: flags %#x imm %#x len %u",
+	      wc.wc_flags, wc.imm_data, wc.byte_len);
+	CHECK(memcmp(m.buf + 65536 + 512 + 40, m.buf + 2048, 60) == 0,
+	      "UD inline payload");
+
+	/* Another Q_Key: dropped; the sender learns nothing. */
+	ss = sge_of(&m, 0, 16);
+	post_ud(u1, ah, u2->qp_num, 0x22222222, 702, &ss, IBV_WR_SEND, 0);
+	CHECK(poll_n(c1, &wc, 1) == 1 && wc.status == IBV_WC_SUCCESS,
+	      "a datagram with a wrong Q_Key still completes at the sender");
+	CHECK(empty_for(c2, 0.5), "and is not received");
+	/* Bit 31: the sender's own Q_Key, which is the receiver's. */
+	post_ud(u1, ah, u2->qp_num, 0x80000000, 703, &ss, IBV_WR_SEND, 0);
+	CHECK(poll_n(c1, &wc, 1) == 1 && wc.status == IBV_WC_SUCCESS, "sent");
+	CHECK(poll_n(c2, &wc, 1) == 1 && wc.status == IBV_WC_SUCCESS &&
+	      wc.wr_id == 602 && wc.byte_len == 40 + 16,
+	      "remote_qkey with bit 31 uses the QP's Q_Key: wr_id %" PRIu64,
+	      wc.wr_id);
+
+	/* RDMA on a UD QP is refused at post. */
+	memset(&wr, 0, sizeof(wr));
+	wr.sg_list = &ss;
+	wr.num_sge = 1;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	wr.wr.rdma.remote_addr = (uintptr_t)m.buf;
+	wr.wr.rdma.rkey = m.mr->rkey;
+	CHECK(ibv_post_send(u1, &wr, &bad) == EINVAL && bad == &wr,
+	      "RDMA_WRITE on a UD QP: EINVAL");
+
+	/* Above the MTU: LOC_LEN_ERR (the sender QP is in ERR after it). */
+	ss = sge_of(&m, 0, mtu_bytes + 1);
+	post_ud(u1, ah, u2->qp_num, qkey, 704, &ss, IBV_WR_SEND, 0);
+	CHECK(poll_n(c1, &wc, 1) == 1 && wc.status == IBV_WC_LOC_LEN_ERR &&
+	      wc.wr_id == 704, "a datagram of MTU + 1 bytes: %s",
+	      ibv_wc_status_str(wc.status));
+	CHECK(empty_for(c2, 0.3), "nothing received");
+
+	CHECK(ibv_destroy_qp(u1) == 0 && ibv_destroy_qp(u2) == 0, "destroy UD QPs");
+	CHECK(ibv_destroy_ah(ah) == 0, "destroy_ah");
+	ibv_destroy_cq(c1);
+	ibv_destroy_cq(c2);
+	ibv_dereg_mr(m.mr);
+	free(m.buf);
+	printf("ok ud\n");
+}
+
 static void check_errors(struct end *a, struct end *b)
 {
 	struct ibv_sge s = sge_of(a, 0, 64);
@@ -633,6 +1046,8 @@ int main(int argc, char **argv)
 	check_sig_all();
 	check_full_rq(&b);
 	check_events();
+	check_srq();
+	check_ud();
 	check_errors(&a, &b);
 
 	if (failed)
