@@ -8,8 +8,10 @@
  * gather/scatter lists, SEND/RECV, the two *_WITH_IMM opcodes (imm_data
  * comes back as the 32 bits posted), both atomics, inline data, unsignaled
  * WRs and sq_sig_all, a ring wrapped many times, a full receive queue,
- * completion events (and solicited-only arming), and an error completion
- * followed by flushes.
+ * completion events (and solicited-only arming), an error completion
+ * followed by flushes, and the extended API: a QP from ibv_create_qp_ex
+ * posting with ibv_wr_* (each operation, SGE lists, inline data, abort, the
+ * errors wr_complete returns) and an ibv_cq_ex read with ibv_start_poll.
  *
  * Usage: verbs_check [DEVICE [GID_INDEX]]   (default: the first device, 1)
  * Prints "ok NAME" / "FAIL ..." lines, then "verbs_check: all N checks
@@ -545,6 +547,307 @@ static void check_events(void)
 	printf("ok events\n");
 }
 
+/*
+ * poll_ex collects n completions from an ibv_cq_ex (start/next/end_poll),
+ * waiting up to 10 s. Returns how many came.
+ */
+struct exwc {
+	uint64_t wr_id;
+	enum ibv_wc_status status;
+	enum ibv_wc_opcode opcode;
+	uint32_t byte_len, qp_num;
+	unsigned int wc_flags;
+};
+
+static int poll_ex(struct ibv_cq_ex *cq, struct exwc *wc, int n)
+{
+	struct ibv_poll_cq_attr attr = {};
+	double end = now() + 10;
+	int got = 0, r;
+
+	while (got < n && now() < end) {
+		r = ibv_start_poll(cq, &attr);
+		if (r == ENOENT)
+			continue;
+		if (r)
+			return -r;
+		do {
+			wc[got] = (struct exwc){
+				.wr_id = cq->wr_id, .status = cq->status,
+				.opcode = ibv_wc_read_opcode(cq),
+				.byte_len = ibv_wc_read_byte_len(cq),
+				.qp_num = ibv_wc_read_qp_num(cq),
+				.wc_flags = ibv_wc_read_wc_flags(cq),
+			};
+			got++;
+		} while (got < n && ibv_next_poll(cq) == 0);
+		ibv_end_poll(cq);
+	}
+	return got;
+}
+
+/*
+ * check_qp_ex: a QP made with ibv_create_qp_ex and send_ops_flags, posting
+ * with ibv_wr_*, its completions read from an ibv_cq_ex, to an ordinary
+ * QP: every operation in one batch with its data checked, inline data
+ * (the source overwritten right after wr_complete), wr_abort, the errors
+ * wr_complete reports, and what the device refuses.
+ */
+static void check_qp_ex(void)
+{
+	struct ibv_cq_init_attr_ex cattr = { .cqe = 4 * DEPTH,
+					     .wc_flags = IBV_WC_STANDARD_FLAGS };
+	struct ibv_qp_init_attr_ex qattr = {
+		.qp_type = IBV_QPT_RC,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+				  IBV_QP_EX_WITH_RDMA_WRITE |
+				  IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+				  IBV_QP_EX_WITH_RDMA_READ |
+				  IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+				  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD,
+		.cap = { .max_send_wr = DEPTH, .max_recv_wr = DEPTH,
+			 .max_send_sge = 3, .max_recv_sge = 3,
+			 .max_inline_data = 64 },
+	};
+	struct ibv_device_attr_ex dattr;
+	struct ibv_comp_channel *ch;
+	struct ibv_cq_ex *cqx, *bad_cq;
+	struct ibv_qp_ex *qpx;
+	struct ibv_qp *bad_qp;
+	struct end x, y;
+	struct exwc ew[2 * DEPTH];
+	struct ibv_wc wc[4];
+	struct ibv_data_buf bufs[2];
+	uint8_t inl[64], want[64];
+	volatile uint64_t *ctr;
+	struct ibv_sge sg[2];
+	int ret, i, n;
+
+	/* The device has no completion clock. */
+	memset(&dattr, 0, sizeof(dattr));
+	CHECK(ibv_query_device_ex(ctx, NULL, &dattr) == 0 &&
+	      dattr.completion_timestamp_mask == 0 && dattr.hca_core_clock == 0,
+	      "query_device_ex: timestamp mask %#" PRIx64 ", clock %" PRIu64,
+	      dattr.completion_timestamp_mask, dattr.hca_core_clock);
+	for (i = 0; i < 3; i++) {
+		static const uint64_t refused[] = {
+			IBV_WC_EX_WITH_COMPLETION_TIMESTAMP,
+			IBV_WC_EX_WITH_CVLAN, IBV_WC_EX_WITH_FLOW_TAG,
+		};
+		struct ibv_cq_init_attr_ex a = { .cqe = 8,
+						 .wc_flags = refused[i] };
+
+		errno = 0;
+		bad_cq = ibv_create_cq_ex(ctx, &a);
+		CHECK(!bad_cq && errno == EOPNOTSUPP,
+		      "cq_ex with wc_flags %#" PRIx64 ": errno %d", refused[i],
+		      errno);
+		if (bad_cq)
+			ibv_destroy_cq(ibv_cq_ex_to_cq(bad_cq));
+	}
+
+	/* A completion channel is counted once per CQ, as ibv_create_cq does. */
+	ch = ibv_create_comp_channel(ctx);
+	cattr.channel = ch;
+	cqx = ch ? ibv_create_cq_ex(ctx, &cattr) : NULL;
+	if (!cqx)
+		die("ibv_create_cq_ex");
+	CHECK(ibv_destroy_comp_channel(ch) == EBUSY, "channel in use by a cq_ex");
+	CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)) == 0, "destroy cq_ex");
+	CHECK(ibv_destroy_comp_channel(ch) == 0,
+	      "channel free again after the cq_ex");
+
+	cattr.channel = NULL;
+	cqx = ibv_create_cq_ex(ctx, &cattr);
+	if (!cqx)
+		die("ibv_create_cq_ex");
+	qattr.pd = pd;
+	qattr.send_cq = qattr.recv_cq = ibv_cq_ex_to_cq(cqx);
+	x.qp = ibv_create_qp_ex(ctx, &qattr);
+	if (!x.qp)
+		die("ibv_create_qp_ex");
+	qpx = ibv_qp_to_qp_ex(x.qp);
+	CHECK(qpx != NULL, "ibv_qp_to_qp_ex of a QP with send_ops_flags");
+	if (!qpx)
+		return;
+	CHECK(qattr.cap.max_inline_data >= 64 && qattr.cap.max_send_wr >= DEPTH,
+	      "qp_ex caps: inline %u, wr %u", qattr.cap.max_inline_data,
+	      qattr.cap.max_send_wr);
+	x.cq = ibv_cq_ex_to_cq(cqx);
+	if (posix_memalign((void **)&x.buf, 4096, BUF_SIZE))
+		die("posix_memalign");
+	memset(x.buf, 0, BUF_SIZE);
+	x.mr = ibv_reg_mr(pd, x.buf, BUF_SIZE, IBV_ACCESS_LOCAL_WRITE);
+	if (!x.mr)
+		die("ibv_reg_mr");
+	make_end(&y, NULL, 0);
+	connect_to(&x, &y);
+	connect_to(&y, &x);
+
+	qattr.send_ops_flags = IBV_QP_EX_WITH_LOCAL_INV;
+	errno = 0;
+	bad_qp = ibv_create_qp_ex(ctx, &qattr);
+	CHECK(!bad_qp && errno == EOPNOTSUPP, "LOCAL_INV refused: errno %d",
+	      errno);
+	if (bad_qp)
+		ibv_destroy_qp(bad_qp);
+
+	/* Three receives: WRITE_WITH_IMM, SEND, SEND_WITH_IMM. */
+	for (i = 0; i < 3; i++) {
+		sg[0] = sge_of(&y, 100000 + i * 10000, 5000);
+		CHECK(post_recv1(&y, 60 + i, sg, 1) == 0, "post_recv %d", i);
+	}
+	fill(x.buf, 8192, 3);
+	fill(inl, sizeof(inl), 77);
+	memcpy(want, inl, sizeof(want));
+	ctr = (volatile uint64_t *)(y.buf + 800000);
+	*ctr = 1000;
+
+	ibv_wr_start(qpx);
+	qpx->wr_flags = IBV_SEND_SIGNALED;
+	qpx->wr_id = 51;		/* WRITE, a 2-SGE gather */
+	ibv_wr_rdma_write(qpx, y.mr->rkey, (uintptr_t)y.buf + 10000);
+	sg[0] = sge_of(&x, 0, 1000);
+	sg[1] = sge_of(&x, 4096, 2000);
+	ibv_wr_set_sge_list(qpx, 2, sg);
+	qpx->wr_id = 52;		/* WRITE_WITH_IMM, inline from two buffers */
+	ibv_wr_rdma_write_imm(qpx, y.mr->rkey, (uintptr_t)y.buf + 20000,
+			      htobe32(0x0badcafe));
+	bufs[0] = (struct ibv_data_buf){ .addr = inl, .length = 24 };
+	bufs[1] = (struct ibv_data_buf){ .addr = inl + 24, .length = 40 };
+	ibv_wr_set_inline_data_list(qpx, 2, bufs);
+	qpx->wr_id = 53;		/* SEND, one SGE */
+	ibv_wr_send(qpx);
+	ibv_wr_set_sge(qpx, x.mr->lkey, (uintptr_t)x.buf + 100, 3000);
+	qpx->wr_id = 54;		/* SEND_WITH_IMM, inline */
+	ibv_wr_send_imm(qpx, htobe32(0x11223344));
+	ibv_wr_set_inline_data(qpx, inl, 33);
+	qpx->wr_id = 55;		/* READ back what 51 wrote */
+	ibv_wr_rdma_read(qpx, y.mr->rkey, (uintptr_t)y.buf + 10000);
+	ibv_wr_set_sge(qpx, x.mr->lkey, (uintptr_t)x.buf + 200000, 3000);
+	qpx->wr_id = 56;
+	ibv_wr_atomic_fetch_add(qpx, y.mr->rkey, (uintptr_t)ctr, 5);
+	ibv_wr_set_sge(qpx, x.mr->lkey, (uintptr_t)x.buf + 300000, 8);
+	qpx->wr_id = 57;
+	ibv_wr_atomic_cmp_swp(qpx, y.mr->rkey, (uintptr_t)ctr, 1005, 42);
+	ibv_wr_set_sge(qpx, x.mr->lkey, (uintptr_t)x.buf + 300008, 8);
+	ret = ibv_wr_complete(qpx);
+	/* Inline data is copied at posting: the source may change at once. */
+	memset(inl, 0xee, sizeof(inl));
+	CHECK(ret == 0, "wr_complete of 7 WRs: %d", ret);
+
+	n = poll_ex(cqx, ew, 7);
+	CHECK(n == 7, "7 completions from the cq_ex, got %d", n);
+	for (i = 0; i < n; i++) {
+		static const enum ibv_wc_opcode op[7] = {
+			IBV_WC_RDMA_WRITE, IBV_WC_RDMA_WRITE, IBV_WC_SEND,
+			IBV_WC_SEND, IBV_WC_RDMA_READ, IBV_WC_FETCH_ADD,
+			IBV_WC_COMP_SWAP,
+		};
+
+		CHECK(ew[i].wr_id == 51 + (uint64_t)i &&
+		      ew[i].status == IBV_WC_SUCCESS && ew[i].opcode == op[i] &&
+		      ew[i].qp_num == x.qp->qp_num,
+		      "completion %d: wr_id %" PRIu64 " status %s opcode %d", i,
+		      ew[i].wr_id, ibv_wc_status_str(ew[i].status),
+		      ew[i].opcode);
+	}
+	if (n == 7)
+		CHECK(ew[4].byte_len == 3000, "READ byte_len %u", ew[4].byte_len);
+	CHECK(memcmp(y.buf + 10000, x.buf, 1000) == 0 &&
+	      memcmp(y.buf + 11000, x.buf + 4096, 2000) == 0,
+	      "wr_rdma_write data (gather)");
+	CHECK(memcmp(y.buf + 20000, want, 64) == 0,
+	      "wr_rdma_write_imm inline data");
+	CHECK(memcmp(x.buf + 200000, y.buf + 10000, 3000) == 0,
+	      "wr_rdma_read data");
+	CHECK(*(uint64_t *)(x.buf + 300000) == 1000 &&
+	      *(uint64_t *)(x.buf + 300008) == 1005 && *ctr == 42,
+	      "atomics: fetched %" PRIu64 ", compared %" PRIu64 ", now %" PRIu64,
+	      *(uint64_t *)(x.buf + 300000), *(uint64_t *)(x.buf + 300008),
+	      (uint64_t)*ctr);
+	n = poll_n(y.cq, wc, 3);
+	CHECK(n == 3, "3 receive completions, got %d", n);
+	if (n == 3) {
+		CHECK(wc[0].wr_id == 60 && wc[0].opcode == IBV_WC_RECV_RDMA_WITH_IMM &&
+		      (wc[0].wc_flags & IBV_WC_WITH_IMM) &&
+		      wc[0].imm_data == htobe32(0x0badcafe) && wc[0].byte_len == 64,
+		      "WRITE_WITH_IMM received: opcode %d imm %#x len %u",
+		      wc[0].opcode, be32toh(wc[0].imm_data), wc[0].byte_len);
+		CHECK(wc[1].wr_id == 61 && wc[1].opcode == IBV_WC_RECV &&
+		      wc[1].byte_len == 3000 &&
+		      memcmp(y.buf + 110000, x.buf + 100, 3000) == 0,
+		      "SEND received: len %u", wc[1].byte_len);
+		CHECK(wc[2].wr_id == 62 && (wc[2].wc_flags & IBV_WC_WITH_IMM) &&
+		      wc[2].imm_data == htobe32(0x11223344) &&
+		      wc[2].byte_len == 33 &&
+		      memcmp(y.buf + 120000, want, 33) == 0,
+		      "SEND_WITH_IMM inline received: len %u imm %#x",
+		      wc[2].byte_len, be32toh(wc[2].imm_data));
+	}
+
+	/* wr_abort: nothing reaches the peer. */
+	memset(y.buf + 30000, 0, 64);
+	ibv_wr_start(qpx);
+	qpx->wr_id = 70;
+	ibv_wr_rdma_write(qpx, y.mr->rkey, (uintptr_t)y.buf + 30000);
+	ibv_wr_set_sge(qpx, x.mr->lkey, (uintptr_t)x.buf, 64);
+	ibv_wr_abort(qpx);
+	CHECK(empty_for(x.cq, 0.2) && y.buf[30000] == 0 && y.buf[30063] == 0,
+	      "wr_abort: no completion, no data");
+
+	/* Errors: the whole batch is refused, nothing posted. */
+	ibv_wr_start(qpx);
+	qpx->wr_id = 71;
+	ibv_wr_rdma_write(qpx, y.mr->rkey, (uintptr_t)y.buf + 30000);
+	ibv_wr_set_sge(qpx, x.mr->lkey, (uintptr_t)x.buf, 64);
+	ibv_wr_send(qpx);
+	ibv_wr_set_inline_data(qpx, x.buf, qattr.cap.max_inline_data + 1);
+	ret = ibv_wr_complete(qpx);
+	CHECK(ret == EINVAL, "inline past max_inline_data: wr_complete %d", ret);
+	ibv_wr_start(qpx);
+	for (i = 0; i <= (int)qattr.cap.max_send_wr; i++) {
+		qpx->wr_id = 72;
+		ibv_wr_rdma_write(qpx, y.mr->rkey, (uintptr_t)y.buf + 30000);
+		ibv_wr_set_sge(qpx, x.mr->lkey, (uintptr_t)x.buf, 64);
+	}
+	ret = ibv_wr_complete(qpx);
+	CHECK(ret == ENOMEM, "max_send_wr + 1 in one batch: wr_complete %d",
+	      ret);
+	CHECK(empty_for(x.cq, 0.2) && y.buf[30000] == 0,
+	      "refused batches post nothing");
+
+	/* A full ring in one batch works, unsignaled but the last. */
+	ibv_wr_start(qpx);
+	for (i = 0; i < (int)qattr.cap.max_send_wr; i++) {
+		qpx->wr_id = 80 + i;
+		qpx->wr_flags = i == (int)qattr.cap.max_send_wr - 1 ?
+					IBV_SEND_SIGNALED : 0;
+		ibv_wr_rdma_write(qpx, y.mr->rkey,
+				  (uintptr_t)y.buf + 40000 + i * 64);
+		ibv_wr_set_sge(qpx, x.mr->lkey, (uintptr_t)x.buf + i * 64, 64);
+	}
+	ret = ibv_wr_complete(qpx);
+	/* ibv_poll_cq reads a cq_ex too. */
+	CHECK(ret == 0 && poll_n(x.cq, wc, 1) == 1 &&
+	      wc[0].status == IBV_WC_SUCCESS &&
+	      wc[0].wr_id == 80 + qattr.cap.max_send_wr - 1 &&
+	      memcmp(y.buf + 40000, x.buf, 64 * qattr.cap.max_send_wr) == 0,
+	      "a full ring in one batch: ret %d, wr_id %" PRIu64, ret,
+	      wc[0].wr_id);
+
+	ibv_destroy_qp(x.qp);
+	ibv_destroy_qp(y.qp);
+	ibv_dereg_mr(x.mr);
+	ibv_dereg_mr(y.mr);
+	CHECK(ibv_destroy_cq(x.cq) == 0 && ibv_destroy_cq(y.cq) == 0,
+	      "destroy the CQs");
+	free(x.buf);
+	free(y.buf);
+	printf("ok qp_ex/cq_ex\n");
+}
+
 /* ---- shared receive queues and UD ------------------------------------- */
 
 /* wait_async waits up to ms for an async event; 1 with *ev filled, else 0. */
@@ -1046,6 +1349,7 @@ int main(int argc, char **argv)
 	check_sig_all();
 	check_full_rq(&b);
 	check_events();
+	check_qp_ex();
 	check_srq();
 	check_ud();
 	check_errors(&a, &b);
