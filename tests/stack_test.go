@@ -187,8 +187,8 @@ func TestStackPerftest(t *testing.T) {
 }
 
 // TestStackPingpongConcurrentSyscalls: ibv_rc_pingpong passes with its
-// buffer check, polling and with completion events, and so does
-// ib_send_lat -e; two ib_write_bw processes share one device at once; and
+// buffer check, polling and with completion events, with ibv_post_send
+// and with the ibv_wr_* API (-N), and so does ib_send_lat -e; two ib_write_bw processes share one device at once; and
 // the fast path makes no system call per post or poll: ib_write_bw's
 // system calls under strace -c do not grow from 1,000 to 20,000 posts.
 func TestStackPingpongConcurrentSyscalls(t *testing.T) {
@@ -213,10 +213,17 @@ func TestStackPingpongConcurrentSyscalls(t *testing.T) {
 			t.Errorf("%q %d times, want 3 (one per suite)", want, n)
 		}
 	}
-	// ibv_rc_pingpong prints its rate on both sides after checking data.
-	// (polling and -e).
-	if n := len(regexp.MustCompile(`(?m)\| \d+ bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec$`).FindAllString(out, -1)); n != 4 {
-		t.Errorf("ibv_rc_pingpong result lines: %d, want 4", n)
+	// ibv_rc_pingpong prints its rate on both sides after checking data
+	// (polling and -e, with ibv_post_send and with the ibv_wr_* API, -N).
+	if n := len(regexp.MustCompile(`(?m)\| \d+ bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec$`).FindAllString(out, -1)); n != 8 {
+		t.Errorf("ibv_rc_pingpong result lines: %d, want 8", n)
+	}
+	for _, role := range []string{"server", "client"} {
+		for _, flags := range []string{"-N", "-N -e"} {
+			if !regexp.MustCompile(fmt.Sprintf(`"role":"%s","tool":"ibv_rc_pingpong","flags":"-g \d+ -c -n 500 %s","exit":0`, role, regexp.QuoteMeta(flags))).MatchString(out) {
+				t.Errorf("%s: no passing ibv_rc_pingpong %s (the ibv_wr_* API)", role, flags)
+			}
+		}
 	}
 	var calls []int
 	for _, m := range regexp.MustCompile(`client\| VRDMA-SYSCALLS (\{.*\})`).FindAllStringSubmatch(out, -1) {
