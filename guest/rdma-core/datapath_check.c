@@ -1655,6 +1655,74 @@ static void check_wr_errors(struct ibv_cq *cq)
 	}
 }
 
+/* UD through ibv_wr_*: the destination bytes as ibv_post_send writes them. */
+static void check_wr_ud(struct ibv_cq *cq)
+{
+	struct ibv_ah_attr ah_attr = { .port_num = 1 };
+	struct ibv_sge sge = { .addr = 0x1000, .length = 100, .lkey = 0xa1 };
+	struct ibv_send_wr wr = { 0 }, *bad;
+	struct ibv_qp_ex *qpx;
+	struct vrdma_qp *twin;
+	struct ibv_qp *q;
+	struct ibv_ah *ah;
+	int ret;
+
+	q = make_qp_ex(cq, IBV_QPT_UD,
+		       IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		       IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM, 4, 1,
+		       0, 0);
+	qpx = q ? ibv_qp_to_qp_ex(q) : NULL;
+	twin = make_qp_on(cq, IBV_QPT_UD, NULL, 4, 1, 0);
+	ah = vrdma_create_ah(&pd, &ah_attr);
+	if (!qpx || !twin || !ah) {
+		CHECK(0, "UD qp_ex, twin, ah: %s", strerror(errno));
+		return;
+	}
+	CHECK(!qpx->wr_rdma_write && qpx->wr_send_imm, "UD builders");
+	ibv_wr_start(qpx);
+	qpx->wr_id = 31;
+	qpx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send_imm(qpx, htobe32(0x0a0b0c0d));
+	ibv_wr_set_ud_addr(qpx, ah, 0xfedcba, VRDMA_QKEY_USE_QP | 5);
+	ibv_wr_set_sge(qpx, sge.lkey, sge.addr, sge.length);
+	ret = ibv_wr_complete(qpx);
+	wr.wr_id = 31;
+	wr.opcode = IBV_WR_SEND_WITH_IMM;
+	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.imm_data = htobe32(0x0a0b0c0d);
+	wr.sg_list = &sge;
+	wr.num_sge = 1;
+	wr.wr.ud.ah = ah;
+	wr.wr.ud.remote_qpn = 0xfedcba;
+	wr.wr.ud.remote_qkey = VRDMA_QKEY_USE_QP | 5;
+	CHECK(ret == 0 && vrdma_post_send(&twin->vqp.qp, &wr, &bad) == 0,
+	      "UD wr_complete %d", ret);
+	CHECK(sq_wqe(to_vqp(q), 0)->ah == FAKE_AHN &&
+	      sq_wqe(to_vqp(q), 0)->remote_qpn == 0xfedcba &&
+	      sq_wqe(to_vqp(q), 0)->remote_qkey == (VRDMA_QKEY_USE_QP | 5) &&
+	      memcmp(sq_wqe(to_vqp(q), 0), sq_wqe(twin, 0),
+		     1u << twin->sq.shift) == 0,
+	      "UD WQE: ibv_wr_* and ibv_post_send write the same bytes");
+
+	/* What ibv_post_send refuses on UD, wr_complete refuses too. */
+	ibv_wr_start(qpx);
+	ibv_wr_send(qpx);
+	ibv_wr_set_ud_addr(qpx, ah, 0x1000000, 1);
+	CHECK(ibv_wr_complete(qpx) == EINVAL, "a QP number past 24 bits");
+	ibv_wr_start(qpx);
+	ibv_wr_send(qpx);
+	ibv_wr_set_ud_addr(qpx, NULL, 1, 1);
+	CHECK(ibv_wr_complete(qpx) == EINVAL, "no AH");
+	ibv_wr_start(qpx);
+	qpx->wr_flags = IBV_SEND_FENCE;
+	ibv_wr_send(qpx);
+	CHECK(ibv_wr_complete(qpx) == EINVAL && to_vqp(q)->rec->sq_pi == 1,
+	      "FENCE on UD");
+	vrdma_destroy_ah(ah);
+	vrdma_destroy_qp(q);
+	vrdma_destroy_qp(&twin->vqp.qp);
+}
+
 static void check_cq_ex(void)
 {
 	static const struct {
@@ -1877,6 +1945,7 @@ int main(void)
 	check_qp_ex_create(cq);
 	check_wr_ops(cq);
 	check_wr_errors(cq);
+	check_wr_ud(cq);
 	check_cq_ex();
 	check_no_syscalls(cq);
 	vrdma_destroy_cq(cq);

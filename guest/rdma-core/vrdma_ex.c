@@ -17,7 +17,8 @@
  * producer-index store and one doorbell step. The first error of a batch
  * (ENOMEM: the ring is full; EINVAL: more SGEs than the QP holds, inline
  * data past max_inline_data or on an operation without outgoing data, a
- * setter before any builder, a UD address on a connected QP) makes the
+ * setter before any builder, a UD address on a connected QP or one without
+ * an AH or with a QP number past 24 bits, FENCE on UD) makes the
  * rest of the batch no-ops and is what wr_complete returns, publishing
  * nothing; the errnos are ibv_post_send's for the same faults.
  *
@@ -85,6 +86,13 @@ static struct vrdma_send_wqe *vrdma_wr_begin(struct ibv_qp_ex *qpx,
 
 	if (qp->wr_err)
 		return NULL;
+	/* As ibv_post_send: a UD work request cannot be fenced. */
+	if (qpx->qp_base.qp_type == IBV_QPT_UD &&
+	    (qpx->wr_flags & IBV_SEND_FENCE)) {
+		qp->wr_err = EINVAL;
+		qp->wr_wqe = NULL;
+		return NULL;
+	}
 	wqe = vrdma_sq_slot(qp, qp->wr_pi, &qp->wr_ci);
 	if (!wqe) {
 		qp->wr_err = ENOMEM;
@@ -257,7 +265,9 @@ static void vrdma_wr_set_ud_addr(struct ibv_qp_ex *qpx, struct ibv_ah *ah,
 
 	if (!wqe)
 		return;
-	if (qpx->qp_base.qp_type != IBV_QPT_UD || !ah) {
+	/* As ibv_post_send: an AH and a 24-bit QP number. */
+	if (qpx->qp_base.qp_type != IBV_QPT_UD || !ah ||
+	    remote_qpn > 0xffffff) {
 		vrdma_wr_fail(qp, EINVAL);
 		return;
 	}
