@@ -189,6 +189,14 @@ func (d *Device) command(op abi.Opcode, req []byte, t *memmap.Table) ([]byte, ab
 		err = d.addGID(req)
 	case abi.CmdDelGID:
 		err = d.delGID(req)
+	case abi.CmdCreateSRQ:
+		out, err = d.createSRQ(req, t)
+	case abi.CmdModifySRQ:
+		err = d.modifySRQ(req)
+	case abi.CmdQuerySRQ:
+		out, err = d.querySRQ(req)
+	case abi.CmdDestroySRQ:
+		err = d.withHandle(req, d.destroySRQ)
 	default:
 		return nil, abi.StatusUnsupported
 	}
@@ -353,39 +361,98 @@ func (d *Device) destroyCQ(h uint32) error {
 	return nil
 }
 
+// decodeCreateQP decodes CREATE_QP's request: the 88-byte structure, or
+// the 80-byte one before SRQs ("A request of 80 bytes is accepted too: it
+// is the structure without srqn and reserved"), each followed by the
+// inline page list when page_list is 0. The two lengths would be
+// ambiguous with an inline list, so the list's length decides: it is
+// sq_npages + rq_npages entries. It returns the request and its inline
+// page list.
+func decodeCreateQP(req []byte) (c abi.CreateQP, inline []byte, err error) {
+	if len(req) < abi.CreateQPV1Size {
+		return c, nil, errStatus(abi.StatusInvalid)
+	}
+	var v1 [abi.CreateQPV1Size]byte
+	copy(v1[:], req)
+	full := append(v1[:], make([]byte, 8)...) // srqn and reserved zero
+	if err := abi.Unmarshal(full, &c); err != nil {
+		return c, nil, errStatus(abi.StatusInvalid)
+	}
+	list := uint64(0)
+	if c.PageList == 0 {
+		list = (uint64(c.SQNPages) + uint64(c.RQNPages)) * 8
+	}
+	switch uint64(len(req)) {
+	case abi.CreateQPV1Size + list:
+		if c.Flags&abi.QPFlagSRQ != 0 {
+			return c, nil, errStatus(abi.StatusInvalid) // "with SRQ in flags then INVALID"
+		}
+		return c, req[abi.CreateQPV1Size:], nil
+	case uint64(binary.Size(&c)) + list:
+		inline, err := decode(req, &c, true)
+		return c, inline, err
+	}
+	return c, nil, errStatus(abi.StatusInvalid)
+}
+
 func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
-	var c abi.CreateQP
-	inline, err := decode(req, &c, true)
+	c, inline, err := decodeCreateQP(req)
 	if err != nil {
 		return nil, err
 	}
 	scq, rcq := d.eng.LookupCQ(c.SendCQN), d.eng.LookupCQ(c.RecvCQN)
 	l := &d.conf
+	withSRQ := c.Flags&abi.QPFlagSRQ != 0
+	ud := c.QPType == abi.QPTypeUD
+	nic := d.eng.NIC() != nil
 	sqStride, rqStride := uint64(1)<<(c.SQWQEShift&31), uint64(1)<<(c.RQWQEShift&31)
+	var srq *engine.SRQ
 	switch {
-	case c.Flags&^abi.QPFlagRQNotify != 0 || c.SQSigAll > 1:
+	case c.Flags&^uint32(abi.QPFlagRQNotify|abi.QPFlagSRQ) != 0 || c.SQSigAll > 1 || c.Reserved != 0:
 		return nil, errStatus(abi.StatusInvalid)
-	case c.QPType != abi.QPTypeRC:
+	case !withSRQ && c.SRQN != 0:
+		return nil, errStatus(abi.StatusInvalid)
+	case withSRQ && (c.MaxRecvWR != 0 || c.MaxRecvSGE != 0 || c.RQWQEShift != 0 || c.RQNPages != 0):
+		return nil, errStatus(abi.StatusInvalid) // "0 with SRQ"
+	case c.QPType != abi.QPTypeRC && !ud:
+		return nil, errStatus(abi.StatusUnsupported)
+	case nic && (ud || withSRQ):
+		// "CREATE_SRQ and CREATE_QP of a UD QP answer UNSUPPORTED on
+		// such a device"; so does a QP naming an SRQ it cannot have.
 		return nil, errStatus(abi.StatusUnsupported)
 	case !d.eng.HasPD(c.PDN) || scq == nil || rcq == nil:
 		return nil, errStatus(abi.StatusNotFound)
-	case !isPow2(c.MaxSendWR) || c.MaxSendWR > l.MaxQPWR || !isPow2(c.MaxRecvWR) || c.MaxRecvWR > l.MaxQPWR:
+	}
+	if withSRQ {
+		if srq = d.eng.LookupSRQ(c.SRQN); srq == nil {
+			return nil, errStatus(abi.StatusNotFound)
+		}
+	} else {
+		switch {
+		case !isPow2(c.MaxRecvWR) || c.MaxRecvWR > l.MaxQPWR || c.MaxRecvSGE == 0 || c.MaxRecvSGE > l.MaxSGE:
+			return nil, errStatus(abi.StatusInvalid)
+		case c.RQWQEShift < abi.MinRQWQEShift || c.RQWQEShift > abi.MaxWQEShift ||
+			rqStride < abi.RecvWQEHdrSize+abi.SGESize*uint64(c.MaxRecvSGE):
+			return nil, errStatus(abi.StatusInvalid)
+		case uint64(c.RQNPages) != pagesFor(uint64(c.MaxRecvWR)*rqStride):
+			return nil, errStatus(abi.StatusInvalid)
+		}
+	}
+	switch {
+	case !isPow2(c.MaxSendWR) || c.MaxSendWR > l.MaxQPWR:
 		return nil, errStatus(abi.StatusInvalid)
-	case c.MaxSendSGE == 0 || c.MaxSendSGE > l.MaxSGE || c.MaxRecvSGE == 0 || c.MaxRecvSGE > l.MaxSGE:
+	case c.MaxSendSGE == 0 || c.MaxSendSGE > l.MaxSGE:
 		return nil, errStatus(abi.StatusInvalid)
-	case c.MaxInlineData > l.MaxInlineData:
+	case c.MaxInlineData > l.MaxInlineData || (ud && uint64(c.MaxInlineData) > mtuBytes(l.ActiveMTU)):
 		return nil, errStatus(abi.StatusInvalid)
-	case c.SQWQEShift < abi.MinSQWQEShift || c.SQWQEShift > abi.MaxWQEShift ||
-		c.RQWQEShift < abi.MinRQWQEShift || c.RQWQEShift > abi.MaxWQEShift:
+	case c.SQWQEShift < abi.MinSQWQEShift || c.SQWQEShift > abi.MaxWQEShift:
 		return nil, errStatus(abi.StatusInvalid)
 	case sqStride < abi.SendWQEHdrSize+abi.SGESize*uint64(c.MaxSendSGE) ||
-		sqStride < abi.SendWQEHdrSize+uint64(c.MaxInlineData) ||
-		rqStride < abi.RecvWQEHdrSize+abi.SGESize*uint64(c.MaxRecvSGE):
+		sqStride < abi.SendWQEHdrSize+uint64(c.MaxInlineData):
 		return nil, errStatus(abi.StatusInvalid)
 	case c.DoorbellQueue >= l.NumDoorbellQueues:
 		return nil, errStatus(abi.StatusInvalid)
-	case uint64(c.SQNPages) != pagesFor(uint64(c.MaxSendWR)*sqStride) ||
-		uint64(c.RQNPages) != pagesFor(uint64(c.MaxRecvWR)*rqStride):
+	case uint64(c.SQNPages) != pagesFor(uint64(c.MaxSendWR)*sqStride):
 		return nil, errStatus(abi.StatusInvalid)
 	case uint32(d.eng.Count(engine.KindQP)) >= l.MaxQP:
 		return nil, errStatus(abi.StatusNoResources)
@@ -395,7 +462,6 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		return nil, err
 	}
 	rqNotify := c.Flags&abi.QPFlagRQNotify != 0
-	nic := d.eng.NIC() != nil
 	h := uint32(0) // a host NIC's QP takes the NIC's number
 	if !nic {
 		if h = d.eng.NewHandle(engine.KindQP, qpnBits); h == 0 { // reserved on the fabric
@@ -413,7 +479,6 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		SendCQ:        scq,
 		RecvCQ:        rcq,
 		SQ:            engine.Ring{Pages: pages[:c.SQNPages], Depth: c.MaxSendWR, Stride: uint32(sqStride)},
-		RQ:            engine.Ring{Pages: pages[c.SQNPages:], Depth: c.MaxRecvWR, Stride: uint32(rqStride)},
 		Record:        abi.GPA(c.Record),
 		MaxSendSGE:    c.MaxSendSGE,
 		MaxRecvSGE:    c.MaxRecvSGE,
@@ -421,6 +486,11 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		SigAll:        c.SQSigAll == 1,
 		DoorbellQueue: int(c.DoorbellQueue),
 		RQNotify:      rqNotify,
+		UD:            ud,
+		SRQ:           srq,
+	}
+	if srq == nil {
+		qp.RQ = engine.Ring{Pages: pages[c.SQNPages:], Depth: c.MaxRecvWR, Stride: uint32(rqStride)}
 	}
 	if nic {
 		if err := d.eng.CreateQPNIC(qp); err != nil {
@@ -438,6 +508,9 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 	}
 	return &abi.Handle{Handle: qp.Num}, nil
 }
+
+// mtuBytes is an ibv_mtu value in bytes.
+func mtuBytes(mtu uint32) uint64 { return 128 << (mtu & 7) }
 
 func (d *Device) destroyQP(h uint32) error {
 	qp := d.eng.RemoveQP(h)
@@ -497,8 +570,18 @@ func (d *Device) createAH(req []byte) (any, error) {
 	case uint32(d.eng.Count(engine.KindAH)) >= d.conf.MaxAH:
 		return nil, errStatus(abi.StatusNoResources)
 	}
+	sgid, err := d.eng.ResolveAH(c.SGIDIndex, c.DGID)
+	switch {
+	case errors.Is(err, engine.ErrRemoteAH):
+		// "UD over RoCEv2 is not in this revision, so CREATE_AH answers
+		// UNSUPPORTED rather than making an AH whose datagrams would
+		// vanish."
+		return nil, errStatus(abi.StatusUnsupported)
+	case err != nil:
+		return nil, errStatus(abi.StatusInvalid)
+	}
 	h := d.eng.NewHandle(engine.KindAH, 32)
-	if err := d.eng.AddAH(&engine.AH{Num: h, PD: c.PDN, DGID: c.DGID}); err != nil {
+	if err := d.eng.AddAH(&engine.AH{Num: h, PD: c.PDN, DGID: c.DGID, SGID: sgid}); err != nil {
 		return nil, errStatus(abi.StatusNotFound)
 	}
 	return &abi.Handle{Handle: h}, nil
@@ -534,10 +617,13 @@ func (d *Device) destroyAll() {
 	if r == nil {
 		return
 	}
-	rel := d.eng.Reset() // QPs (flushing peers), then CQs, MRs, AHs and PDs
+	rel := d.eng.Reset() // QPs (flushing peers), then SRQs, CQs, MRs, AHs and PDs
 	d.eng.ResetGIDs()
 	for _, qp := range rel.QPs {
 		d.unpinQP(qp)
+	}
+	for _, s := range rel.SRQs {
+		d.unpinSRQ(s)
 	}
 	for _, cq := range rel.CQs {
 		d.unpinCQ(cq)

@@ -97,6 +97,9 @@ func FuzzControl(f *testing.F) {
 	f.Add(uint16(abi.CmdAddGID), abi.Marshal(&abi.GIDEntry{PortNum: 1, Index: 2, GID: [16]byte{0xfe, 0x80, 15: 9}}))
 	f.Add(uint16(abi.CmdDelGID), abi.Marshal(&abi.GIDReq{PortNum: 1, Index: 0}))
 	f.Add(uint16(abi.CmdCreateCQ), append(abi.Marshal(&abi.CreateCQ{CQE: 64, NPages: 1, Record: 8192, Flags: abi.CQFlagArmRecord}), le.AppendUint64(nil, 12288)...))
+	f.Add(uint16(abi.CmdCreateSRQ), append(abi.Marshal(&abi.CreateSRQ{PDN: 0x100, MaxWR: 4, MaxSGE: 1, WQEShift: 5, Record: 8192, NPages: 1}), le.AppendUint64(nil, 12288)...))
+	f.Add(uint16(abi.CmdModifySRQ), abi.Marshal(&abi.SRQAttr{SRQN: 0x100, AttrMask: abi.SRQAttrLimit, SRQLimit: 1}))
+	f.Add(uint16(abi.CmdCreateQP), abi.Marshal(&abi.CreateQP{QPType: abi.QPTypeUD, MaxSendWR: 4, MaxSendSGE: 1, SQWQEShift: 7, SQNPages: 1, Record: 16384, Flags: abi.QPFlagSRQ, SRQN: 0x100}))
 	f.Fuzz(func(t *testing.T, op uint16, req []byte) {
 		d, tbl, done := attached(t)
 		defer done()
@@ -112,12 +115,13 @@ func FuzzControl(f *testing.F) {
 				t.Fatalf("failed command %d returned a payload", op)
 			}
 			if after.PDs != before.PDs || after.MRs != before.MRs || after.CQs != before.CQs ||
-				after.QPs != before.QPs || after.AHs != before.AHs || after.Pin.PinnedBytes != before.Pin.PinnedBytes {
+				after.QPs != before.QPs || after.AHs != before.AHs || after.SRQs != before.SRQs ||
+				after.Pin.PinnedBytes != before.Pin.PinnedBytes {
 				t.Fatalf("failed command %d (%v) changed the device: %+v -> %+v", op, st, before, after)
 			}
 		}
 		d.Reset()
-		if s := d.Stats(); s.PDs+s.MRs+s.CQs+s.QPs+s.AHs != 0 || s.Pin.PinnedBytes != 0 {
+		if s := d.Stats(); s.PDs+s.MRs+s.CQs+s.QPs+s.AHs+s.SRQs != 0 || s.Pin.PinnedBytes != 0 {
 			t.Fatalf("after Reset: %+v", s)
 		}
 	})

@@ -201,8 +201,10 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 		ActiveMTU:         abi.MTU4096,
 		PortState:         abi.PortActive,
 		MaxQPRdAtom:       l.MaxQPRdAtom,
+		MaxSRQ:            l.MaxSRQ,
 	}
 	if cfg.NIC != nil {
+		d.conf.MaxSRQ = 0 // "On a device whose RNIC is a host NIC, CREATE_SRQ is UNSUPPORTED"
 		d.conf.PortGID = nicGIDs[0]
 		d.conf.ActiveMTU = cfg.NIC.ActiveMTU()
 	}
@@ -233,6 +235,7 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 		return d, nil
 	}
 	d.eng = engine.NewRNIC(cfg.Fabric, d.conf.PortGID, d.log)
+	d.eng.SetActiveMTU(d.conf.ActiveMTU) // bounds a UD message
 	d.eng.SetNetGIDs(cfg.NetGIDs)
 	d.eng.SetAllowedGIDs(cfg.AllowedGIDs)
 	if err := cfg.Fabric.Register(d.eng); err != nil {
@@ -269,6 +272,7 @@ type Stats struct {
 	CQs        int
 	QPs        int
 	AHs        int
+	SRQs       int
 	Pin        memmap.PinStats
 	Engine     engine.Stats
 	EventsLost uint64
@@ -282,7 +286,7 @@ func (d *Device) Stats() Stats {
 	if d.res != nil {
 		e := d.eng
 		s.PDs, s.MRs, s.CQs = e.Count(engine.KindPD), e.Count(engine.KindMR), e.Count(engine.KindCQ)
-		s.QPs, s.AHs = e.Count(engine.KindQP), e.Count(engine.KindAH)
+		s.QPs, s.AHs, s.SRQs = e.Count(engine.KindQP), e.Count(engine.KindAH), e.Count(engine.KindSRQ)
 	}
 	if d.pinner != nil {
 		s.Pin = d.pinner.Stats()
@@ -589,5 +593,6 @@ func (d *Device) deviceAttr() *abi.DeviceAttr {
 		MaxAH:           c.MaxAH,
 		PhysPortCnt:     1,
 		MaxInlineData:   c.MaxInlineData,
+		MaxSRQ:          c.MaxSRQ,
 	}
 }

@@ -19,6 +19,10 @@ type Limits struct {
 	MaxMRExtents  uint32
 	MaxInlineData uint32
 	MaxQPRdAtom   uint32
+	// MaxSRQ bounds the device's shared receive queues (config space
+	// max_srq). A device on a host NIC has none (CREATE_SRQ is
+	// UNSUPPORTED there): its config space says 0 whatever this is.
+	MaxSRQ uint32
 }
 
 // DefaultLimits are the limits of a device created without explicit ones.
@@ -26,7 +30,7 @@ func DefaultLimits() Limits {
 	return Limits{
 		MaxQP: 1024, MaxQPWR: 4096, MaxSGE: 16, MaxCQ: 1024, MaxCQE: 65536,
 		MaxMR: 4096, MaxPD: 256, MaxAH: 1024, MaxMRSize: 1 << 32, MaxMRExtents: 1 << 20,
-		MaxInlineData: 256, MaxQPRdAtom: 16,
+		MaxInlineData: 256, MaxQPRdAtom: 16, MaxSRQ: 1024,
 	}
 }
 
@@ -43,6 +47,7 @@ func (l Limits) WithDefaults(base Limits) Limits {
 	l.MaxPD, l.MaxAH = pick(l.MaxPD, base.MaxPD), pick(l.MaxAH, base.MaxAH)
 	l.MaxInlineData, l.MaxQPRdAtom = pick(l.MaxInlineData, base.MaxInlineData), pick(l.MaxQPRdAtom, base.MaxQPRdAtom)
 	l.MaxMRExtents = pick(l.MaxMRExtents, base.MaxMRExtents)
+	l.MaxSRQ = pick(l.MaxSRQ, base.MaxSRQ)
 	if l.MaxMRSize == 0 {
 		l.MaxMRSize = base.MaxMRSize
 	}

@@ -7,8 +7,8 @@ import (
 )
 
 // PVDMA: the control path pins exactly the guest pages an object names
-// (REG_MR: the 4 KiB pages holding the MR's bytes; CREATE_CQ and
-// CREATE_QP: the ring pages and the record) and releases them when the
+// (REG_MR: the 4 KiB pages holding the MR's bytes; CREATE_CQ, CREATE_QP
+// and CREATE_SRQ: the ring pages and the record) and releases them when the
 // object goes (memmap.Pinner keeps released pins in its map cache).
 //
 // Every pin is taken on behalf of its object (memmap.Pinner.PinFor): the
@@ -96,3 +96,6 @@ func (d *Device) unpinCQ(cq *engine.CQ) { d.unpinRing(cq.Ring.Pages) }
 // unpinQP releases what createQP pinned: both rings and the record (one
 // page list, the SQ's pages first).
 func (d *Device) unpinQP(qp *engine.QP) { d.unpinRing(qp.SQ.Pages) }
+
+// unpinSRQ releases what createSRQ pinned: the ring and the record.
+func (d *Device) unpinSRQ(s *engine.SRQ) { d.unpinRing(s.Ring.Pages) }

@@ -49,6 +49,7 @@ func (l Limits) Min(o Limits) Limits {
 	c(&l.MaxMRExtents, o.MaxMRExtents)
 	c(&l.MaxInlineData, o.MaxInlineData)
 	c(&l.MaxQPRdAtom, o.MaxQPRdAtom)
+	c(&l.MaxSRQ, o.MaxSRQ)
 	if o.MaxMRSize != 0 && o.MaxMRSize < l.MaxMRSize {
 		l.MaxMRSize = o.MaxMRSize
 	}

@@ -195,7 +195,7 @@ type Collector struct {
 	sessions, refused, messages, connected                                  *prometheus.Desc
 	ringErrors, protoErrors, interrupts, memTables                          *prometheus.Desc
 	commands, commandErrors, eventsLost, eventsDropped                      *prometheus.Desc
-	wrongPeer                                                               *prometheus.Desc
+	wrongPeer, udDropped                                                    *prometheus.Desc
 	resourceLimit, pinnedLimit                                              *prometheus.Desc
 	shareWeight, rateLimitBytes, rateLimitOps                               *prometheus.Desc
 	devices, globalPinned, globalPinnedLimit, buildInfo                     *prometheus.Desc
@@ -246,6 +246,8 @@ func NewCollector(src Source, bi BuildInfo) *Collector {
 		eventsDropped:  d("events_dropped_total", "Asynchronous events raised while no guest was attached."),
 		wrongPeer: d("wrong_peer_requests_total",
 			"Requests that reached one of the device's QPs from a QP it is not connected to (another tenant's, say): answered as to a QP that does not exist."),
+		udDropped: d("ud_dropped_total",
+			"UD datagrams that reached the device and were dropped: to a QP that does not exist, is not UD, is not in RTR or RTS, holds another Q_Key or has no receive WQE."),
 		resourceLimit:  d("resource_limit", "Most RDMA objects of a type the guest may create (device limit).", "type"),
 		pinnedLimit:    d("pinned_limit_bytes", "Pin quota of the device in bytes; absent when it has none."),
 		shareWeight:    d("share_weight", "Weight of the device in the engine's round robin over busy devices (1 to 1000)."),
@@ -300,7 +302,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.resources, c.bytesMoved, c.ops, c.wcErrors,
 		c.sessions, c.refused, c.messages, c.connected,
 		c.ringErrors, c.protoErrors, c.interrupts, c.memTables,
-		c.commands, c.commandErrors, c.eventsLost, c.eventsDropped, c.wrongPeer,
+		c.commands, c.commandErrors, c.eventsLost, c.eventsDropped, c.wrongPeer, c.udDropped,
 		c.resourceLimit, c.pinnedLimit,
 		c.shareWeight, c.rateLimitBytes, c.rateLimitOps,
 		c.devices, c.globalPinned, c.globalPinnedLimit, c.buildInfo, c.engineThreads,
@@ -436,4 +438,5 @@ func (c *Collector) collectDevice(ch chan<- prometheus.Metric, ds *DeviceStats) 
 	counter(c.eventsLost, st.EventsLost)
 	counter(c.eventsDropped, st.Engine.EventsDropped)
 	counter(c.wrongPeer, st.Engine.WrongPeer)
+	counter(c.udDropped, st.Engine.UDDropped)
 }

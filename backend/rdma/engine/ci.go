@@ -92,7 +92,9 @@ func (q *QP) resetCI(rec []byte, sq, rq uint32) {
 		return
 	}
 	abi.StoreUint32(rec, abi.QPRecordSQCI, sq)
-	abi.StoreUint32(rec, abi.QPRecordRQCI, rq)
+	if q.SRQ == nil { // "the device never writes them" with an SRQ
+		abi.StoreUint32(rec, abi.QPRecordRQCI, rq)
+	}
 	q.ciStored = [2]uint32{sq, rq}
 }
 

@@ -65,6 +65,11 @@ func (d *RNIC) Poll(dbq int, t *memmap.Table) (worked bool, nextRetry time.Time)
 func (d *RNIC) PollBudget(dbq int, t *memmap.Table, b *Budget) (worked bool, nextRetry time.Time) {
 	now := monoNow()
 	var next int64
+	// The driver's notification after posting to an SRQ with notify set
+	// wakes the SRQ's doorbell queue: requesters waiting on it go on.
+	for _, s := range d.queueSRQs(dbq) {
+		s.kick(t)
+	}
 	qs := d.queueQPs(dbq)
 	start := 0
 	if len(qs) > 1 {
@@ -234,7 +239,7 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64, nq *netQP) (moved uint
 			return
 		}
 		n := copy(sc.wqe[:], slot)
-		sc.w, ok = decodeSend(sc.wqe[:n], min(q.MaxSendSGE, maxSendSGEs), q.MaxInline, sc.lsge[:])
+		sc.w, ok = decodeSend(sc.wqe[:n], q.UD, min(q.MaxSendSGE, maxSendSGEs), q.MaxInline, sc.lsge[:])
 	}
 	w := &sc.w
 	o := outcome{status: abi.WCLocQPOpErr}
@@ -357,6 +362,9 @@ func (q *QP) postNet(nq *netQP, w *sendWQE, sc *scratch, ok bool, now int64) (o 
 // run executes a validated send WQE whose SGEs are in sc.lsge: it checks
 // the local side, builds the request and hands it to the responder.
 func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
+	if q.UD {
+		return q.sendUD(t, w, sc, now)
+	}
 	lsge, lmr, total, st := q.checkLocal(w, sc)
 	if st != abi.WCSuccess {
 		return failed(st)
@@ -433,7 +441,8 @@ func (q *QP) rnr(rnrRetry, minRNR uint32, now int64) outcome {
 }
 
 // flush completes, in order, every send WQE between sqCI and sq_pi and
-// every receive WQE between rqCI and rq_pi with WR_FLUSH_ERR (or
+// every receive WQE between rqCI and rq_pi (a QP with an SRQ: see
+// flushSRQ) with WR_FLUSH_ERR (or
 // RETRY_EXC_ERR for sends outstanding when the peer device was reset), at
 // most budget of them. A producer index more than the depth ahead is not
 // flushed (the QP is broken). Precondition: sqMu held; state ERR.
@@ -473,6 +482,9 @@ func (q *QP) flush(t *memmap.Table, rec []byte, budget int) (n int) {
 func (q *QP) flushRecv(t *memmap.Table, rec []byte, budget int) (n int) {
 	q.rqMu.Lock()
 	defer q.rqMu.Unlock()
+	if q.SRQ != nil {
+		return q.flushSRQ(t, budget)
+	}
 	// Receives posted from now on need a notification: announced
 	// before rq_pi is read.
 	q.rqFlushing = true
@@ -492,6 +504,29 @@ func (q *QP) flushRecv(t *memmap.Table, rec []byte, budget int) (n int) {
 		q.setCI(rqIdx, rec, q.rqCI)
 		q.Dev.complete(q.RecvCQ, t, &abi.CQE{WRID: wrID, Status: abi.WCWRFlushErr, Opcode: abi.WCOpRecv, QPNum: q.Num}, false)
 		n++
+	}
+	return n
+}
+
+// flushSRQ is flushRecv for a QP with an SRQ: "A QP in ERR flushes its
+// send queue only: the WQEs in the SRQ belong to the SRQ and stay for its
+// other QPs". A WQE the QP had consumed for a message that did not
+// complete (stash) completes with WR_FLUSH_ERR; then, once, the QP posts
+// QP_LAST_WQE_REACHED: it is in ERR, so under rqMu (held) no responder
+// and, its transport closed by the pass, no network message consumes for
+// it any more. Precondition: rqMu held; state ERR.
+func (q *QP) flushSRQ(t *memmap.Table, budget int) (n int) {
+	if budget <= 0 {
+		return 0 // the next pass
+	}
+	if st := q.srqStash; st != nil {
+		q.srqStash = nil
+		q.Dev.complete(q.RecvCQ, t, &abi.CQE{WRID: st.wrID, Status: abi.WCWRFlushErr, Opcode: abi.WCOpRecv, QPNum: q.Num}, false)
+		n++
+	}
+	if !q.lastWQE {
+		q.lastWQE = true
+		q.Dev.postEvent(abi.EventQPLastWQE, q.Num)
 	}
 	return n
 }

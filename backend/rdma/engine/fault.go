@@ -35,6 +35,9 @@ func (r *request) respondContained() (o outcome) {
 	defer func() {
 		if v := recover(); v != nil {
 			o = peerFault(v, r.t, r.pt, r.pq)
+			if r.ud {
+				o = succeeded(r.total) // the sender learns nothing
+			}
 		}
 	}()
 	return r.respond()

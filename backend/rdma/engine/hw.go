@@ -205,7 +205,7 @@ func (q *QP) postSendNIC(t *memmap.Table, rec []byte, b *Budget) bool {
 			break
 		}
 		k := copy(h.wqe[:], slot)
-		w, ok := decodeSend(h.wqe[:k], uint32(maxSGE), q.MaxInline, h.sges[nsge:nsge+maxSGE])
+		w, ok := decodeSend(h.wqe[:k], false, uint32(maxSGE), q.MaxInline, h.sges[nsge:nsge+maxSGE])
 		if !ok {
 			// Completes with LOC_QP_OP_ERR after what was posted
 			// before it (flushNIC), and the QP enters ERR.

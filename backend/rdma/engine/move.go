@@ -158,8 +158,9 @@ type scratch struct {
 	held bool
 	w    sendWQE
 
-	req  request // the message being answered (run builds it for respond)
-	recv recvWQE // the receive WQE it consumes
+	req  request           // the message being answered (run builds it for respond)
+	recv recvWQE           // the receive WQE it consumes
+	grh  [abi.GRHSize]byte // a UD datagram's network header (ud.go)
 
 	keys keyCache // the last keys and QP numbers this QP resolved
 }

@@ -104,7 +104,7 @@ func newNetQP(q *QP) *netQP {
 	for i := range n.slots {
 		n.slots[i].buf.dev = q.Dev
 	}
-	n.recvs = make([]recvBuf, q.RQ.Depth)
+	n.recvs = make([]recvBuf, q.recvDepth())
 	for i := range n.recvs {
 		n.recvs[i].dev = q.Dev
 	}
@@ -308,34 +308,35 @@ func (n *netQP) takeRecvLocked(t *memmap.Table) (rc.Recv, bool) {
 	if err != nil {
 		return rc.Recv{}, false
 	}
-	pi := abi.LoadUint32(rec, abi.QPRecordRQPI)
-	if pi == q.rqCI || pi-q.rqCI > q.RQ.Depth || n.recvOpen == len(n.recvs) {
-		// Nothing posted, a broken index (the engine's pass breaks the
-		// QP), or as many receives in flight as the queue holds.
-		return rc.Recv{}, false
-	}
-	slot, err := q.RQ.Slot(t, q.rqCI)
-	if err != nil {
-		return rc.Recv{}, false
+	if n.recvOpen == len(n.recvs) {
+		return rc.Recv{}, false // as many receives in flight as the queue holds
 	}
 	b := &n.recvs[(n.recvHead+n.recvOpen)%len(n.recvs)]
 	var wqe [abi.PageSize]byte
-	c := copy(wqe[:], slot)
 	var sges [maxRecvSGEs]abi.SGE
-	wrID, ns, ok := decodeRecv(wqe[:c], min(q.MaxRecvSGE, maxRecvSGEs), sges[:])
-	b.sge, b.mr, b.bad = append(b.sge[:0], sges[:ns]...), b.mr[:0], !ok
+	// The same-host responder's function: the QP's receive queue or its
+	// SRQ. Nothing posted, a broken index (the engine's pass breaks the
+	// QP) or a stopped SRQ is receiver-not-ready for the transport.
+	wrID, ns, res := q.takeRecvWQE(t, rec, wqe[:], sges[:], nil)
+	if res != takeOK && res != takeBad {
+		return rc.Recv{}, false
+	}
+	b.sge, b.mr, b.bad = append(b.sge[:0], sges[:ns]...), b.mr[:0], res == takeBad
+	pd := q.recvPD()
 	var capacity uint64
 	for i := range b.sge {
 		s := &b.sge[i]
 		mr := q.Dev.LookupMR(s.LKey)
-		if mr == nil || mr.PD != q.PD || !mr.Contains(s.Addr, uint64(s.Length)) || mr.Access&abi.AccessLocalWrite == 0 {
+		if mr == nil || mr.PD != pd || !mr.Contains(s.Addr, uint64(s.Length)) || mr.Access&abi.AccessLocalWrite == 0 {
 			b.bad = true
 		}
 		b.mr = append(b.mr, mr)
 		capacity += uint64(s.Length)
 	}
-	q.rqCI++
-	q.setCI(rqIdx, rec, q.rqCI)
+	if q.SRQ == nil {
+		q.rqCI++
+		q.setCI(rqIdx, rec, q.rqCI)
+	}
 	b.wrID = wrID
 	n.recvOpen++
 	return rc.Recv{ID: wrID, Len: uint32(min(capacity, abi.MaxMsgSize)), Buf: b}, true

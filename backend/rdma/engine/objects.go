@@ -196,7 +196,8 @@ type CQ struct {
 	hwWaiting atomic.Bool // a pass found no room: the next poll wakes the queues
 }
 
-// QP is an RC queue pair. The exported fields are immutable after AddQP.
+// QP is a queue pair: RC, or UD (UD). The exported fields are immutable
+// after AddQP.
 type QP struct {
 	Num           uint32
 	PD            uint32
@@ -211,6 +212,12 @@ type QP struct {
 	SigAll        bool
 	DoorbellQueue int
 	RQNotify      bool // the record is an abi.QPNotifyRecord (CREATE_QP flag RQ_NOTIFY); immutable
+	// UD: a UD QP (qp_type 4): it sends datagrams to the WQE's AH and
+	// QP number and receives from any UD QP with its Q_Key (ud.go).
+	UD bool
+	// SRQ: the QP takes its receive WQEs from this SRQ of its device and
+	// has no receive queue of its own (RQ is empty, MaxRecvSGE 0).
+	SRQ *SRQ
 
 	// With a host NIC (hw.go): the host QP the guest's WQEs are posted to
 	// and what the engine keeps of them until they complete.
@@ -277,6 +284,28 @@ type QP struct {
 	// rqNotifyPub is the record's rq_notify word as last stored (RQNotify
 	// QPs only; protected by rqMu): 1 while rqFlushing or rnrWaiter is set.
 	rqNotifyPub uint32
+	// With an SRQ (protected by rqMu): a WQE consumed for a message its
+	// requester abandoned (srq.go), and whether QP_LAST_WQE_REACHED was
+	// posted since the QP last left RESET.
+	srqStash *stash
+	lastWQE  bool
+}
+
+// recvPD is the PD whose MRs the QP's receive SGEs name: its SRQ's, if it
+// has one ("its PD need not be the QP's, as in verbs").
+func (q *QP) recvPD() uint32 {
+	if q.SRQ != nil {
+		return q.SRQ.PD
+	}
+	return q.PD
+}
+
+// recvDepth is how many receive WQEs the QP may hold consumed at once.
+func (q *QP) recvDepth() uint32 {
+	if q.SRQ != nil {
+		return q.SRQ.Ring.Depth
+	}
+	return q.RQ.Depth
 }
 
 // State returns the QP's state.

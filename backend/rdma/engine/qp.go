@@ -12,7 +12,7 @@ import (
 const knownMask = abi.QPAttrState | abi.QPAttrAccessFlags | abi.QPAttrPKeyIndex | abi.QPAttrPort |
 	abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry |
 	abi.QPAttrRQPSN | abi.QPAttrMaxQPRdAtomic | abi.QPAttrMinRNRTimer | abi.QPAttrSQPSN |
-	abi.QPAttrMaxDestRdAtomic | abi.QPAttrDestQPN | abi.QPAttrPaths
+	abi.QPAttrMaxDestRdAtomic | abi.QPAttrDestQPN | abi.QPAttrPaths | abi.QPAttrQKey
 
 // transition is one row of the RC transition table.
 type transition struct {
@@ -32,12 +32,23 @@ var transitions = [...]transition{
 	{abi.QPSRTS, abi.QPSRTS, abi.QPAttrState, abi.QPAttrAccessFlags | abi.QPAttrMinRNRTimer},
 }
 
-// checkValues validates the fields a's mask names.
-func checkValues(a *abi.QPAttr) bool {
+// udTransitions is the UD table of docs/spec.md § MODIFY_QP: a UD QP has
+// no peer, so every attribute of one is INVALID in its masks.
+var udTransitions = [...]transition{
+	{abi.QPSReset, abi.QPSInit, abi.QPAttrState | abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrQKey, 0},
+	{abi.QPSInit, abi.QPSInit, abi.QPAttrState, abi.QPAttrPKeyIndex | abi.QPAttrPort | abi.QPAttrQKey},
+	{abi.QPSInit, abi.QPSRTR, abi.QPAttrState, abi.QPAttrPKeyIndex | abi.QPAttrQKey},
+	{abi.QPSRTR, abi.QPSRTS, abi.QPAttrState | abi.QPAttrSQPSN, abi.QPAttrQKey},
+	{abi.QPSRTS, abi.QPSRTS, abi.QPAttrState, abi.QPAttrQKey},
+}
+
+// checkValues validates the fields a's mask names, for a UD QP (ud) or an
+// RC one.
+func checkValues(a *abi.QPAttr, ud bool) bool {
 	m := a.AttrMask
 	has := func(bit uint32) bool { return m&bit != 0 }
 	switch {
-	case a.QKey != 0, // UD only: RC QPs have no Q_Key
+	case !ud && (a.QKey != 0 || has(abi.QPAttrQKey)), // "QKEY 0x40 (UD only)"; "zero for RC"
 		has(abi.QPAttrPKeyIndex) && a.PKeyIndex != 0,
 		has(abi.QPAttrPort) && a.PortNum != 1,
 		has(abi.QPAttrAccessFlags) && a.QPAccessFlags&^abi.AccessAll != 0,
@@ -56,8 +67,8 @@ func checkValues(a *abi.QPAttr) bool {
 	return true
 }
 
-// Modify applies MODIFY_QP: the RC state machine with the required and
-// optional attribute masks of docs/spec.md § MODIFY_QP. It returns
+// Modify applies MODIFY_QP: the RC or UD state machine with the required
+// and optional attribute masks of docs/spec.md § MODIFY_QP. It returns
 // StatusOK, StatusInvalid (unknown or missing mask bits, bad values),
 // StatusState (a transition not in the table), StatusNotFound (the QP was
 // destroyed, or dgid is unknown to the fabric at INIT→RTR). Moving to
@@ -75,7 +86,7 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 	default:
 		return abi.StatusInvalid
 	}
-	if !checkValues(&a) {
+	if !checkValues(&a, q.UD) {
 		return abi.StatusInvalid
 	}
 	if to == abi.QPSReset {
@@ -90,7 +101,7 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 	var peer *RNIC
 	var nq *netQP
 	var sgid [16]byte
-	if m&abi.QPAttrAV != 0 && q.Dev != nil && q.Dev.fabric != nil {
+	if m&abi.QPAttrAV != 0 && !q.UD && q.Dev != nil && q.Dev.fabric != nil {
 		var ok bool
 		sgid, ok = q.Dev.GIDAt(int(a.SGIDIndex))
 		if !ok {
@@ -144,10 +155,14 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 			q.attr.QPState = abi.QPSErr
 			return abi.StatusOK, true
 		}
+		table := transitions[:]
+		if q.UD {
+			table = udTransitions[:]
+		}
 		var tr *transition
-		for i := range transitions {
-			if transitions[i].from == from && transitions[i].to == to {
-				tr = &transitions[i]
+		for i := range table {
+			if table[i].from == from && table[i].to == to {
+				tr = &table[i]
 				break
 			}
 		}
@@ -237,6 +252,9 @@ func (q *QP) apply(a *abi.QPAttr) {
 	if m&abi.QPAttrPaths != 0 {
 		x.Paths = a.Paths
 	}
+	if m&abi.QPAttrQKey != 0 {
+		x.QKey = a.QKey
+	}
 }
 
 // reset moves the QP to RESET from any state: attributes are cleared, the
@@ -293,8 +311,12 @@ func (q *QP) reset(mask uint32) abi.Status {
 	q.rqFlushing = false
 	q.rnrWaiter.Store(nil)
 	q.updateRQNotify(rec)
+	q.srqStash, q.lastWQE = nil, false // a stashed SRQ WQE is discarded as posted ones are
 	q.sqCI = abi.LoadUint32(rec, abi.QPRecordSQPI)
-	q.rqCI = abi.LoadUint32(rec, abi.QPRecordRQPI)
+	q.rqCI = 0 // with an SRQ: rq_pi and rq_ci are unused
+	if q.SRQ == nil {
+		q.rqCI = abi.LoadUint32(rec, abi.QPRecordRQPI)
+	}
 	q.sqCIPub, q.sqPISeen, q.rqPISeen = q.sqCI, q.sqCI, q.rqCI
 	q.resetCI(rec, q.sqCI, q.rqCI)
 	if q.HW != nil {

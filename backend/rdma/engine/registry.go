@@ -8,15 +8,16 @@ import (
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
-// The registry: every object of a device (PD, MR, CQ, QP, AH) by handle,
+// The registry: every object of a device (PD, MR, CQ, QP, AH, SRQ) by handle,
 // with the lifetimes the objects impose on one another. The control path
 // (package backend/rdma) validates commands, pins guest memory and then
 // adds, looks up and removes objects here; the engine finds them here on
 // the data path. There is no other table of device objects.
 //
-// Lifetimes: an MR, a QP and an AH hold their PD (RemovePD answers
-// ErrBusy while any do); a QP holds its CQs (CQ.Users; the control path
-// refuses DESTROY_CQ while it is not zero).
+// Lifetimes: an MR, a QP, an SRQ and an AH hold their PD (RemovePD
+// answers ErrBusy while any do); a QP holds its CQs (CQ.Users; the control
+// path refuses DESTROY_CQ while it is not zero) and its SRQ (SRQ.Users;
+// RemoveSRQ answers ErrSRQBusy).
 
 // Registry errors.
 var (
@@ -28,15 +29,16 @@ var (
 type PD struct {
 	Num   uint32 // immutable
 	HW    NICPD  // the host NIC's PD (a device with a NIC; immutable)
-	users int    // MRs, QPs and AHs naming it (protected by RNIC.mu)
+	users int    // MRs, QPs, SRQs and AHs naming it (protected by RNIC.mu)
 }
 
-// AH is an address handle: a destination as a UD work request would name
-// it (RC QPs carry theirs in their attributes).
+// AH is an address handle: the destination a UD send WQE names (RC QPs
+// carry theirs in their attributes).
 type AH struct {
 	Num  uint32   // immutable
 	PD   uint32   // immutable
 	DGID [16]byte // immutable
+	SGID [16]byte // the GID at sgid_index when the AH was created (immutable)
 }
 
 // Kind names one of the registry's tables.
@@ -49,6 +51,7 @@ const (
 	KindCQ
 	KindQP
 	KindAH
+	KindSRQ
 )
 
 // NewHandle returns a handle that no object of kind k holds: a sequence
@@ -144,6 +147,8 @@ func (d *RNIC) takenLocked(k Kind, h uint32) bool {
 		return d.cqs[h] != nil
 	case KindQP:
 		return d.qps[h] != nil
+	case KindSRQ:
+		return d.srqs[h] != nil
 	default:
 		return d.ahs[h] != nil
 	}
@@ -162,6 +167,8 @@ func (d *RNIC) Count(k Kind) int {
 		return len(d.cqs)
 	case KindQP:
 		return len(d.qps)
+	case KindSRQ:
+		return len(d.srqs)
 	default:
 		return len(d.ahs)
 	}
@@ -301,6 +308,9 @@ func (d *RNIC) AddQP(q *QP) error {
 	if q.RecvCQ != nil {
 		q.RecvCQ.Users.Add(1)
 	}
+	if q.SRQ != nil {
+		q.SRQ.Users.Add(1)
+	}
 	d.qps[q.Num] = q
 	if d.fabric != nil {
 		// A number taken on another device (only a caller choosing its
@@ -388,6 +398,10 @@ func (d *RNIC) removeQP(num uint32) *QP {
 	if q.RecvCQ != nil {
 		q.RecvCQ.Users.Add(-1)
 	}
+	if q.SRQ != nil {
+		q.SRQ.Users.Add(-1)
+	}
+	q.srqStash = nil
 	return q
 }
 
@@ -409,6 +423,13 @@ func (d *RNIC) AddAH(a *AH) error {
 	return nil
 }
 
+// LookupAH returns the AH with num, or nil.
+func (d *RNIC) LookupAH(num uint32) *AH {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.ahs[num]
+}
+
 // RemoveAH removes and returns the AH with num, or nil.
 func (d *RNIC) RemoveAH(num uint32) *AH {
 	d.mu.Lock()
@@ -419,6 +440,83 @@ func (d *RNIC) RemoveAH(num uint32) *AH {
 		d.releasePDLocked(a.PD)
 	}
 	return a
+}
+
+// Registry errors of SRQs, and of an AH to another host.
+var (
+	ErrRemoteAH = errors.New("address handle to another host: UD over RoCEv2 is not supported")
+	ErrNoSRQ    = errors.New("no such shared receive queue")
+	ErrSRQBusy  = errors.New("shared receive queue in use")
+)
+
+// AddSRQ makes s reachable by its number and by the poll of its doorbell
+// queue; it holds its PD (ErrNoPD if s.PD does not exist, and then nothing
+// changes). s.Dev must be d.
+func (d *RNIC) AddSRQ(s *SRQ) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.holdPDLocked(s.PD); err != nil {
+		return err
+	}
+	d.srqs[s.Num] = s
+	old := d.srqByDBQ[s.DoorbellQueue]
+	list := make([]*SRQ, len(old), len(old)+1)
+	copy(list, old)
+	d.srqByDBQ[s.DoorbellQueue] = append(list, s)
+	return nil
+}
+
+// LookupSRQ returns the SRQ with num, or nil.
+func (d *RNIC) LookupSRQ(num uint32) *SRQ {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.srqs[num]
+}
+
+// RemoveSRQ destroys the SRQ with num and returns it: ErrNoSRQ if there
+// is none, ErrSRQBusy (and nothing changes) while a QP was created with
+// it. Once it returns, the device neither reads the SRQ's ring and record
+// nor consumes from them (its QPs are gone, and a consumer in flight held
+// the SRQ's lock, which RemoveSRQ takes after).
+func (d *RNIC) RemoveSRQ(num uint32) (*SRQ, error) {
+	d.mu.Lock()
+	s := d.srqs[num]
+	switch {
+	case s == nil:
+		d.mu.Unlock()
+		return nil, ErrNoSRQ
+	case s.Users.Load() > 0:
+		d.mu.Unlock()
+		return nil, ErrSRQBusy
+	}
+	delete(d.srqs, num)
+	d.releasePDLocked(s.PD)
+	old := d.srqByDBQ[s.DoorbellQueue]
+	list := make([]*SRQ, 0, len(old))
+	for _, o := range old {
+		if o != s {
+			list = append(list, o)
+		}
+	}
+	if len(list) == 0 {
+		delete(d.srqByDBQ, s.DoorbellQueue)
+	} else {
+		d.srqByDBQ[s.DoorbellQueue] = list
+	}
+	d.mu.Unlock()
+	s.mu.Lock()
+	s.dead = true
+	s.waiters = nil
+	s.waiting.Store(false)
+	s.mu.Unlock()
+	return s, nil
+}
+
+// queueSRQs returns the SRQs of doorbell queue dbq (an immutable slice).
+func (d *RNIC) queueSRQs(dbq int) []*SRQ {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.srqByDBQ[dbq]
 }
 
 // queueQPs returns the QPs of doorbell queue dbq (an immutable slice).
@@ -442,21 +540,31 @@ func (d *RNIC) allQPs() []*QP {
 // Released is what Reset removed from the registry, for the control path
 // to release the memory they pinned.
 type Released struct {
-	QPs []*QP
-	CQs []*CQ
-	MRs []*MR
+	QPs  []*QP
+	SRQs []*SRQ
+	CQs  []*CQ
+	MRs  []*MR
 }
 
 // Reset destroys every object: every QP first (peers' QPs connected to
 // them move to ERR, and their outstanding send WQEs complete with
-// RETRY_EXC_ERR), then every CQ, MR, AH and PD. It returns what held
-// pinned guest memory.
+// RETRY_EXC_ERR), then every SRQ (no QP uses one any more), CQ, MR, AH
+// and PD. It returns what held pinned guest memory.
 func (d *RNIC) Reset() Released {
 	var rel Released
 	rel.QPs = d.allQPs()
 	d.loseQPs(rel.QPs)
 	for _, q := range rel.QPs {
 		d.RemoveQP(q.Num)
+	}
+	d.mu.RLock()
+	rel.SRQs = make([]*SRQ, 0, len(d.srqs))
+	for _, s := range d.srqs {
+		rel.SRQs = append(rel.SRQs, s)
+	}
+	d.mu.RUnlock()
+	for _, s := range rel.SRQs {
+		d.RemoveSRQ(s.Num) // not busy: its QPs went above
 	}
 	d.mu.Lock()
 	rel.CQs = make([]*CQ, 0, len(d.cqs))

@@ -40,6 +40,10 @@ type request struct {
 	rnrRetry uint32        // q's rnr_retry
 	sgid     [16]byte      // the GID q sends from
 	now      int64         // monotonic ns of this pass
+	// A UD datagram (ud.go): the destination GID and the Q_Key sent.
+	ud   bool
+	dgid [16]byte
+	qkey uint32
 }
 
 // respond runs r on the responder QP under its rqMu. Remote errors move
@@ -55,6 +59,9 @@ type request struct {
 // responder's device (Stats.WrongPeer). The check is a few compares under
 // the lock the state check takes anyway.
 func (r *request) respond() outcome {
+	if r.ud {
+		return r.deliver()
+	}
 	pq := r.pq
 	pq.rqMu.Lock()
 	defer pq.rqMu.Unlock()
@@ -62,7 +69,7 @@ func (r *request) respond() outcome {
 	pst, pdead, pacc, minRNR := pq.attr.QPState, pq.dead, pq.attr.QPAccessFlags, pq.attr.MinRNRTimer
 	// A QP connected over the network has no peer device (nil): no
 	// requester of this host is ever its peer.
-	ours := pq.peer == r.q.Dev && pq.attr.DestQPNum == r.q.Num && pq.attr.DGID == r.sgid
+	ours := !pq.UD && pq.peer == r.q.Dev && pq.attr.DestQPNum == r.q.Num && pq.attr.DGID == r.sgid
 	pq.mu.Unlock()
 	if pdead || (pst != abi.QPSRTR && pst != abi.QPSRTS) {
 		return failed(abi.WCRetryExcErr)
@@ -104,78 +111,170 @@ type recvWQE struct {
 	mr   []*MR     // filled by send as it checks sge
 }
 
-// takeRecv reads the responder's head receive WQE once into the scratch and
-// decodes it. Without one it answers receiver-not-ready (after asking the
-// responder's driver for a notification: awaitRecv); a receive queue the
-// device cannot read or a WQE that does not decode is the responder's
-// error. It returns nil and the requester's outcome when there is no
-// receive to use. Precondition: pq.rqMu held.
+// takeRecv takes the receive WQE the message consumes (QP.takeRecvWQE),
+// copied into the scratch. Without one an RC requester gets
+// receiver-not-ready (after asking the responder's driver for a
+// notification) and a UD datagram is dropped; a receive queue the device
+// cannot read or a WQE that does not decode is the responder's error. It
+// returns nil and the requester's outcome when there is no receive to use.
+// Precondition: pq.rqMu held.
 func (r *request) takeRecv(minRNR uint32) (*recvWQE, outcome) {
 	pq, pt, sc := r.pq, r.pt, r.sc
 	rec, err := pt.Slice(pq.Record, QPRecordSize(pq.RQNotify))
 	if err != nil {
-		return nil, r.remoteErr(abi.WCRemOpErr)
+		return nil, r.peerErr(abi.WCRemOpErr)
 	}
-	pi := pq.rqPISeen
-	if pi-pq.rqCI-1 >= pq.RQ.Depth {
-		// Not known to be ahead: read the driver's rq_pi (as sq_pi in
-		// pollLocked, only when the receives last seen are used up).
-		pi = abi.LoadUint32(rec, abi.QPRecordRQPI)
-		pq.rqPISeen = pi
+	var waiter *QP
+	if !r.ud {
+		waiter = r.q // "no receiver-not-ready wait happens for UD"
 	}
-	if pi == pq.rqCI {
-		// Receiver not ready: ask pq's driver for a notification when it
-		// posts a receive, then look once more.
-		if pi = pq.awaitRecv(rec, r.q); pi == pq.rqCI {
-			return nil, r.q.rnr(r.rnrRetry, minRNR, r.now)
+	wrID, nr, res := pq.takeRecvWQE(pt, rec, sc.rwqe[:], sc.rsge[:], waiter)
+	switch res {
+	case takeEmpty, takeStopped:
+		if r.ud {
+			pq.Dev.udDropped.Add(1)
+			return nil, succeeded(r.total)
 		}
+		return nil, r.q.rnr(r.rnrRetry, minRNR, r.now)
+	case takeBroken:
+		return nil, r.peerErr(abi.WCRemOpErr)
 	}
-	if pi-pq.rqCI > pq.RQ.Depth {
-		return nil, r.remoteErr(abi.WCRemOpErr)
-	}
-	slot, err := pq.RQ.Slot(pt, pq.rqCI)
-	if err != nil {
-		return nil, r.remoteErr(abi.WCRemOpErr)
-	}
-	n := copy(sc.rwqe[:], slot)
-	wrID, nr, ok := decodeRecv(sc.rwqe[:n], min(pq.MaxRecvSGE, maxRecvSGEs), sc.rsge[:])
 	rv := &sc.recv
 	*rv = recvWQE{rec: rec, wrID: wrID, sge: sc.rsge[:nr], mr: sc.rmr[:nr]}
-	if !ok {
+	if res == takeBad {
 		r.recvDone(rv, abi.WCLocQPOpErr)
-		return nil, r.remoteErr(abi.WCRemOpErr)
+		return nil, r.peerErr(abi.WCRemOpErr)
 	}
 	return rv, outcome{}
 }
 
-// send places a SEND's payload into the receive WQE rv.
+// takeRecvWQE takes the receive WQE a message arriving at q consumes; the
+// same-host responder (request.takeRecv, UD delivery included) and the
+// network transport (netQP.TakeRecv) both take it here. With an SRQ it is
+// the WQE stashed for q, else the SRQ's next one, consumed at once (the
+// SRQ's ci); otherwise the head of q's own receive queue, which the caller
+// consumes with consumeRQ when it completes it. The WQE is copied once
+// into buf and decoded into sges (wr_id is filled even for takeBad). w,
+// if not nil, is the requester whose message found nothing: it is kicked
+// when the driver posts a receive. Precondition: q.rqMu held; rec is q's
+// whole record on t, the table of q's device.
+func (q *QP) takeRecvWQE(t *memmap.Table, rec, buf []byte, sges []abi.SGE, w *QP) (wrID uint64, n int, res takeResult) {
+	if s := q.SRQ; s != nil {
+		if st := q.srqStash; st != nil {
+			q.srqStash = nil
+			return st.wrID, copy(sges, st.sge), takeOK
+		}
+		return s.take(t, buf, sges, w)
+	}
+	pi := q.rqPISeen
+	if pi-q.rqCI-1 >= q.RQ.Depth {
+		// Not known to be ahead: read the driver's rq_pi (as sq_pi in
+		// pollLocked, only when the receives last seen are used up).
+		pi = abi.LoadUint32(rec, abi.QPRecordRQPI)
+		q.rqPISeen = pi
+	}
+	if pi == q.rqCI {
+		if w == nil {
+			return 0, 0, takeEmpty
+		}
+		// Receiver not ready: ask the driver for a notification when it
+		// posts a receive, then look once more.
+		if pi = q.awaitRecv(rec, w); pi == q.rqCI {
+			return 0, 0, takeEmpty
+		}
+	}
+	if pi-q.rqCI > q.RQ.Depth {
+		return 0, 0, takeBroken
+	}
+	slot, err := q.RQ.Slot(t, q.rqCI)
+	if err != nil {
+		return 0, 0, takeBroken
+	}
+	k := copy(buf, slot)
+	wrID, n, ok := decodeRecv(buf[:k], min(q.MaxRecvSGE, maxRecvSGEs), sges)
+	if !ok {
+		return wrID, 0, takeBad
+	}
+	return wrID, n, takeOK
+}
+
+// consumeRQ consumes the head of q's own receive queue that takeRecvWQE
+// took (an SRQ's WQE was consumed when taken): rq_ci advances, raised
+// before the completion is pushed (ci.go). Precondition: q.rqMu held.
+func (q *QP) consumeRQ() {
+	if q.SRQ != nil {
+		return
+	}
+	q.rqCI++
+	q.ciDone[rqIdx].Store(q.rqCI)
+}
+
+// abandon gives back the receive WQE rv of a message the requester could
+// not deliver (its own memory failed under the copy): a QP's own receive
+// WQE stays at the head; one taken from an SRQ has left the SRQ, so it is
+// stashed for the QP's next message (or its flush). Precondition:
+// pq.rqMu held.
+func (r *request) abandon(rv *recvWQE) {
+	if r.pq.SRQ != nil {
+		r.pq.srqStash = &stash{wrID: rv.wrID, sge: append([]abi.SGE(nil), rv.sge...)}
+	}
+}
+
+// peerErr is an error the receiving side detected. RC: the responder QP
+// moves to ERR with QP_FATAL and the requester completes with st. UD: the
+// receiving QP moves to ERR and the sender learns nothing ("the send
+// completes successfully once the datagram is delivered or dropped").
+func (r *request) peerErr(st abi.WCStatus) outcome {
+	if r.ud {
+		r.pq.toErr(false)
+		return succeeded(r.total)
+	}
+	return r.remoteErr(st)
+}
+
+// send places a SEND's payload into the receive WQE rv; a UD datagram's
+// is preceded by its network header (sc.grh).
 func (r *request) send(rv *recvWQE) outcome {
 	peer, pq, sc := r.pq.Dev, r.pq, r.sc
+	pd := pq.recvPD()
 	var capacity uint64
 	for i := range rv.sge {
 		s := &rv.sge[i]
 		mr := sc.keys.mr(peer, s.LKey)
-		if mr == nil || mr.PD != pq.PD || !mr.Contains(s.Addr, uint64(s.Length)) ||
+		if mr == nil || mr.PD != pd || !mr.Contains(s.Addr, uint64(s.Length)) ||
 			mr.Access&abi.AccessLocalWrite == 0 {
 			r.recvDone(rv, abi.WCLocProtErr)
-			return r.remoteErr(abi.WCRemOpErr)
+			return r.peerErr(abi.WCRemOpErr)
 		}
 		rv.mr[i] = mr
 		capacity += uint64(s.Length)
 	}
-	if r.total > capacity {
+	need := r.total
+	if r.ud {
+		need += abi.GRHSize
+	}
+	if need > capacity {
 		// "A message longer than the receive WQE's scatter list is
 		// LOC_LEN_ERR at the responder and REM_INV_REQ_ERR at the
-		// requester."
+		// requester." UD: "A receive WQE too small for 40 + payload
+		// completes with LOC_LEN_ERR and moves the receiving QP to ERR."
 		r.recvDone(rv, abi.WCLocLenErr)
-		return r.remoteErr(abi.WCRemInvReqErr)
+		return r.peerErr(abi.WCRemInvReqErr)
 	}
 	sc.mv.start(r.pt, rv.sge, rv.mr)
-	if err := r.q.gather(r.t, r.w, sc, r.lsge, r.lmr); err != nil {
+	err := error(nil)
+	if r.ud {
+		err = sc.mv.srcFn(sc.grh[:])
+	}
+	if err == nil {
+		err = r.q.gather(r.t, r.w, sc, r.lsge, r.lmr)
+	}
+	if err != nil {
 		if sc.mv.dstFailed {
 			r.recvDone(rv, abi.WCLocProtErr)
-			return r.remoteErr(abi.WCRemOpErr)
+			return r.peerErr(abi.WCRemOpErr)
 		}
+		r.abandon(rv)
 		return failed(abi.WCLocProtErr)
 	}
 	r.recvDone(rv, abi.WCSuccess)
@@ -183,17 +282,24 @@ func (r *request) send(rv *recvWQE) outcome {
 }
 
 // write places an RDMA WRITE's payload at the remote address; with an
-// immediate (rv not nil) it then consumes the receive WQE rv.
+// immediate (rv not nil) it then consumes the receive WQE rv, which it
+// gives back (abandon) if the WRITE fails.
 func (r *request) write(qpAccess uint32, rv *recvWQE) outcome {
 	w, sc := r.w, r.sc
 	mr := remoteMR(sc, r.pq, qpAccess, w.rkey, w.remoteAddr, r.total, abi.AccessRemoteWrite)
 	if mr == nil {
+		if rv != nil {
+			r.abandon(rv)
+		}
 		return r.remoteErr(abi.WCRemAccessErr)
 	}
 	sc.one[0] = abi.SGE{Addr: w.remoteAddr, Length: uint32(r.total), LKey: w.rkey}
 	sc.oneM[0] = mr
 	sc.mv.start(r.pt, sc.one[:], sc.oneM[:])
 	if err := r.q.gather(r.t, w, sc, r.lsge, r.lmr); err != nil {
+		if rv != nil {
+			r.abandon(rv)
+		}
 		if sc.mv.dstFailed {
 			return r.remoteErr(abi.WCRemAccessErr)
 		}
@@ -252,19 +358,23 @@ func (r *request) remoteErr(st abi.WCStatus) outcome {
 	return failed(st)
 }
 
-// recvDone consumes the responder's head receive WQE rv (rq_ci advances)
-// and completes it on the responder's receive CQ with status st (and, on
-// success, the message length and immediate). Precondition: pq.rqMu held.
+// recvDone consumes the responder's receive WQE rv (consumeRQ) and
+// completes it on the responder's receive CQ with status st (and, on
+// success, the message length and immediate; a UD datagram's with its
+// network header and the GRH flag). Precondition: pq.rqMu held.
 func (r *request) recvDone(rv *recvWQE, st abi.WCStatus) {
 	pq, w := r.pq, r.w
-	pq.rqCI++
-	pq.ciDone[rqIdx].Store(pq.rqCI) // stored before the CQE is visible (ci.go)
+	pq.consumeRQ() // rq_ci stored before the CQE is visible (ci.go)
 	e := abi.CQE{WRID: rv.wrID, Status: st, Opcode: abi.WCOpRecv, QPNum: pq.Num, SrcQP: r.q.Num}
 	if st == abi.WCSuccess {
 		e.ByteLen = uint32(r.total)
+		if r.ud {
+			e.ByteLen += abi.GRHSize
+			e.WCFlags = abi.WCFlagGRH
+		}
 		switch w.opcode {
 		case abi.WROpSendWithImm:
-			e.WCFlags, e.ImmData = abi.WCFlagWithImm, w.imm
+			e.WCFlags, e.ImmData = e.WCFlags|abi.WCFlagWithImm, w.imm
 		case abi.WROpRDMAWriteWithImm:
 			e.Opcode, e.WCFlags, e.ImmData = abi.WCOpRecvRDMAWithImm, abi.WCFlagWithImm, w.imm
 		}

@@ -27,6 +27,10 @@ type Stats struct {
 	// a QP it is not connected to (another tenant's, say): each was
 	// answered as one to a QP that does not exist and touched nothing.
 	WrongPeer uint64
+	// UDDropped counts UD datagrams that reached the device and were
+	// dropped: to a QP that does not exist, is not UD, is not in RTR or
+	// RTS, holds another Q_Key or has no receive WQE.
+	UDDropped uint64
 }
 
 // maxWCStatus bounds the wc statuses counted in Stats.
@@ -55,21 +59,29 @@ type RNIC struct {
 	events EventSink      // protected by mu
 	wake   func(dbq int)  // protected by mu
 	// The registry (registry.go): every object of the device, by handle.
-	pds   map[uint32]*PD // protected by mu
-	mrs   map[uint32]*MR // protected by mu
-	cqs   map[uint32]*CQ // protected by mu
-	qps   map[uint32]*QP // protected by mu
-	ahs   map[uint32]*AH // protected by mu
-	byDBQ map[int][]*QP  // protected by mu; each slice is immutable (copy on write)
-	rotor atomic.Uint32  // where PollBudget starts among a queue's QPs
-	gen   atomic.Uint64  // bumped after an MR or QP leaves the tables (keyCache)
-	seq   uint32         // handle sequence (protected by mu)
+	pds   map[uint32]*PD  // protected by mu
+	mrs   map[uint32]*MR  // protected by mu
+	cqs   map[uint32]*CQ  // protected by mu
+	qps   map[uint32]*QP  // protected by mu
+	ahs   map[uint32]*AH  // protected by mu
+	srqs  map[uint32]*SRQ // protected by mu
+	byDBQ map[int][]*QP   // protected by mu; each slice is immutable (copy on write)
+	// srqByDBQ: the SRQs by doorbell queue, whose poll kicks their
+	// waiters (protected by mu; each slice is immutable).
+	srqByDBQ map[int][]*SRQ
+	rotor    atomic.Uint32 // where PollBudget starts among a queue's QPs
+	gen      atomic.Uint64 // bumped after an MR or QP leaves the tables (keyCache)
+	seq      uint32        // handle sequence (protected by mu)
 
 	bytesMoved    atomic.Uint64
 	ops           [7]atomic.Uint64
 	wcErrors      [maxWCStatus]atomic.Uint64
 	eventsDropped atomic.Uint64
 	wrongPeer     atomic.Uint64
+	udDropped     atomic.Uint64
+	// mtu is the port's active MTU in bytes, the longest UD message
+	// (SetActiveMTU; 0: 4096).
+	mtu atomic.Uint32
 }
 
 // NewRNIC returns an RNIC with GID gid on fabric f. It does not register
@@ -81,16 +93,18 @@ func NewRNIC(f *Fabric, gid [16]byte, log *logrus.Entry) *RNIC {
 		log = logrus.NewEntry(l)
 	}
 	return &RNIC{
-		fabric: f,
-		gid:    gid,
-		log:    log,
-		pds:    make(map[uint32]*PD),
-		mrs:    make(map[uint32]*MR),
-		cqs:    make(map[uint32]*CQ),
-		qps:    make(map[uint32]*QP),
-		ahs:    make(map[uint32]*AH),
-		byDBQ:  make(map[int][]*QP),
-		seq:    randomSeq(),
+		fabric:   f,
+		gid:      gid,
+		log:      log,
+		pds:      make(map[uint32]*PD),
+		mrs:      make(map[uint32]*MR),
+		cqs:      make(map[uint32]*CQ),
+		qps:      make(map[uint32]*QP),
+		ahs:      make(map[uint32]*AH),
+		srqs:     make(map[uint32]*SRQ),
+		srqByDBQ: make(map[int][]*SRQ),
+		byDBQ:    make(map[int][]*QP),
+		seq:      randomSeq(),
 	}
 }
 
@@ -128,6 +142,22 @@ func (d *RNIC) AllowedGIDs() []netip.Prefix {
 		defer d.fabric.mu.RUnlock()
 	}
 	return append([]netip.Prefix(nil), d.allowed...)
+}
+
+// SetActiveMTU sets the port's active MTU (abi.MTU256 … abi.MTU4096), which
+// bounds a UD message. The default is abi.MTU4096.
+func (d *RNIC) SetActiveMTU(mtu uint32) {
+	if mtu >= abi.MTU256 && mtu <= abi.MTU4096 {
+		d.mtu.Store(128 << mtu)
+	}
+}
+
+// activeMTU is the port's active MTU in bytes.
+func (d *RNIC) activeMTU() uint64 {
+	if v := d.mtu.Load(); v != 0 {
+		return uint64(v)
+	}
+	return 4096
 }
 
 // GID returns the device's GID.
@@ -234,6 +264,7 @@ func (d *RNIC) Stats() Stats {
 		CompletionErrors: make(map[abi.WCStatus]uint64),
 		EventsDropped:    d.eventsDropped.Load(),
 		WrongPeer:        d.wrongPeer.Load(),
+		UDDropped:        d.udDropped.Load(),
 	}
 	for i := range s.Ops {
 		s.Ops[i] = d.ops[i].Load()

@@ -25,6 +25,9 @@ type sendWQE struct {
 	inlineLen  uint32
 	compareAdd uint64
 	swap       uint64
+	ah         uint32 // UD only
+	remoteQPN  uint32 // UD only
+	remoteQKey uint32 // UD only
 }
 
 // decodeSend decodes the header of the send WQE copied into b (the QP's
@@ -32,8 +35,11 @@ type sendWQE struct {
 // formed for a QP with the given limits: a known opcode and flags, num_sge
 // ≤ maxSGE (0 with INLINE, inline only for SEND and WRITE), inline_len ≤
 // maxInline, SGEs or inline data inside the stride, reserved bytes zero.
-// Even when it fails, wr_id and opcode are filled for the error CQE.
-func decodeSend(b []byte, maxSGE, maxInline uint32, sges []abi.SGE) (w sendWQE, ok bool) {
+// ah, remote_qpn and remote_qkey are a UD QP's (ud) and zero for RC; a UD
+// QP sends SEND and SEND_WITH_IMM only, without FENCE, to a 24-bit QP
+// number ("other opcodes and FENCE are LOC_QP_OP_ERR"). Even when it
+// fails, wr_id and opcode are filled for the error CQE.
+func decodeSend(b []byte, ud bool, maxSGE, maxInline uint32, sges []abi.SGE) (w sendWQE, ok bool) {
 	if len(b) < abi.SendWQEHdrSize {
 		return w, false
 	}
@@ -48,7 +54,17 @@ func decodeSend(b []byte, maxSGE, maxInline uint32, sges []abi.SGE) (w sendWQE, 
 	w.inlineLen = le.Uint32(b[28:])
 	w.compareAdd = le.Uint64(b[32:])
 	w.swap = le.Uint64(b[40:])
-	if le.Uint64(b[48:]) != 0 || le.Uint64(b[56:]) != 0 {
+	w.ah = le.Uint32(b[48:])
+	w.remoteQPN = le.Uint32(b[52:])
+	w.remoteQKey = le.Uint32(b[56:])
+	if le.Uint32(b[60:]) != 0 {
+		return w, false
+	}
+	if !ud && (w.ah != 0 || w.remoteQPN != 0 || w.remoteQKey != 0) {
+		return w, false
+	}
+	if ud && (w.remoteQPN >= 1<<24 || w.flags&abi.WRFlagFence != 0 ||
+		(w.opcode != abi.WROpSend && w.opcode != abi.WROpSendWithImm)) {
 		return w, false
 	}
 	if w.opcode > abi.WROpAtomicFetchAdd || w.flags&^knownFlags != 0 || w.inlineLen > maxInline {

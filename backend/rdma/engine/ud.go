@@ -1,0 +1,183 @@
+package engine
+
+import (
+	"encoding/binary"
+
+	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
+)
+
+// UD QPs (docs/spec.md § Semantics (UD)). A UD QP sends datagrams: each
+// SEND names an AH of the QP's PD, a QP number and a Q_Key, and the
+// datagram goes to that QP on the device owning the AH's dgid, on this
+// daemon's fabric. The receiver takes it only as a UD QP in RTR or RTS
+// with that Q_Key and a receive WQE posted (its own or its SRQ's), and
+// finds there 40 bytes of network header before the payload; anything
+// else drops it, counted on the receiving device (Stats.UDDropped). The
+// sender completes once the datagram is delivered or dropped and never
+// waits receiver-not-ready. A UD QP receives from any QP, which is what
+// UD is: RC's rule that a QP answers only its peer (respond.go) is RC's,
+// and an RC request never reaches a UD QP's receive queue, nor a UD
+// datagram an RC QP's.
+
+// sendUD runs a validated send WQE (SEND or SEND_WITH_IMM: decodeSend)
+// whose SGEs are in sc.lsge on the UD QP q. Precondition: sqMu held; q in
+// RTS; t is q's device's table.
+func (q *QP) sendUD(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
+	lsge, lmr, total, st := q.checkLocal(w, sc)
+	if st != abi.WCSuccess {
+		return failed(st)
+	}
+	d := q.Dev
+	if total > d.activeMTU() {
+		// "A message longer than the port's active_mtu bytes is
+		// LOC_LEN_ERR."
+		return failed(abi.WCLocLenErr)
+	}
+	// "The AH must be an AH of the device in the QP's PD, else
+	// LOC_QP_OP_ERR" (a destroyed AH included).
+	ah := d.LookupAH(w.ah)
+	if ah == nil || ah.PD != q.PD {
+		return failed(abi.WCLocQPOpErr)
+	}
+	qkey := w.remoteQKey
+	if qkey&abi.QKeyUseQP != 0 {
+		q.mu.Lock()
+		qkey = q.attr.QKey
+		q.mu.Unlock()
+	}
+	// A dgid nobody owns: "datagrams to it are dropped as a fabric drops
+	// them" (no device to count them).
+	peer := d.resolveGID(ah.DGID)
+	if peer == nil {
+		return succeeded(total)
+	}
+	pq := sc.keys.lookupQP(peer, w.remoteQPN)
+	if pq == nil {
+		peer.udDropped.Add(1)
+		return succeeded(total)
+	}
+	pt := peer.acquire()
+	if pt == nil {
+		peer.udDropped.Add(1)
+		return succeeded(total)
+	}
+	defer pt.Release()
+	r := &sc.req
+	*r = request{q: q, pq: pq, t: t, pt: pt, w: w, sc: sc, lsge: lsge, lmr: lmr, total: total,
+		sgid: ah.SGID, now: now, ud: true, dgid: ah.DGID, qkey: qkey}
+	o := r.respondContained() // a fault in the receiver's memory is the receiver's (fault.go)
+	*r = request{}
+	return o
+}
+
+// resolveGID returns the device of the fabric owning gid (d itself on no
+// fabric, for its port GID), or nil.
+func (d *RNIC) resolveGID(gid [16]byte) *RNIC {
+	if d.fabric != nil {
+		return d.fabric.Lookup(gid)
+	}
+	if gid == d.gid {
+		return d
+	}
+	return nil
+}
+
+// deliver places the UD datagram r at the receiving QP r.pq, under its
+// rqMu: it checks that pq takes it (a UD QP in RTR or RTS whose Q_Key is
+// the one sent), takes a receive WQE (none: dropped), and writes the
+// network header and the payload there. Errors of the receive WQE are the
+// receiving QP's; the sender's outcome is success but for a failure of
+// its own memory.
+func (r *request) deliver() outcome {
+	pq := r.pq
+	pq.rqMu.Lock()
+	defer pq.rqMu.Unlock()
+	pq.mu.Lock()
+	st, dead, qkey := pq.attr.QPState, pq.dead, pq.attr.QKey
+	pq.mu.Unlock()
+	if dead || !pq.UD || (st != abi.QPSRTR && st != abi.QPSRTS) || qkey != r.qkey {
+		pq.Dev.udDropped.Add(1)
+		return succeeded(r.total)
+	}
+	rv, o := r.takeRecv(0)
+	if rv == nil {
+		return o
+	}
+	putGRH(&r.sc.grh, r.sgid, r.dgid, r.total)
+	return r.send(rv)
+}
+
+// RoCEv2 headers after the network header of a datagram, as a UD receive's
+// GRH counts them: UDP, BTH, DETH, and the ICRC after the payload.
+const udpHdr, bthHdr, dethHdr, icrcLen = 8, 12, 8, 4
+
+// putGRH writes the 40-byte network header of a UD datagram of payload
+// bytes from sgid to dgid (docs/spec.md § Semantics (UD)): for two
+// IPv4-mapped GIDs, 20 zero bytes then an IPv4 header (version 4, IHL 5,
+// total length as RoCEv2 would carry it, TTL 64, UDP, the addresses, its
+// checksum); otherwise an IPv6 header (version 6, payload length, next
+// header UDP, hop limit 64, the GIDs).
+func putGRH(b *[abi.GRHSize]byte, sgid, dgid [16]byte, payload uint64) {
+	clear(b[:])
+	be := binary.BigEndian
+	roce := udpHdr + bthHdr + dethHdr + payload + icrcLen // ≤ MTU + 32: fits 16 bits
+	if isV4Mapped(sgid) && isV4Mapped(dgid) {
+		h := b[20:40]
+		h[0] = 0x45
+		be.PutUint16(h[2:], uint16(20+roce))
+		h[8] = 64
+		h[9] = 17
+		copy(h[12:16], sgid[12:])
+		copy(h[16:20], dgid[12:])
+		be.PutUint16(h[10:], ipv4Checksum(h))
+		return
+	}
+	b[0] = 0x60
+	be.PutUint16(b[4:], uint16(roce))
+	b[6] = 17
+	b[7] = 64
+	copy(b[8:24], sgid[:])
+	copy(b[24:40], dgid[:])
+}
+
+// isV4Mapped reports whether gid is an IPv4-mapped address (::ffff:a.b.c.d).
+func isV4Mapped(gid [16]byte) bool {
+	for _, c := range gid[:10] {
+		if c != 0 {
+			return false
+		}
+	}
+	return gid[10] == 0xff && gid[11] == 0xff
+}
+
+// ipv4Checksum is the header checksum of the IPv4 header h (its checksum
+// field zero): the ones' complement of the ones'-complement sum of its
+// 16-bit words.
+func ipv4Checksum(h []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		sum += uint32(h[i])<<8 | uint32(h[i+1])
+	}
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	return ^uint16(sum)
+}
+
+// ResolveAH checks CREATE_AH's addresses (docs/spec.md § CREATE_AH) and
+// returns the GID at sgidIndex, which the AH's datagrams are sent from:
+// ErrGIDIndex for an empty entry, ErrRemoteAH for a network GID and a
+// dgid no device of the fabric owns (a destination on another host: UD
+// over RoCEv2 is not in this revision). A dgid nobody owns from the port
+// GID is accepted.
+func (d *RNIC) ResolveAH(sgidIndex uint32, dgid [16]byte) ([16]byte, error) {
+	sgid, ok := d.GIDAt(int(sgidIndex))
+	if !ok {
+		return sgid, ErrGIDIndex
+	}
+	if d.NIC() == nil && d.fabric != nil && d.fabric.IsNetGID(d, sgid) && d.fabric.Lookup(dgid) == nil {
+		return sgid, ErrRemoteAH
+	}
+	return sgid, nil
+}
