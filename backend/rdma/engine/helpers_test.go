@@ -205,6 +205,8 @@ type qpOpts struct {
 	sigAll           bool
 	guestSize        uint64 // 0: 8 MiB
 	sharedCQ         bool   // newNodeIn: one CQ for both queues (node.rcq == node.scq)
+	ud               bool   // a UD QP
+	srq              *SRQ   // the QP's SRQ (then it has no receive queue)
 }
 
 func newQP(tb testing.TB, g *guest, d *RNIC, num uint32, scq, rcq *CQ, o qpOpts) *QP {
@@ -225,9 +227,13 @@ func newQP(tb testing.TB, g *guest, d *RNIC, num uint32, scq, rcq *CQ, o qpOpts)
 	q := &QP{
 		Num: num, PD: testPD, Dev: d, SendCQ: scq, RecvCQ: rcq,
 		SQ:         Ring{Pages: g.scattered(tb, pages(o.sqDepth, sqStride)), Depth: o.sqDepth, Stride: sqStride},
-		RQ:         Ring{Pages: g.scattered(tb, pages(o.rqDepth, rqStride)), Depth: o.rqDepth, Stride: rqStride},
 		Record:     g.pages(tb, 1)[0] + 16,
-		MaxSendSGE: o.maxSGE, MaxRecvSGE: o.maxSGE, MaxInline: o.inl, SigAll: o.sigAll,
+		MaxSendSGE: o.maxSGE, MaxInline: o.inl, SigAll: o.sigAll,
+		UD: o.ud, SRQ: o.srq,
+	}
+	if o.srq == nil {
+		q.RQ = Ring{Pages: g.scattered(tb, pages(o.rqDepth, rqStride)), Depth: o.rqDepth, Stride: rqStride}
+		q.MaxRecvSGE = o.maxSGE
 	}
 	addQP(d, q)
 	return q
@@ -366,9 +372,15 @@ func (n *node) record(tb testing.TB) []byte { return n.g.slice(tb, n.qp.Record, 
 
 // postSend writes a send WQE at sq_pi and advances sq_pi, as a driver does.
 func (n *node) postSend(tb testing.TB, w abi.SendWQE, sges []abi.SGE, inline []byte) {
-	rec := n.record(tb)
+	postSendOn(tb, n.g, n.qp, w, sges, inline)
+}
+
+// postSendOn is postSend on QP q of guest g.
+func postSendOn(tb testing.TB, g *guest, q *QP, w abi.SendWQE, sges []abi.SGE, inline []byte) {
+	tb.Helper()
+	rec := g.slice(tb, q.Record, abi.QPRecordSize)
 	pi := abi.LoadUint32(rec, abi.QPRecordSQPI)
-	slot, err := n.qp.SQ.Slot(n.g.tbl, pi)
+	slot, err := q.SQ.Slot(g.tbl, pi)
 	if err != nil {
 		tb.Fatalf("sq slot: %v", err)
 	}
