@@ -210,7 +210,13 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	if a.SigAll {
 		req.SQSigAll = 1
 	}
-	resp, err := c.command(abi.CmdCreateQP, append(abi.Marshal(&req), inline...), 8)
+	body := abi.Marshal(&req)
+	if a.SRQ == nil {
+		// The 80-byte layout before SRQs, which every revision of the
+		// device accepts, so the library also drives an older daemon.
+		body = body[:abi.CreateQPV1Size]
+	}
+	resp, err := c.command(abi.CmdCreateQP, append(body, inline...), 8)
 	if err != nil {
 		return fail(err)
 	}

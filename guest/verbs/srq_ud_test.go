@@ -72,7 +72,7 @@ func TestSRQUDCommandEncoding(t *testing.T) {
 			body: append(abi.Marshal(&abi.CreateQP{PDN: pd.Num(), SendCQN: cq.Num(), RecvCQN: cq.Num(), QPType: abi.QPTypeUD,
 				MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1, SQWQEShift: 7, RQWQEShift: 5,
 				DoorbellQueue: uint32(ud.DoorbellQueue()), Record: udMem + 2*abi.PageSize, SQNPages: 1, RQNPages: 1,
-				Flags: abi.QPFlagRQNotify}), pageBytes(udMem, 2)...)},
+				Flags: abi.QPFlagRQNotify})[:abi.CreateQPV1Size], pageBytes(udMem, 2)...)},
 		{name: "CreateAH", op: ahOp, want: abi.CmdCreateAH, got: ahBody,
 			body: abi.Marshal(&abi.CreateAH{PDN: pd.Num(), PortNum: 1, DGID: gid, SGIDIndex: 1})},
 		{name: "ArmLimit", run: func() error { return srq.ArmLimit(5) }, want: abi.CmdModifySRQ,

@@ -106,7 +106,7 @@ func TestCommandEncoding(t *testing.T) {
 		{"CreateQP", nil, qpOp,
 			append(abi.Marshal(&abi.CreateQP{PDN: pd.Num(), SendCQN: cq.Num(), RecvCQN: cq.Num(), QPType: abi.QPTypeRC, MaxSendWR: 128, MaxRecvWR: 64,
 				MaxSendSGE: 2, MaxRecvSGE: 3, MaxInlineData: 100, SQWQEShift: 8, RQWQEShift: 6, DoorbellQueue: 0,
-				Record: qpMem + 9*abi.PageSize, SQNPages: 8, RQNPages: 1, SQSigAll: 1, Flags: abi.QPFlagRQNotify}), pages(qpMem, 9)...)},
+				Record: qpMem + 9*abi.PageSize, SQNPages: 8, RQNPages: 1, SQSigAll: 1, Flags: abi.QPFlagRQNotify})[:abi.CreateQPV1Size], pages(qpMem, 9)...)},
 		{"Modify", func() error { return qp.Modify(abi.QPAttr{QPState: abi.QPSErr}, abi.QPAttrState) }, abi.CmdModifyQP,
 			abi.Marshal(&abi.QPAttr{QPN: qp.Num(), AttrMask: abi.QPAttrState, QPState: abi.QPSErr})},
 		{"Query", func() error { _, err := qp.Query(); return err }, abi.CmdQueryQP, abi.Marshal(&abi.Handle{Handle: qp.Num()})},
