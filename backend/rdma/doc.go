@@ -6,9 +6,16 @@
 // per-device buffer) and only the copy is parsed; a malformed command gets
 // an error status and changes nothing.
 //
-// Objects: the device's PDs, MRs, CQs, QPs and AHs live in one registry,
-// the engine's (engine.RNIC, registry.go), which also keeps their
-// lifetimes (an MR, QP or AH holds its PD; a QP holds its CQs). The
+// Objects: the device's PDs, MRs, CQs, QPs, SRQs and AHs live in one
+// registry, the engine's (engine.RNIC, registry.go), which also keeps
+// their lifetimes (an MR, QP, SRQ or AH holds its PD; a QP holds its CQs
+// and its SRQ: DESTROY_SRQ is BUSY while a QP names it; a reset destroys
+// SRQs after QPs). QPs are RC or UD (qp_type 4); CREATE_QP takes the
+// 88-byte request and the 80-byte one from before SRQs
+// (decodeCreateQP). A device on a host NIC has max_srq 0 and answers
+// CREATE_SRQ and a UD or SRQ CREATE_QP with UNSUPPORTED; CREATE_AH
+// answers UNSUPPORTED for a network sgid and a dgid no device of the
+// daemon owns (UD over RoCEv2 is not in this revision). The
 // control path validates a command, pins the guest memory it names, and
 // adds or removes the object there; the engine finds it there on the data
 // path. There is no second table.
@@ -25,7 +32,7 @@
 // Lock order: control-queue lock → Device.mu → engine locks → event-queue
 // lock (a leaf); doorbell-queue lock → engine locks → event-queue lock.
 //
-// PVDMA: REG_MR, CREATE_CQ and CREATE_QP pin exactly the pages they name
+// PVDMA: REG_MR, CREATE_CQ, CREATE_QP and CREATE_SRQ pin exactly the pages they name
 // (memmap.Pinner: refcounted, released pages kept in a bounded map cache);
 // destroying the object unpins them; a reset or disconnect unpins all.
 // Each object's pins are recorded under the object (pin.go), in the region

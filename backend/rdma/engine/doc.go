@@ -1,7 +1,9 @@
 // Package engine is the software RNIC embedded in vrdmad: it executes RC
-// work requests directly between the guest memories of two devices.
+// and UD work requests directly between the guest memories of two
+// devices, with receive WQEs from a QP's own receive queue or from a
+// shared receive queue (SRQ).
 //
-// The control path (package backend/rdma) builds the objects (MR, CQ, QP)
+// The control path (package backend/rdma) builds the objects (MR, CQ, QP, SRQ)
 // from control commands and registers them with the device's RNIC; RNICs
 // register on a daemon-wide Fabric by GID, so a QP reaches its peer by (GID, QP
 // number). The Fabric also keeps each device's GID table (ADD_GID and
@@ -35,10 +37,41 @@
 // QP numbers are unique on the fabric, because a peer on the network names
 // a QP by number alone.
 //
+// # Shared receive queues
+//
+// An SRQ (srq.go) is a receive ring several QPs of its device take their
+// receive WQEs from (QP.SRQ). Whichever QP a message arrives for, on
+// whichever engine or transport goroutine, the WQE is taken by one
+// function, QP.takeRecvWQE, which the same-host responder, UD delivery and
+// the network transport (netQP.TakeRecv) share: from an SRQ it copies the
+// next WQE and advances the SRQ's ci in one step under SRQ.mu, so an SRQ's
+// WQEs are consumed one at a time in ring order; the message is placed
+// into the copy afterwards, in parallel with other QPs'. The SRQ limit
+// event fires there. An empty SRQ is receiver-not-ready: the requester is
+// recorded as a waiter, the record's notify word says so, and the poll of
+// the SRQ's doorbell queue (PollBudget), woken by the driver's
+// notification, kicks the waiters. A pi more than max_wr ahead stops the
+// SRQ for good. A QP with an SRQ flushes only its send queue in ERR, then
+// posts QP_LAST_WQE_REACHED once; a WQE it consumed for a message its
+// requester abandoned is kept for it (stash) and flushed then.
+//
+// # UD
+//
+// A UD QP (QP.UD; ud.go) sends SEND and SEND_WITH_IMM datagrams to the
+// WQE's AH (of the QP's PD), QP number and Q_Key: the engine resolves the
+// AH's dgid on the fabric and delivers to that QP under its rqMu, writing
+// the 40-byte network header (IPv4 for two IPv4-mapped GIDs, else IPv6)
+// before the payload. Anything the receiver does not take (not UD, not in
+// RTR/RTS, another Q_Key, no receive WQE, no such QP) is dropped and
+// counted (Stats.UDDropped); a UD sender never waits RNR and learns
+// nothing of the receiver. UD datagrams stay on this daemon's fabric:
+// CREATE_AH refuses a destination on another host (ResolveAH).
+//
 // Non-goals: the control commands and their validation (backend/rdma),
 // doorbell-queue notification suppression and the worker loop (the caller
-// of Poll), UD QPs, the wire protocol (roce/rc, roce/udp). On this host the
-// fabric is lossless: timeout and retry_cnt are informational there.
+// of Poll), UD over RoCEv2 and SRQs or UD on a host NIC, the wire protocol
+// (roce/rc, roce/udp). On this host the fabric is lossless: timeout and
+// retry_cnt are informational there.
 //
 // # Execution model
 //
@@ -98,7 +131,10 @@
 // must be connected back to the requester — dest QPN, dgid equal to the
 // GID the requester sends from (QP.sgid, resolved with QP.peer at INIT→RTR)
 // and that GID's device — or the request is answered as one to a QP that
-// does not exist, touches nothing and is counted (Stats.WrongPeer). QP
+// does not exist, touches nothing and is counted (Stats.WrongPeer); a UD QP
+// is never an RC QP's peer, and a UD datagram reaches UD QPs only, with
+// their Q_Key (isolation between tenants is the Q_Key's and the random
+// 24-bit QP number's, as UD defines it). QP
 // numbers are drawn uniformly from 24 bits and reserved on the fabric as
 // they are drawn (NewHandle), so probing finds nothing near a known one.
 // Across hosts the transport keeps the same rule (roce/udp: the peer's
@@ -153,6 +189,7 @@
 //	QP.sqMu     (a QP's requester side: its engine pass, Modify→RESET, RemoveQP)
 //	transport   (a network QP's rc.Conn lock: its goroutines call the Host with it)
 //	QP.rqMu     (a QP's responder side; may be another QP than the sqMu holder's)
+//	SRQ.mu      (an SRQ's consumption: taken under the consuming QP's rqMu)
 //	QP.mu       (state and attributes)
 //	CQ.mu
 //	QP.ciMu     (a leaf: the record's consumer indices, ci.go)
