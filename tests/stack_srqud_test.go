@@ -13,10 +13,13 @@ import (
 // one SRQ) and ibv_ud_pingpong, each checking its buffers (-c), polling
 // and with completion events; perftest's ib_send_bw/ib_send_lat with
 // --use-srq and over UD (-c UD). ibv_devinfo -v shows the SRQ limits the
-// device offers. No kernel warning, and rmmod vrdma succeeds afterwards.
+// device offers; the port's netdev is listed under
+// /sys/class/infiniband/vrdma0/device/net and by rdma link. No kernel warning, and rmmod vrdma succeeds afterwards.
 func TestStackSRQUD(t *testing.T) {
 	vmtest := needStack(t)
-	devinfo := "ibv_devinfo -v -d vrdma0 | grep -E 'max_srq|max_srq_wr|max_srq_sge' | sed 's/^/DEVINFO /' && "
+	devinfo := "ibv_devinfo -v -d vrdma0 | grep -E 'max_srq|max_srq_wr|max_srq_sge' | sed 's/^/DEVINFO /' && " +
+		"ls /sys/class/infiniband/vrdma0/device/net | sed 's/^/NETDEV /' && " +
+		"rdma link show vrdma0/1 | sed 's/^/RDMALINK /' && "
 	out, code := vmtestRun(t, vmtest, 10*time.Minute, "exec-pair",
 		"--server", devinfo+"vrdma-perftest server srqud",
 		"--client", "vrdma-perftest client srqud {server}")
@@ -45,6 +48,14 @@ func TestStackSRQUD(t *testing.T) {
 	// ibv_srq_pingpong's SRQ holds its default rx depth of 500 receives.
 	if limits["max_srq_wr"] > 0 && limits["max_srq_wr"] < 500 {
 		t.Errorf("max_srq_wr %d < 500", limits["max_srq_wr"])
+	}
+	// The port's netdev is discoverable as on a RoCE NIC (issue 27 item 6):
+	// under the RDMA device's parent, and in rdma link.
+	if !regexp.MustCompile(`(?m)server\| NETDEV eth0$`).MatchString(out) {
+		t.Errorf("/sys/class/infiniband/vrdma0/device/net does not list eth0:\n%s", grepLines(out, "NETDEV"))
+	}
+	if !regexp.MustCompile(`RDMALINK .*netdev eth0`).MatchString(out) {
+		t.Errorf("rdma link does not show netdev eth0:\n%s", grepLines(out, "RDMALINK"))
 	}
 	checkGuestsClean(t, out, 2)
 	if t.Failed() {

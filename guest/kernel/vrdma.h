@@ -100,6 +100,13 @@ struct vrdma_dev {
 	spinlock_t netdev_lock;	/* netdev; writers also hold rtnl */
 	struct net_device *netdev;	/* holds a reference */
 	struct notifier_block netdev_nb;
+	/*
+	 * <virtio device>/net/<name> -> the bound net_device, as a NIC's
+	 * PCI function has it, so /sys/class/infiniband/vrdmaN/device/net
+	 * names the port's netdev (ibdev2netdev, NCCL). rtnl.
+	 */
+	struct kobject *net_kobj;
+	char net_link[IFNAMSIZ];
 	struct work_struct port_work;
 
 	struct mutex stop_mutex;	/* device reset */

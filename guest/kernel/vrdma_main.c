@@ -46,7 +46,9 @@
  * big-endian GUID are ff:fe; the MAC is the other six bytes, unchanged), or
  * to the net_device named by the module parameter netdev=. A netdevice
  * notifier binds on REGISTER/CHANGEADDR/CHANGENAME and unbinds on
- * UNREGISTER. The port is ACTIVE when the device says so and the bound
+ * UNREGISTER; the virtio device's net/ directory holds a link named after
+ * the bound netdev, so that /sys/class/infiniband/vrdmaN/device/net lists
+ * it as a RoCE NIC's PCI function lists its netdev. The port is ACTIVE when the device says so and the bound
  * net_device is running with carrier, as rxe reports it.
  *
  * Lock order: cmd_mutex -> ctrl_lock; uctx->lock -> (mmap xarray);
@@ -461,6 +463,31 @@ static bool vrdma_netdev_matches(struct vrdma_dev *dev, struct net_device *ndev)
 	       ether_addr_equal(ndev->perm_addr, dev->mac);
 }
 
+/*
+ * rtnl held. Points <virtio device>/net/ at ndev alone (NULL: empty). A
+ * failure only costs the link: the binding itself is the RDMA core's.
+ */
+static void vrdma_link_netdev(struct vrdma_dev *dev, struct net_device *ndev)
+{
+	int err;
+
+	if (!dev->net_kobj)
+		return;
+	if (dev->net_link[0]) {
+		sysfs_remove_link(dev->net_kobj, dev->net_link);
+		dev->net_link[0] = '\0';
+	}
+	if (!ndev)
+		return;
+	err = sysfs_create_link(dev->net_kobj, &ndev->dev.kobj, ndev->name);
+	if (err) {
+		dev_warn(&dev->vdev->dev, "cannot link device/net/%s: %d\n",
+			 ndev->name, err);
+		return;
+	}
+	strscpy(dev->net_link, ndev->name, sizeof(dev->net_link));
+}
+
 /* rtnl held. */
 static void vrdma_set_netdev(struct vrdma_dev *dev, struct net_device *ndev)
 {
@@ -481,6 +508,7 @@ static void vrdma_set_netdev(struct vrdma_dev *dev, struct net_device *ndev)
 	spin_unlock(&dev->netdev_lock);
 	if (old)
 		dev_put(old);
+	vrdma_link_netdev(dev, ndev);
 	if (ndev)
 		dev_info(&dev->vdev->dev, "port bound to %s\n", ndev->name);
 }
@@ -496,6 +524,8 @@ static int vrdma_netdev_event(struct notifier_block *nb, unsigned long event,
 	case NETDEV_REGISTER:
 	case NETDEV_CHANGEADDR:
 	case NETDEV_CHANGENAME:
+		if (event == NETDEV_CHANGENAME && ndev == bound)
+			vrdma_link_netdev(dev, ndev);
 		if (!bound && vrdma_netdev_matches(dev, ndev)) {
 			vrdma_set_netdev(dev, ndev);
 			vrdma_queue(dev, &dev->port_work);
@@ -840,6 +870,10 @@ static int vrdma_probe(struct virtio_device *vdev)
 	ibdev->dev.parent = &vdev->dev;
 	ib_set_device_ops(ibdev, &vrdma_dev_ops);
 
+	dev->net_kobj = kobject_create_and_add("net", &vdev->dev.kobj);
+	if (!dev->net_kobj)
+		dev_warn(&vdev->dev, "no device/net directory\n");
+
 	/* Registering replays NETDEV_REGISTER: binds an existing netdev. */
 	dev->netdev_nb.notifier_call = vrdma_netdev_event;
 	err = register_netdevice_notifier(&dev->netdev_nb);
@@ -862,8 +896,10 @@ static int vrdma_probe(struct virtio_device *vdev)
 	return 0;
 
 err_notifier:
+	/* Unregistering replays NETDEV_UNREGISTER: unbinds and unlinks. */
 	unregister_netdevice_notifier(&dev->netdev_nb);
 err_vqs:
+	kobject_put(dev->net_kobj);
 	spin_lock_irq(&dev->lock);
 	set_bit(VRDMA_REMOVING, &dev->flags);
 	spin_unlock_irq(&dev->lock);
@@ -901,6 +937,7 @@ static void vrdma_remove(struct virtio_device *vdev)
 	/* Disassociates user contexts and destroys their objects. */
 	ib_unregister_device(&dev->ibdev);
 	unregister_netdevice_notifier(&dev->netdev_nb);
+	kobject_put(dev->net_kobj);	/* the replayed UNREGISTER unlinked it */
 
 	vrdma_stop(dev);
 	vrdma_del_vqs(dev);
