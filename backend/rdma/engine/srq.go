@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -270,4 +271,80 @@ func (s *SRQ) takeWaiters(t *memmap.Table) []*QP {
 type stash struct {
 	wrID uint64
 	sge  []abi.SGE
+}
+
+// Registry errors of SRQs.
+var (
+	ErrNoSRQ   = errors.New("no such shared receive queue")
+	ErrSRQBusy = errors.New("shared receive queue in use")
+)
+
+// AddSRQ makes s reachable by its number and by the poll of its doorbell
+// queue; it holds its PD (ErrNoPD if s.PD does not exist, and then nothing
+// changes). s.Dev must be d.
+func (d *RNIC) AddSRQ(s *SRQ) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.holdPDLocked(s.PD); err != nil {
+		return err
+	}
+	d.srqs[s.Num] = s
+	old := d.srqByDBQ[s.DoorbellQueue]
+	list := make([]*SRQ, len(old), len(old)+1)
+	copy(list, old)
+	d.srqByDBQ[s.DoorbellQueue] = append(list, s)
+	return nil
+}
+
+// LookupSRQ returns the SRQ with num, or nil.
+func (d *RNIC) LookupSRQ(num uint32) *SRQ {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.srqs[num]
+}
+
+// RemoveSRQ destroys the SRQ with num and returns it: ErrNoSRQ if there
+// is none, ErrSRQBusy (and nothing changes) while a QP was created with
+// it. Once it returns, the device neither reads the SRQ's ring and record
+// nor consumes from them (its QPs are gone, and a consumer in flight held
+// the SRQ's lock, which RemoveSRQ takes after).
+func (d *RNIC) RemoveSRQ(num uint32) (*SRQ, error) {
+	d.mu.Lock()
+	s := d.srqs[num]
+	switch {
+	case s == nil:
+		d.mu.Unlock()
+		return nil, ErrNoSRQ
+	case s.Users.Load() > 0:
+		d.mu.Unlock()
+		return nil, ErrSRQBusy
+	}
+	delete(d.srqs, num)
+	d.releasePDLocked(s.PD)
+	old := d.srqByDBQ[s.DoorbellQueue]
+	list := make([]*SRQ, 0, len(old))
+	for _, o := range old {
+		if o != s {
+			list = append(list, o)
+		}
+	}
+	if len(list) == 0 {
+		delete(d.srqByDBQ, s.DoorbellQueue)
+	} else {
+		d.srqByDBQ[s.DoorbellQueue] = list
+	}
+	d.mu.Unlock()
+	s.mu.Lock()
+	s.dead = true
+	s.waiters = nil
+	s.waiting.Store(false)
+	s.mu.Unlock()
+	return s, nil
+}
+
+// queueSRQs returns the SRQs of doorbell queue dbq (an immutable slice).
+func (d *RNIC) queueSRQs(dbq int) []*SRQ {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.srqByDBQ[dbq]
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/binary"
+	"errors"
 
 	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
@@ -164,6 +165,10 @@ func ipv4Checksum(h []byte) uint16 {
 	}
 	return ^uint16(sum)
 }
+
+// ErrRemoteAH: an address handle to another host (UD over RoCEv2 is not
+// supported).
+var ErrRemoteAH = errors.New("address handle to another host: UD over RoCEv2 is not supported")
 
 // ResolveAH checks CREATE_AH's addresses (docs/spec.md § CREATE_AH) and
 // returns the GID at sgidIndex, which the AH's datagrams are sent from:

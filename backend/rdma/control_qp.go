@@ -1,0 +1,206 @@
+package rdma
+
+import (
+	"encoding/binary"
+
+	"github.com/vrdma/vrdma/backend/rdma/engine"
+	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
+)
+
+// The QP commands: CREATE_QP, MODIFY_QP, QUERY_QP, DESTROY_QP
+// (docs/spec.md § CREATE_QP, § MODIFY_QP and QUERY_QP).
+
+// decodeCreateQP decodes CREATE_QP's request: the 88-byte structure, or
+// the 80-byte one before SRQs ("A request of 80 bytes is accepted too: it
+// is the structure without srqn and reserved"), each followed by the
+// inline page list when page_list is 0. The two lengths would be
+// ambiguous with an inline list, so the list's length decides: it is
+// sq_npages + rq_npages entries. It returns the request and its inline
+// page list.
+func decodeCreateQP(req []byte) (c abi.CreateQP, inline []byte, err error) {
+	if len(req) < abi.CreateQPV1Size {
+		return c, nil, errStatus(abi.StatusInvalid)
+	}
+	var v1 [abi.CreateQPV1Size]byte
+	copy(v1[:], req)
+	full := append(v1[:], make([]byte, 8)...) // srqn and reserved zero
+	if err := abi.Unmarshal(full, &c); err != nil {
+		return c, nil, errStatus(abi.StatusInvalid)
+	}
+	list := uint64(0)
+	if c.PageList == 0 {
+		list = (uint64(c.SQNPages) + uint64(c.RQNPages)) * 8
+	}
+	switch uint64(len(req)) {
+	case abi.CreateQPV1Size + list:
+		if c.Flags&abi.QPFlagSRQ != 0 {
+			return c, nil, errStatus(abi.StatusInvalid) // "with SRQ in flags then INVALID"
+		}
+		return c, req[abi.CreateQPV1Size:], nil
+	case uint64(binary.Size(&c)) + list:
+		inline, err := decode(req, &c, true)
+		return c, inline, err
+	}
+	return c, nil, errStatus(abi.StatusInvalid)
+}
+
+func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
+	c, inline, err := decodeCreateQP(req)
+	if err != nil {
+		return nil, err
+	}
+	scq, rcq := d.eng.LookupCQ(c.SendCQN), d.eng.LookupCQ(c.RecvCQN)
+	l := &d.conf
+	withSRQ := c.Flags&abi.QPFlagSRQ != 0
+	ud := c.QPType == abi.QPTypeUD
+	nic := d.eng.NIC() != nil
+	sqStride, rqStride := uint64(1)<<(c.SQWQEShift&31), uint64(1)<<(c.RQWQEShift&31)
+	var srq *engine.SRQ
+	switch {
+	case c.Flags&^uint32(abi.QPFlagRQNotify|abi.QPFlagSRQ) != 0 || c.SQSigAll > 1 || c.Reserved != 0:
+		return nil, errStatus(abi.StatusInvalid)
+	case !withSRQ && c.SRQN != 0:
+		return nil, errStatus(abi.StatusInvalid)
+	case withSRQ && (c.MaxRecvWR != 0 || c.MaxRecvSGE != 0 || c.RQWQEShift != 0 || c.RQNPages != 0):
+		return nil, errStatus(abi.StatusInvalid) // "0 with SRQ"
+	case c.QPType != abi.QPTypeRC && !ud:
+		return nil, errStatus(abi.StatusUnsupported)
+	case nic && (ud || withSRQ):
+		// "CREATE_SRQ and CREATE_QP of a UD QP answer UNSUPPORTED on
+		// such a device"; so does a QP naming an SRQ it cannot have.
+		return nil, errStatus(abi.StatusUnsupported)
+	case !d.eng.HasPD(c.PDN) || scq == nil || rcq == nil:
+		return nil, errStatus(abi.StatusNotFound)
+	}
+	if withSRQ {
+		if srq = d.eng.LookupSRQ(c.SRQN); srq == nil {
+			return nil, errStatus(abi.StatusNotFound)
+		}
+	} else {
+		switch {
+		case !isPow2(c.MaxRecvWR) || c.MaxRecvWR > l.MaxQPWR || c.MaxRecvSGE == 0 || c.MaxRecvSGE > l.MaxSGE:
+			return nil, errStatus(abi.StatusInvalid)
+		case c.RQWQEShift < abi.MinRQWQEShift || c.RQWQEShift > abi.MaxWQEShift ||
+			rqStride < abi.RecvWQEHdrSize+abi.SGESize*uint64(c.MaxRecvSGE):
+			return nil, errStatus(abi.StatusInvalid)
+		case uint64(c.RQNPages) != pagesFor(uint64(c.MaxRecvWR)*rqStride):
+			return nil, errStatus(abi.StatusInvalid)
+		}
+	}
+	switch {
+	case !isPow2(c.MaxSendWR) || c.MaxSendWR > l.MaxQPWR:
+		return nil, errStatus(abi.StatusInvalid)
+	case c.MaxSendSGE == 0 || c.MaxSendSGE > l.MaxSGE:
+		return nil, errStatus(abi.StatusInvalid)
+	case c.MaxInlineData > l.MaxInlineData || (ud && uint64(c.MaxInlineData) > mtuBytes(l.ActiveMTU)):
+		return nil, errStatus(abi.StatusInvalid)
+	case c.SQWQEShift < abi.MinSQWQEShift || c.SQWQEShift > abi.MaxWQEShift:
+		return nil, errStatus(abi.StatusInvalid)
+	case sqStride < abi.SendWQEHdrSize+abi.SGESize*uint64(c.MaxSendSGE) ||
+		sqStride < abi.SendWQEHdrSize+uint64(c.MaxInlineData):
+		return nil, errStatus(abi.StatusInvalid)
+	case c.DoorbellQueue >= l.NumDoorbellQueues:
+		return nil, errStatus(abi.StatusInvalid)
+	case uint64(c.SQNPages) != pagesFor(uint64(c.MaxSendWR)*sqStride):
+		return nil, errStatus(abi.StatusInvalid)
+	case uint32(d.eng.Count(engine.KindQP)) >= l.MaxQP:
+		return nil, errStatus(abi.StatusNoResources)
+	}
+	pages, err := pageList(t, inline, c.PageList, c.SQNPages+c.RQNPages, abi.PageShift)
+	if err != nil {
+		return nil, err
+	}
+	rqNotify := c.Flags&abi.QPFlagRQNotify != 0
+	h := uint32(0) // a host NIC's QP takes the NIC's number
+	if !nic {
+		if h = d.eng.NewHandle(engine.KindQP, qpnBits); h == 0 { // reserved on the fabric
+			return nil, errStatus(abi.StatusNoResources)
+		}
+	}
+	if err := d.pinRing(t, pages, c.Record, engine.QPRecordSize(rqNotify)); err != nil {
+		d.eng.ReleaseQPN(h)
+		return nil, err
+	}
+	qp := &engine.QP{
+		Num:           h,
+		PD:            c.PDN,
+		Dev:           d.eng,
+		SendCQ:        scq,
+		RecvCQ:        rcq,
+		SQ:            engine.Ring{Pages: pages[:c.SQNPages], Depth: c.MaxSendWR, Stride: uint32(sqStride)},
+		Record:        abi.GPA(c.Record),
+		MaxSendSGE:    c.MaxSendSGE,
+		MaxRecvSGE:    c.MaxRecvSGE,
+		MaxInline:     c.MaxInlineData,
+		SigAll:        c.SQSigAll == 1,
+		DoorbellQueue: int(c.DoorbellQueue),
+		RQNotify:      rqNotify,
+		UD:            ud,
+		SRQ:           srq,
+	}
+	if srq == nil {
+		qp.RQ = engine.Ring{Pages: pages[c.SQNPages:], Depth: c.MaxRecvWR, Stride: uint32(rqStride)}
+	}
+	if nic {
+		if err := d.eng.CreateQPNIC(qp); err != nil {
+			d.unpinQP(qp)
+			d.log.WithError(err).Warn("CREATE_QP: host NIC")
+			return nil, errStatus(abi.StatusNoResources)
+		}
+	}
+	qp.InitRecord(t)
+	if err := d.eng.AddQP(qp); err != nil { // the PD was checked under d.mu
+		qp.ReleaseNIC()
+		d.eng.ReleaseQPN(h)
+		d.unpinQP(qp)
+		return nil, errStatus(abi.StatusNotFound)
+	}
+	return &abi.Handle{Handle: qp.Num}, nil
+}
+
+// mtuBytes is an ibv_mtu value in bytes.
+func mtuBytes(mtu uint32) uint64 { return 128 << (mtu & 7) }
+
+func (d *Device) destroyQP(h uint32) error {
+	qp := d.eng.RemoveQP(h)
+	if qp == nil {
+		return errStatus(abi.StatusNotFound)
+	}
+	d.unpinQP(qp)
+	return nil
+}
+
+func (d *Device) modifyQP(req []byte) error {
+	var a abi.QPAttr
+	if _, err := decode(req, &a, false); err != nil {
+		return err
+	}
+	qp := d.eng.LookupQP(a.QPN)
+	if qp == nil {
+		return errStatus(abi.StatusNotFound)
+	}
+	// The device's limits; the engine checks everything else.
+	if (a.AttrMask&abi.QPAttrMaxQPRdAtomic != 0 && a.MaxRdAtomic > d.conf.MaxQPRdAtom) ||
+		(a.AttrMask&abi.QPAttrMaxDestRdAtomic != 0 && a.MaxDestRdAtomic > d.conf.MaxQPRdAtom) {
+		return errStatus(abi.StatusInvalid)
+	}
+	if st := qp.Modify(a); st != abi.StatusOK {
+		return errStatus(st)
+	}
+	return nil
+}
+
+func (d *Device) queryQP(req []byte) (any, error) {
+	var h abi.Handle
+	if _, err := decode(req, &h, false); err != nil || h.Reserved != 0 {
+		return nil, errStatus(abi.StatusInvalid)
+	}
+	qp := d.eng.LookupQP(h.Handle)
+	if qp == nil {
+		return nil, errStatus(abi.StatusNotFound)
+	}
+	a := qp.Attr()
+	a.QPN, a.AttrMask = h.Handle, 0
+	return &a, nil
+}
