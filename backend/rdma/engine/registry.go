@@ -444,7 +444,7 @@ func (d *RNIC) RemoveAH(num uint32) *AH {
 
 // Registry errors of SRQs, and of an AH to another host.
 var (
-	ErrRemoteAH = errors.New("address handle to another host: UD over RoCEv2 is not supported")
+	ErrRemoteAH = errors.New("address handle to another host: the network does not carry UD")
 	ErrNoSRQ    = errors.New("no such shared receive queue")
 	ErrSRQBusy  = errors.New("shared receive queue in use")
 )
