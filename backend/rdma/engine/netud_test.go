@@ -1,0 +1,203 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/vrdma/vrdma/backend/rdma/roce/hostnet"
+	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
+)
+
+// udNetPair is a UD QP on each of two fabrics (hosts) whose networks are
+// package hostnet's on two loopback addresses, the engines polling.
+type udNetPair struct {
+	a, b       *node
+	ua, ub     *QP
+	na, nb     *hostnet.Network
+	gidA, gidB [16]byte
+}
+
+func newUDNetPair(t *testing.T) *udNetPair {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 29))
+	addrA := netip.AddrFrom4([4]byte{127, byte(1 + rng.IntN(250)), byte(rng.IntN(256)), byte(1 + rng.IntN(250))})
+	addrB := addrA.Next()
+	p := &udNetPair{gidA: udp.GID(addrA), gidB: udp.GID(addrB)}
+	for _, x := range []struct {
+		n    **hostnet.Network
+		addr netip.Addr
+	}{{&p.na, addrA}, {&p.nb, addrB}} {
+		n, err := hostnet.New(udp.Config{}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.Listen(x.addr); err != nil {
+			t.Skipf("RoCE endpoint on %v: %v", x.addr, err)
+		}
+		t.Cleanup(func() { n.Close() })
+		*x.n = n
+	}
+	fa, fb := NewFabric(), NewFabric()
+	fa.SetNetwork(p.na, [][16]byte{p.gidA})
+	fb.SetNetwork(p.nb, [][16]byte{p.gidB})
+	p.a, p.b = newNode(t, fa, 1, 0x100, qpOpts{}), newNode(t, fb, 2, 0x200, qpOpts{})
+	o := qpOpts{sqDepth: qpDepth, rqDepth: qpDepth, maxSGE: qpSGE, inl: qpInl, ud: true}
+	p.ua = newQP(t, p.a.g, p.a.d, 0x110, p.a.scq, p.a.rcq, o)
+	p.ub = newQP(t, p.b.g, p.b.d, 0x210, p.b.scq, p.b.rcq, o)
+	udReady(t, p.ua, udQKey)
+	udReady(t, p.ub, udQKey)
+	sgid, err := p.a.d.ResolveAH(1, p.gidB)
+	if err != nil || sgid != p.gidA {
+		t.Fatalf("ResolveAH(1, B): got %x, %v, want %x", sgid, err, p.gidA)
+	}
+	if err := p.a.d.AddAH(&AH{Num: udAH, PD: testPD, DGID: p.gidB, SGID: sgid}); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			wa, _ := p.a.d.Poll(0, p.a.g.tbl)
+			wb, _ := p.b.d.Poll(0, p.b.g.tbl)
+			if !wa && !wb {
+				time.Sleep(50 * time.Microsecond)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		wg.Wait()
+	})
+	return p
+}
+
+func (p *udNetPair) send(t *testing.T, w abi.SendWQE, data []byte) {
+	t.Helper()
+	p.a.g.mrWrite(t, p.a.mr, mrIOVA, data)
+	w.Flags |= abi.WRFlagSignaled
+	w.AH = udAH
+	postSendOn(t, p.a.g, p.ua, w, []abi.SGE{p.a.sge(0, uint32(len(data)))}, nil)
+	want1(t, "send", p.a.waitCQEs(t, p.a.scq, 1), abi.CQE{WRID: w.WRID, Status: abi.WCSuccess, Opcode: abi.WCOpSend, QPNum: p.ua.Num, ByteLen: uint32(len(data))})
+}
+
+// waitStat waits until cond holds for b's device statistics.
+func (p *udNetPair) waitDropped(t *testing.T, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for p.b.d.Stats().UDDropped != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("UD dropped on B: got %d, want %d", p.b.d.Stats().UDDropped, want)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// TestUDNetwork: a datagram to a UD QP on another host travels as RoCEv2
+// (hostnet, udp) and lands behind 20 zero bytes and the IPv4 header it
+// arrived with (DF, a valid checksum), with src_qp and the immediate; a
+// wrong Q_Key and an empty receive queue drop and count it on the
+// receiving device; a receive too small for the GRH and the payload is
+// LOC_LEN_ERR and moves the QP to ERR; after RESET the QP is detached
+// from the network (its endpoint no longer knows the QP number).
+func TestUDNetwork(t *testing.T) {
+	p := newUDNetPair(t)
+	b := p.b
+	data := pattern(300, 7)
+	postRecvOn(t, b.g, p.ub, 9, []abi.SGE{b.sge(0, 40), b.sge(1000, 400)})
+	p.send(t, abi.SendWQE{WRID: 1, Opcode: abi.WROpSendWithImm, ImmData: 0xdeadbeef, RemoteQPN: p.ub.Num, RemoteQKey: udQKey}, data)
+	want1(t, "receive", b.waitCQEs(t, b.rcq, 1), abi.CQE{WRID: 9, Status: abi.WCSuccess, Opcode: abi.WCOpRecv,
+		WCFlags: abi.WCFlagGRH | abi.WCFlagWithImm, QPNum: p.ub.Num, ByteLen: 340, ImmData: 0xdeadbeef, SrcQP: p.ua.Num})
+	grh := b.g.mrRead(t, b.mr, mrIOVA, 40)
+	if !bytes.Equal(grh[:20], make([]byte, 20)) {
+		t.Fatalf("first 20 bytes: % x, want zero", grh[:20])
+	}
+	h := grh[20:]
+	want := []byte{0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0}
+	binary.BigEndian.PutUint16(want[2:], 20+8+12+8+4+300+4) // with the ImmDt
+	want = append(append(want, p.gidA[12:]...), p.gidB[12:]...)
+	got := append([]byte(nil), h...)
+	got[10], got[11] = 0, 0
+	if !bytes.Equal(got, want) {
+		t.Fatalf("IPv4 header:\n got % x\nwant % x (checksum aside)", got, want)
+	}
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(h[i])<<8 | uint32(h[i+1])
+	}
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	if sum != 0xffff {
+		t.Fatalf("IPv4 header checksum: ones' complement sum %#x, want 0xffff", sum)
+	}
+	if got := b.g.mrRead(t, b.mr, mrIOVA+1000, 300); !bytes.Equal(got, data) {
+		t.Fatal("payload after the GRH differs")
+	}
+
+	// Drops: another Q_Key (a receive posted), then no receive at all.
+	postRecvOn(t, b.g, p.ub, 10, []abi.SGE{b.sge(0, 100)})
+	p.send(t, abi.SendWQE{WRID: 2, RemoteQPN: p.ub.Num, RemoteQKey: udQKey + 1}, data[:8])
+	p.waitDropped(t, 1)
+	p.send(t, abi.SendWQE{WRID: 3, RemoteQPN: p.ub.Num, RemoteQKey: udQKey}, data[:8])
+	want1(t, "receive after a drop", b.waitCQEs(t, b.rcq, 1), abi.CQE{WRID: 10, Status: abi.WCSuccess, Opcode: abi.WCOpRecv,
+		WCFlags: abi.WCFlagGRH, QPNum: p.ub.Num, ByteLen: 48, SrcQP: p.ua.Num})
+	p.send(t, abi.SendWQE{WRID: 4, RemoteQPN: p.ub.Num, RemoteQKey: udQKey}, data[:8])
+	p.waitDropped(t, 2)
+
+	// Too small: LOC_LEN_ERR, the QP in ERR.
+	postRecvOn(t, b.g, p.ub, 11, []abi.SGE{b.sge(0, 40+7)})
+	p.send(t, abi.SendWQE{WRID: 5, RemoteQPN: p.ub.Num, RemoteQKey: udQKey}, data[:8])
+	want1(t, "receive too small", b.waitCQEs(t, b.rcq, 1), abi.CQE{WRID: 11, Status: abi.WCLocLenErr, Opcode: abi.WCOpRecv,
+		QPNum: p.ub.Num, SrcQP: p.ua.Num})
+	if st := p.ub.State(); st != abi.QPSErr {
+		t.Fatalf("after LOC_LEN_ERR: state %d, want ERR", st)
+	}
+
+	// RESET detaches: the endpoint counts the next one as to an unknown QP.
+	if st := p.ub.Modify(abi.QPAttr{QPN: p.ub.Num, QPState: abi.QPSReset, AttrMask: abi.QPAttrState}); st != abi.StatusOK {
+		t.Fatal(st)
+	}
+	ep := p.nb.Endpoints()[0]
+	before := ep.Counters().RxUnknownQP
+	p.send(t, abi.SendWQE{WRID: 6, RemoteQPN: p.ub.Num, RemoteQKey: udQKey}, data[:8])
+	deadline := time.Now().Add(5 * time.Second)
+	for ep.Counters().RxUnknownQP != before+1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after RESET: counters %+v, want one more to an unknown QP", ep.Counters())
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// TestResolveAHRemote: CREATE_AH's rules for a dgid on another host: from
+// a network GID it is accepted where the network carries UD, refused
+// across address families, and ErrRemoteAH where the network does not
+// carry UD (memNet); from the port GID it is accepted as before.
+func TestResolveAHRemote(t *testing.T) {
+	p := newUDNetPair(t)
+	v6 := netip.MustParseAddr("fd00::9").As16()
+	if _, err := p.a.d.ResolveAH(1, v6); !errors.Is(err, ErrAHFamily) {
+		t.Errorf("IPv4 network GID to an IPv6 host: got %v, want ErrAHFamily", err)
+	}
+	if _, err := p.a.d.ResolveAH(0, v6); err != nil {
+		t.Errorf("port GID to an unknown GID: %v", err)
+	}
+	np := newNetPairIdle(t, pairOpts{})
+	if _, err := np.a.d.ResolveAH(1, hostB); !errors.Is(err, ErrRemoteAH) {
+		t.Errorf("network without UD: got %v, want ErrRemoteAH", err)
+	}
+}
