@@ -12,6 +12,7 @@ import (
 
 	"github.com/vrdma/vrdma/backend/rdma/roce/hostnet"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
+	"github.com/vrdma/vrdma/internal/netlab"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
@@ -28,17 +29,25 @@ func newUDNetPair(t *testing.T) *udNetPair {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 29))
 	addrA := netip.AddrFrom4([4]byte{127, byte(1 + rng.IntN(250)), byte(rng.IntN(256)), byte(1 + rng.IntN(250))})
-	addrB := addrA.Next()
+	in := func(f func() error) error { return f() }
+	return newUDNetPairIn(t, addrA, addrA.Next(), in, in)
+}
+
+// newUDNetPairIn is newUDNetPair with A's network listening on addrA from
+// within inA (a network namespace's Do), B's likewise.
+func newUDNetPairIn(t *testing.T, addrA, addrB netip.Addr, inA, inB func(func() error) error) *udNetPair {
+	t.Helper()
 	p := &udNetPair{gidA: udp.GID(addrA), gidB: udp.GID(addrB)}
 	for _, x := range []struct {
 		n    **hostnet.Network
 		addr netip.Addr
-	}{{&p.na, addrA}, {&p.nb, addrB}} {
-		n, err := hostnet.New(udp.Config{}, 1)
+		in   func(func() error) error
+	}{{&p.na, addrA, inA}, {&p.nb, addrB, inB}} {
+		n, err := hostnet.New(udp.Config{RecoverIPv4ID: true}, 1)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := n.Listen(x.addr); err != nil {
+		if err := x.in(func() error { _, err := n.Listen(x.addr); return err }); err != nil {
 			t.Skipf("RoCE endpoint on %v: %v", x.addr, err)
 		}
 		t.Cleanup(func() { n.Close() })
@@ -199,5 +208,65 @@ func TestResolveAHRemote(t *testing.T) {
 	np := newNetPairIdle(t, pairOpts{})
 	if _, err := np.a.d.ResolveAH(1, hostB); !errors.Is(err, ErrRemoteAH) {
 		t.Errorf("network without UD: got %v, want ErrRemoteAH", err)
+	}
+}
+
+// TestUDNetns: UD datagrams between two hosts in network namespaces (A and
+// B, routed through M), over IPv4 and IPv6, both directions: each lands
+// with its GRH built from the IP header it arrived with (for IPv6 the
+// header itself: version 6, payload length with the ImmDt, next header
+// UDP, the addresses), src_qp and the immediate, the payload verified.
+func TestUDNetns(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		name := "ipv4"
+		if v6 {
+			name = "ipv6"
+		}
+		t.Run(name, func(t *testing.T) {
+			l := netlab.NewT(t)
+			mp, err := l.NewMultiPath(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := mp.Paths[0]
+			aAddr, bAddr := path.A, path.B
+			if v6 {
+				aAddr, bAddr = path.A6, path.B6
+			}
+			p := newUDNetPairIn(t, aAddr, bAddr, mp.A.Do, mp.B.Do)
+			if err := p.b.d.AddAH(&AH{Num: udAH, PD: testPD, DGID: p.gidA, SGID: p.gidB}); err != nil {
+				t.Fatal(err)
+			}
+			for i, dir := range []struct {
+				from, to *node
+				qf, qt   *QP
+				sg, dg   [16]byte
+			}{{p.a, p.b, p.ua, p.ub, p.gidA, p.gidB}, {p.b, p.a, p.ub, p.ua, p.gidB, p.gidA}} {
+				n := 1000 + 24*i
+				data := pattern(n, byte(3+i))
+				postRecvOn(t, dir.to.g, dir.qt, 40+uint64(i), []abi.SGE{dir.to.sge(0, 2048)})
+				dir.from.g.mrWrite(t, dir.from.mr, mrIOVA+8192, data)
+				postSendOn(t, dir.from.g, dir.qf, abi.SendWQE{WRID: uint64(i), Opcode: abi.WROpSendWithImm, Flags: abi.WRFlagSignaled,
+					ImmData: 0x01020304, AH: udAH, RemoteQPN: dir.qt.Num, RemoteQKey: udQKey}, []abi.SGE{dir.from.sge(8192, uint32(n))}, nil)
+				want1(t, "send", dir.from.waitCQEs(t, dir.from.scq, 1), abi.CQE{WRID: uint64(i), Status: abi.WCSuccess, Opcode: abi.WCOpSend,
+					QPNum: dir.qf.Num, ByteLen: uint32(n)})
+				want1(t, "receive", dir.to.waitCQEs(t, dir.to.rcq, 1), abi.CQE{WRID: 40 + uint64(i), Status: abi.WCSuccess, Opcode: abi.WCOpRecv,
+					WCFlags: abi.WCFlagGRH | abi.WCFlagWithImm, QPNum: dir.qt.Num, ByteLen: uint32(40 + n), ImmData: 0x01020304, SrcQP: dir.qf.Num})
+				grh := dir.to.g.mrRead(t, dir.to.mr, mrIOVA, 40)
+				roce := 8 + 12 + 8 + 4 + n + 4
+				if v6 {
+					if grh[0] != 0x60 || int(binary.BigEndian.Uint16(grh[4:])) != roce || grh[6] != 17 ||
+						!bytes.Equal(grh[8:24], dir.sg[:]) || !bytes.Equal(grh[24:40], dir.dg[:]) {
+						t.Fatalf("IPv6 GRH: % x", grh)
+					}
+				} else if !bytes.Equal(grh[:20], make([]byte, 20)) || grh[20] != 0x45 || int(binary.BigEndian.Uint16(grh[22:])) != 20+roce ||
+					grh[29] != 17 || !bytes.Equal(grh[32:36], dir.sg[12:]) || !bytes.Equal(grh[36:40], dir.dg[12:]) {
+					t.Fatalf("IPv4 GRH: % x", grh)
+				}
+				if got := dir.to.g.mrRead(t, dir.to.mr, mrIOVA+40, uint64(n)); !bytes.Equal(got, data) {
+					t.Fatal("payload differs")
+				}
+			}
+		})
 	}
 }
