@@ -6,7 +6,9 @@
 // a PSN.
 //
 // Non-goals: multicast, GSI (QP1) and P_Key tables (the default P_Key is
-// sent and any P_Key whose low 15 bits are all ones is accepted).
+// sent and any P_Key whose low 15 bits are all ones is accepted), TOS,
+// TTL and flow labels (a UDP socket neither sets them per datagram nor
+// reports them).
 package ud
 
 import (
@@ -108,10 +110,11 @@ type Host interface {
 type Conn interface {
 	// Send sends d from the host address of GID sgid (one the QP was
 	// attached to) to the host address of GID dgid, UDP port 4791. It
-	// returns once the packet was handed to the socket (nil) or refused
-	// (an error: no endpoint for sgid, a destination of the other family,
-	// a payload over the path MTU, or the socket's error). d.Payload is
-	// not kept.
+	// returns nil once the packet was handed to the socket (which may
+	// still drop it, as a network may), or an error without sending: no
+	// endpoint for sgid, a destination of the other family or none a
+	// packet goes to, a payload over roce.MaxPayload. d.Payload is not
+	// kept.
 	Send(sgid, dgid [16]byte, d *Datagram) error
 	// Close detaches the QP: no Receive starts after it returns, though
 	// one in progress may still end. Idempotent.
