@@ -67,7 +67,7 @@ func (e *Endpoint) receiveUD(h ud.Host, p *roce.Packet, src netip.AddrPort, id u
 			Imm: p.ImmDt, WithImm: p.BTH.Opcode == roce.OpUDSendOnlyWithImmediate,
 			Solicited: p.BTH.SE, Payload: p.Payload,
 		},
-		Src: src.Addr(), Dst: e.cfg.Addr, IPv4ID: id, SrcPort: src.Port(),
+		Src: src.Addr().Unmap(), Dst: e.cfg.Addr, IPv4ID: id, SrcPort: src.Port(),
 	}
 	h.Receive(a)
 	a.Payload = nil
