@@ -270,3 +270,31 @@ func TestUDNetns(t *testing.T) {
 		})
 	}
 }
+
+// TestUDNetworkSRQ: a UD QP on an SRQ takes a datagram from another host
+// from the SRQ's WQEs, in ring order, the GRH in front of each payload.
+func TestUDNetworkSRQ(t *testing.T) {
+	p := newUDNetPair(t)
+	b := p.b
+	srq := newSRQ(t, b.g, b.d, 0x5503, 4, 1)
+	o := qpOpts{sqDepth: qpDepth, maxSGE: qpSGE, inl: qpInl, ud: true, srq: srq}
+	us := newQP(t, b.g, b.d, 0x211, b.scq, b.rcq, o)
+	udReady(t, us, udQKey)
+	postSRQ(t, b.g, srq, 71, []abi.SGE{b.sge(0, 40+100)}, -1)
+	postSRQ(t, b.g, srq, 72, []abi.SGE{b.sge(4096, 40+100)}, -1)
+	for i, n := range []int{100, 7} {
+		p.send(t, abi.SendWQE{WRID: uint64(i), RemoteQPN: us.Num, RemoteQKey: udQKey}, pattern(n, byte(i)))
+	}
+	got := b.waitCQEs(t, b.rcq, 2)
+	for i, w := range []abi.CQE{
+		{WRID: 71, Opcode: abi.WCOpRecv, WCFlags: abi.WCFlagGRH, QPNum: us.Num, SrcQP: p.ua.Num, ByteLen: 140},
+		{WRID: 72, Opcode: abi.WCOpRecv, WCFlags: abi.WCFlagGRH, QPNum: us.Num, SrcQP: p.ua.Num, ByteLen: 47},
+	} {
+		if got[i] != w {
+			t.Fatalf("receive %d: got %+v, want %+v", i, got[i], w)
+		}
+	}
+	if !bytes.Equal(b.g.mrRead(t, b.mr, mrIOVA+40, 100), pattern(100, 0)) || !bytes.Equal(b.g.mrRead(t, b.mr, mrIOVA+4096+40, 7), pattern(7, 1)) {
+		t.Fatal("payloads not behind the GRHs in the SRQ's WQEs")
+	}
+}
