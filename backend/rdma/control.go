@@ -379,9 +379,9 @@ func (d *Device) createAH(req []byte) (any, error) {
 	sgid, err := d.eng.ResolveAH(c.SGIDIndex, c.DGID)
 	switch {
 	case errors.Is(err, engine.ErrRemoteAH):
-		// "UD over RoCEv2 is not in this revision, so CREATE_AH answers
-		// UNSUPPORTED rather than making an AH whose datagrams would
-		// vanish."
+		// "When the daemon's network does not carry UD, CREATE_AH
+		// answers UNSUPPORTED rather than making an AH whose datagrams
+		// would vanish."
 		return nil, errStatus(abi.StatusUnsupported)
 	case err != nil:
 		return nil, errStatus(abi.StatusInvalid)

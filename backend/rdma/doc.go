@@ -13,9 +13,10 @@
 // SRQs after QPs). QPs are RC or UD (qp_type 4); CREATE_QP takes the
 // 88-byte request and the 80-byte one from before SRQs
 // (decodeCreateQP). A device on a host NIC has max_srq 0 and answers
-// CREATE_SRQ and a UD or SRQ CREATE_QP with UNSUPPORTED; CREATE_AH
-// answers UNSUPPORTED for a network sgid and a dgid no device of the
-// daemon owns (UD over RoCEv2 is not in this revision). The
+// CREATE_SRQ and a UD or SRQ CREATE_QP with UNSUPPORTED; CREATE_AH for
+// a network sgid and a dgid no device of the daemon owns names a host on
+// the network (UD over RoCEv2, docs/wire.md § 12): INVALID across address
+// families, UNSUPPORTED where the network does not carry UD. The
 // control path validates a command, pins the guest memory it names, and
 // adds or removes the object there; the engine finds it there on the data
 // path. There is no second table.

@@ -64,12 +64,19 @@
 // before the payload. Anything the receiver does not take (not UD, not in
 // RTR/RTS, another Q_Key, no receive WQE, no such QP) is dropped and
 // counted (Stats.UDDropped); a UD sender never waits RNR and learns
-// nothing of the receiver. UD datagrams stay on this daemon's fabric:
-// CREATE_AH refuses a destination on another host (ResolveAH).
+// nothing of the receiver. A datagram to an AH on another host (a network
+// sgid, a dgid no device owns) leaves as one RoCEv2 packet through the
+// fabric's network when it carries UD (UDNetwork; netud.go): a UD QP is
+// attached to its device's host addresses at INIT→RTR and detached at
+// RESET and destroy, and what arrives for it is delivered under its rqMu
+// by the same rules, with the GRH built from the arriving IP header.
+// udNet.Receive runs on the network's receive goroutines and takes
+// QP.rqMu, QP.mu and CQ.mu as a same-host delivery does; sending holds
+// sqMu and takes only the network's leaf locks.
 //
 // Non-goals: the control commands and their validation (backend/rdma),
 // doorbell-queue notification suppression and the worker loop (the caller
-// of Poll), UD over RoCEv2 and SRQs or UD on a host NIC, the wire protocol
+// of Poll), SRQs or UD on a host NIC, the wire protocol
 // (roce/rc, roce/udp). On this host the fabric is lossless: timeout and
 // retry_cnt are informational there.
 //

@@ -234,6 +234,7 @@ type QP struct {
 	peer        *RNIC      // resolved at INIT→RTR (protected by mu)
 	sgid        [16]byte   // the GID the QP sends from, resolved with peer (protected by mu)
 	net         *netQP     // connected over the network at INIT→RTR, else nil (protected by mu)
+	udNet       *udNet     // a UD QP attached to the network at INIT→RTR, else nil (protected by mu)
 	dead        bool       // destroyed (protected by mu)
 	lostPeer    bool       // the peer device was reset: outstanding sends end with RETRY_EXC_ERR (protected by mu)
 	lostEnd     uint32     // sq_pi when the peer was lost, if lostHaveEnd (protected by mu)

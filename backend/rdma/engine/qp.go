@@ -128,6 +128,23 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 			nq.conn = conn
 		}
 	}
+	// A UD QP of a device with network GIDs is attached to the network
+	// as it enters RTR: from then on it receives from other hosts.
+	var un *udNet
+	if q.UD && to == abi.QPSRTR && q.Dev != nil && q.Dev.fabric != nil && q.Dev.NIC() == nil && q.State() == abi.QPSInit {
+		f := q.Dev.fabric
+		if n := f.udNetwork(); n != nil {
+			if locals := f.NetGIDs(q.Dev); len(locals) > 0 {
+				un = newUDNet(q)
+				conn, err := n.OpenUD(q.Num, locals, un)
+				if err != nil {
+					q.Dev.log.WithError(err).WithField("qp", q.Num).Warn("MODIFY_QP: cannot attach the UD QP to the network")
+					return abi.StatusBusy
+				}
+				un.conn = conn
+			}
+		}
+	}
 	// RTR→RTS starts a network QP's requester first: the engine may run
 	// the QP's WQEs as soon as it sees RTS.
 	if to == abi.QPSRTS {
@@ -188,11 +205,17 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 				q.net, nq = nq, nil
 			}
 		}
+		if un != nil {
+			q.udNet, un = un, nil
+		}
 		q.attr.QPState = to
 		return abi.StatusOK, false
 	}()
 	if nq != nil {
 		nq.close(true) // the transition failed
+	}
+	if un != nil {
+		un.conn.Close() // the transition failed
 	}
 	if toErr {
 		q.nicToErr()
@@ -325,16 +348,20 @@ func (q *QP) reset(mask uint32) abi.Status {
 	return abi.StatusOK
 }
 
-// closeNet detaches and closes the QP's network transport, if any,
+// closeNet detaches and closes the QP's network transport or UD
+// attachment, if any,
 // without completing what it held (RESET, destroy). Precondition: sqMu
 // held, rqMu and mu not.
 func (q *QP) closeNet() {
 	q.mu.Lock()
-	nq := q.net
-	q.net = nil
+	nq, un := q.net, q.udNet
+	q.net, q.udNet = nil, nil
 	q.mu.Unlock()
 	if nq != nil {
 		nq.close(true)
+	}
+	if un != nil {
+		un.conn.Close()
 	}
 }
 

@@ -47,10 +47,17 @@ func (q *QP) sendUD(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome
 		qkey = q.attr.QKey
 		q.mu.Unlock()
 	}
-	// A dgid nobody owns: "datagrams to it are dropped as a fabric drops
-	// them" (no device to count them).
+	// A dgid nobody owns: a host on the network when sent from a
+	// network GID (netud.go), else "datagrams to it are dropped as a
+	// fabric drops them" (no device to count them).
 	peer := d.resolveGID(ah.DGID)
 	if peer == nil {
+		q.mu.Lock()
+		un := q.udNet
+		q.mu.Unlock()
+		if un != nil && d.fabric.IsNetGID(d, ah.SGID) {
+			return un.send(t, w, sc, lsge, lmr, total, ah, qkey)
+		}
 		return succeeded(total)
 	}
 	pq := sc.keys.lookupQP(peer, w.remoteQPN)
@@ -166,23 +173,29 @@ func ipv4Checksum(h []byte) uint16 {
 	return ^uint16(sum)
 }
 
-// ErrRemoteAH: an address handle to another host (UD over RoCEv2 is not
-// supported).
-var ErrRemoteAH = errors.New("address handle to another host: UD over RoCEv2 is not supported")
+// ErrRemoteAH: an address handle to another host on a fabric whose
+// network does not carry UD.
+var ErrRemoteAH = errors.New("address handle to another host: the network does not carry UD")
 
 // ResolveAH checks CREATE_AH's addresses (docs/spec.md § CREATE_AH) and
 // returns the GID at sgidIndex, which the AH's datagrams are sent from:
-// ErrGIDIndex for an empty entry, ErrRemoteAH for a network GID and a
-// dgid no device of the fabric owns (a destination on another host: UD
-// over RoCEv2 is not in this revision). A dgid nobody owns from the port
-// GID is accepted.
+// ErrGIDIndex for an empty entry. A network GID and a dgid no device of
+// the fabric owns is a destination on another host, reached over RoCEv2
+// (netud.go): ErrRemoteAH when the fabric's network does not carry UD,
+// ErrAHFamily when the two addresses are of different families. A dgid
+// nobody owns from the port GID is accepted.
 func (d *RNIC) ResolveAH(sgidIndex uint32, dgid [16]byte) ([16]byte, error) {
 	sgid, ok := d.GIDAt(int(sgidIndex))
 	if !ok {
 		return sgid, ErrGIDIndex
 	}
 	if d.NIC() == nil && d.fabric != nil && d.fabric.IsNetGID(d, sgid) && d.fabric.Lookup(dgid) == nil {
-		return sgid, ErrRemoteAH
+		switch {
+		case d.fabric.udNetwork() == nil:
+			return sgid, ErrRemoteAH
+		case isV4Mapped(sgid) != isV4Mapped(dgid):
+			return sgid, ErrAHFamily
+		}
 	}
 	return sgid, nil
 }

@@ -59,6 +59,28 @@ type AtomicETH struct {
 	Compare uint64 // compare value (COMPARE_SWAP only)
 }
 
+// DETH is the datagram extended transport header of UD packets (8 bytes):
+//
+//	bytes 0-3  Q_Key
+//	byte 4     reserved
+//	bytes 5-7  SrcQP
+type DETH struct {
+	QKey  uint32
+	SrcQP uint32 // 24 bits
+
+	resv uint8 // as received (see BTH's reserved bits)
+}
+
+// Precondition: h.SrcQP fits in 24 bits.
+func (h *DETH) append(dst []byte) []byte {
+	dst = binary.BigEndian.AppendUint32(dst, h.QKey)
+	return append(dst, h.resv, uint8(h.SrcQP>>16), uint8(h.SrcQP>>8), uint8(h.SrcQP))
+}
+
+func decodeDETH(b []byte) DETH {
+	return DETH{QKey: binary.BigEndian.Uint32(b), resv: b[4], SrcQP: uint32(b[5])<<16 | uint32(b[6])<<8 | uint32(b[7])}
+}
+
 // AETH is the ACK extended transport header (4 bytes): an 8-bit
 // syndrome and a 24-bit message sequence number.
 type AETH struct {

@@ -138,7 +138,7 @@ func TestICRCReference(t *testing.T) {
 		ID: 0x1234, FlagsFragment: IPv4DF,
 	}
 	for _, ip := range []IPHeader{testIPv4, testIPv6, mapped} {
-		for op := Opcode(0); op < numOpcodes; op++ {
+		for _, op := range testOpcodes {
 			for _, n := range payloadSizes(op) {
 				p := samplePacket(op, n)
 				b := encode(t, p)

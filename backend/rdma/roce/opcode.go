@@ -3,8 +3,9 @@ package roce
 import "fmt"
 
 // Opcode is the 8-bit BTH opcode. The top three bits are the transport
-// (0b000 for RC); this codec implements the RC opcodes below, the set Linux
-// rdma_rxe uses for RC QPs without memory windows, FLUSH or ATOMIC_WRITE.
+// (0b000 for RC, 0b011 for UD); this codec implements the RC opcodes below,
+// the set Linux rdma_rxe uses for RC QPs without memory windows, FLUSH or
+// ATOMIC_WRITE, and the two UD opcodes (docs/wire.md § UD).
 type Opcode uint8
 
 // RC opcodes (IBA Vol 1 chapter 9, the BTH OpCode field; the same values
@@ -31,13 +32,23 @@ const (
 	OpAtomicAcknowledge      Opcode = 0x12
 	OpCompareSwap            Opcode = 0x13
 	OpFetchAdd               Opcode = 0x14
-	numOpcodes                      = 0x15 // opcodes 0..numOpcodes-1 are implemented
 )
 
+// UD opcodes (IB_OPCODE_UD_*): a datagram is one packet, BTH then DETH.
+const (
+	OpUDSendOnly              Opcode = 0x64
+	OpUDSendOnlyWithImmediate Opcode = 0x65
+)
+
+// transportUD is the transport of the UD opcodes, the BTH opcode's top
+// three bits.
+const transportUD = 0b011
+
 // Ext is a set of extension transport headers. On the wire they follow the
-// BTH in the order of the constants: RETH, AtomicETH, AETH, AtomicAckETH,
-// ImmDt (the order of rxe_opcode.c's offsets: RDMA_WRITE_ONLY_WITH_IMMEDIATE
-// is BTH RETH ImmDt, ATOMIC_ACKNOWLEDGE is BTH AETH AtomicAckETH).
+// BTH in this order: DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt (the
+// order of rxe_opcode.c's offsets: RDMA_WRITE_ONLY_WITH_IMMEDIATE is BTH
+// RETH ImmDt, ATOMIC_ACKNOWLEDGE is BTH AETH AtomicAckETH, UD
+// SEND_ONLY_WITH_IMMEDIATE is BTH DETH ImmDt).
 type Ext uint8
 
 // Extension headers.
@@ -47,6 +58,7 @@ const (
 	ExtAETH                         // ACK extended transport header, 4 bytes
 	ExtAtomicAckETH                 // atomic ACK extended transport header, 8 bytes
 	ExtImmDt                        // immediate data, 4 bytes
+	ExtDETH                         // datagram extended transport header, 8 bytes (UD)
 )
 
 // Header sizes in bytes.
@@ -57,6 +69,7 @@ const (
 	AETHLen         = 4
 	AtomicAckETHLen = 8
 	ImmDtLen        = 4
+	DETHLen         = 8
 	ICRCLen         = 4
 )
 
@@ -84,6 +97,7 @@ func (s Segment) String() string {
 // opInfo describes one opcode; the table below is the codec's single source
 // of truth for which headers follow the BTH and whether a payload may.
 type opInfo struct {
+	ok      bool // implemented
 	name    string
 	ext     Ext
 	payload bool
@@ -91,7 +105,7 @@ type opInfo struct {
 	hdrLen  int // BTH plus extension headers, computed by init
 }
 
-var opTable = [numOpcodes]opInfo{
+var opTable = completeOps([256]opInfo{
 	OpSendFirst:              {name: "SEND_FIRST", payload: true, seg: SegmentFirst},
 	OpSendMiddle:             {name: "SEND_MIDDLE", payload: true, seg: SegmentMiddle},
 	OpSendLast:               {name: "SEND_LAST", payload: true, seg: SegmentLast},
@@ -113,12 +127,22 @@ var opTable = [numOpcodes]opInfo{
 	OpAtomicAcknowledge:      {name: "ATOMIC_ACKNOWLEDGE", ext: ExtAETH | ExtAtomicAckETH, seg: SegmentOnly},
 	OpCompareSwap:            {name: "COMPARE_SWAP", ext: ExtAtomicETH, seg: SegmentOnly},
 	OpFetchAdd:               {name: "FETCH_ADD", ext: ExtAtomicETH, seg: SegmentOnly},
-}
 
-func init() {
-	for i := range opTable {
-		opTable[i].hdrLen = BTHLen + opTable[i].ext.Len()
+	OpUDSendOnly:              {name: "UD_SEND_ONLY", ext: ExtDETH, payload: true, seg: SegmentOnly},
+	OpUDSendOnlyWithImmediate: {name: "UD_SEND_ONLY_WITH_IMMEDIATE", ext: ExtDETH | ExtImmDt, payload: true, seg: SegmentOnly},
+})
+
+// completeOps fills in what follows from each named entry of t: ok and
+// hdrLen. A function of the variable's initialiser rather than an init
+// func, so that package-level variables may use the table.
+func completeOps(t [256]opInfo) [256]opInfo {
+	for i := range t {
+		if t[i].name != "" {
+			t[i].ok = true
+			t[i].hdrLen = BTHLen + t[i].ext.Len()
+		}
 	}
+	return t
 }
 
 // Len returns the total length in bytes of the headers in e.
@@ -139,11 +163,18 @@ func (e Ext) Len() int {
 	if e&ExtImmDt != 0 {
 		n += ImmDtLen
 	}
+	if e&ExtDETH != 0 {
+		n += DETHLen
+	}
 	return n
 }
 
 // Valid reports whether the codec implements op.
-func (op Opcode) Valid() bool { return op < numOpcodes }
+func (op Opcode) Valid() bool { return opTable[op].ok }
+
+// IsUD reports whether op is of the UD transport (it may not be
+// implemented: Valid).
+func (op Opcode) IsUD() bool { return op>>5 == transportUD }
 
 // Ext returns the extension headers that follow the BTH (0 if !op.Valid()).
 func (op Opcode) Ext() Ext {
@@ -174,7 +205,7 @@ func (op Opcode) HeaderLen() int {
 }
 
 // String returns the IBA name of op without the "RC " prefix, e.g.
-// "SEND_FIRST", or "Opcode(0x20)" for one the codec does not implement.
+// "SEND_FIRST" ("UD_SEND_ONLY" for UD), or "Opcode(0x20)" for one the codec does not implement.
 func (op Opcode) String() string {
 	if !op.Valid() {
 		return fmt.Sprintf("Opcode(%#02x)", uint8(op))

@@ -38,6 +38,7 @@ func (m MTU) Valid() bool {
 // meaningful; Parse leaves the others zero and Append ignores them.
 type Packet struct {
 	BTH          BTH
+	DETH         DETH         // ExtDETH (UD)
 	RETH         RETH         // ExtRETH
 	AtomicETH    AtomicETH    // ExtAtomicETH
 	AETH         AETH         // ExtAETH
@@ -62,8 +63,8 @@ type Packet struct {
 // Parse decodes and validates one RoCEv2 packet, the payload of a UDP
 // datagram to UDPPort. It checks everything the packet alone determines:
 //
-//   - the opcode is an implemented RC opcode (ErrOpcode) and TVer is 0
-//     (ErrVersion);
+//   - the opcode is an implemented RC or UD opcode (ErrOpcode) and TVer
+//     is 0 (ErrVersion);
 //   - the packet holds the headers of its opcode and the ICRC
 //     (ErrTruncated);
 //   - the pad count fits: payload plus pad is a multiple of 4 bytes and an
@@ -86,7 +87,7 @@ func Parse(b []byte) (Packet, error) {
 	}
 	op := Opcode(b[0])
 	if !op.Valid() {
-		return Packet{}, packetError(ErrOpcode, op, "not an implemented RC opcode")
+		return Packet{}, packetError(ErrOpcode, op, "not an implemented RC or UD opcode")
 	}
 	info := &opTable[op]
 	bth := decodeBTH(b)
@@ -122,6 +123,10 @@ func Parse(b []byte) (Packet, error) {
 
 	p := Packet{BTH: bth}
 	off := BTHLen
+	if info.ext&ExtDETH != 0 {
+		p.DETH = decodeDETH(b[off:])
+		off += DETHLen
+	}
 	if info.ext&ExtRETH != 0 {
 		p.RETH = decodeRETH(b[off:])
 		off += RETHLen
@@ -246,6 +251,9 @@ func (p *Packet) Encode(b []byte, n int) error {
 func (p *Packet) appendHeaders(dst []byte, pad int) []byte {
 	info := &opTable[p.BTH.Opcode]
 	dst = p.BTH.append(dst, uint8(pad))
+	if info.ext&ExtDETH != 0 {
+		dst = p.DETH.append(dst)
+	}
 	if info.ext&ExtRETH != 0 {
 		dst = p.RETH.append(dst)
 	}
@@ -270,7 +278,7 @@ func (p *Packet) checkEncode(n int) error {
 	op := h.Opcode
 	switch {
 	case !op.Valid():
-		return packetError(ErrInvalid, op, "not an implemented RC opcode")
+		return packetError(ErrInvalid, op, "not an implemented RC or UD opcode")
 	case h.TVer != 0:
 		return packetError(ErrInvalid, op, "TVer %d, want 0", h.TVer)
 	case h.DestQP > QPNMask:
@@ -283,6 +291,9 @@ func (p *Packet) checkEncode(n int) error {
 		return packetError(ErrInvalid, op, "payload %d bytes, more than %d", n, MaxPayload)
 	case (op.Segment() == SegmentFirst || op.Segment() == SegmentMiddle) && !MTU(n).Valid():
 		return packetError(ErrInvalid, op, "%s packet with payload %d bytes, not a path MTU", op.Segment(), n)
+	}
+	if op.Ext()&ExtDETH != 0 && p.DETH.SrcQP > QPNMask {
+		return packetError(ErrInvalid, op, "SrcQP %#x beyond 24 bits", p.DETH.SrcQP)
 	}
 	if op.Ext()&ExtAETH != 0 {
 		switch {

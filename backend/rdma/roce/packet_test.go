@@ -39,11 +39,25 @@ func samplePacket(op Opcode, n int) Packet {
 	if ext&ExtImmDt != 0 {
 		p.ImmDt = 0xcafef00d
 	}
+	if ext&ExtDETH != 0 {
+		p.DETH = DETH{QKey: 0x80010203, SrcQP: 0x123456}
+	}
 	if op.HasPayload() {
 		p.Payload = payloadBytes(n)
 	}
 	return p
 }
+
+// testOpcodes are the implemented opcodes.
+var testOpcodes = func() []Opcode {
+	var ops []Opcode
+	for op := range 256 {
+		if Opcode(op).Valid() {
+			ops = append(ops, Opcode(op))
+		}
+	}
+	return ops
+}()
 
 // payloadSizes returns the payload lengths to try for op.
 func payloadSizes(op Opcode) []int {
@@ -71,7 +85,7 @@ func samePacket(t *testing.T, got, want Packet) {
 }
 
 func TestRoundTripEveryOpcode(t *testing.T) {
-	for op := Opcode(0); op < numOpcodes; op++ {
+	for _, op := range testOpcodes {
 		for _, n := range payloadSizes(op) {
 			p := samplePacket(op, n)
 			p.ICRC = 0x01020304
@@ -122,9 +136,10 @@ func TestOpcodeTable(t *testing.T) {
 		OpWriteLast: 12, OpWriteLastWithImmediate: 16, OpWriteOnly: 28, OpWriteOnlyWithImmediate: 32,
 		OpReadRequest: 28, OpReadResponseFirst: 16, OpReadResponseMiddle: 12, OpReadResponseLast: 16,
 		OpReadResponseOnly: 16, OpAcknowledge: 16, OpAtomicAcknowledge: 24, OpCompareSwap: 40,
-		OpFetchAdd: 40,
+		OpFetchAdd:   40,
+		OpUDSendOnly: 20, OpUDSendOnlyWithImmediate: 24,
 	}
-	for op := Opcode(0); op < numOpcodes; op++ {
+	for _, op := range testOpcodes {
 		if got := op.HeaderLen(); got != want[op] {
 			t.Errorf("%v: got header length %d, want %d", op, got, want[op])
 		}
@@ -134,7 +149,7 @@ func TestOpcodeTable(t *testing.T) {
 			t.Errorf("%v: got HasPayload %t", op, op.HasPayload())
 		}
 	}
-	for _, op := range []Opcode{0x15, 0x16, 0x17, 0x1c, 0x1d, 0x20, 0x24, 0x64, 0x81, 0xff} {
+	for _, op := range []Opcode{0x15, 0x16, 0x17, 0x1c, 0x1d, 0x20, 0x24, 0x60, 0x66, 0x81, 0xff} {
 		if op.Valid() || op.HeaderLen() != 0 || op.HasPayload() || op.Ext() != 0 {
 			t.Errorf("%v: got valid", op)
 		}
@@ -370,7 +385,7 @@ func TestParseDoesNotAllocate(t *testing.T) {
 // (and garbage elsewhere) gives Append's bytes, for every opcode and
 // length; it refuses a buffer of the wrong length and what Append refuses.
 func TestEncodeInPlace(t *testing.T) {
-	for op := Opcode(0); op < numOpcodes; op++ {
+	for _, op := range testOpcodes {
 		for _, n := range payloadSizes(op) {
 			p := samplePacket(op, n)
 			p.ICRC = 0x01020304

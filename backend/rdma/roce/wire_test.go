@@ -149,7 +149,7 @@ func needTshark(t *testing.T) string {
 // once, with distinct QPNs and PSNs (the last ones across the wrap).
 func wirePackets() []Packet {
 	var ps []Packet
-	for op := Opcode(0); op < numOpcodes; op++ {
+	for _, op := range testOpcodes {
 		sizes := payloadSizes(op)
 		p := samplePacket(op, sizes[len(sizes)/2])
 		p.BTH.DestQP = 0x100 + uint32(op)
@@ -209,7 +209,7 @@ func TestTsharkDissection(t *testing.T) {
 	fields := []string{"infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.bth.psn",
 		"infiniband.bth.padcnt", "infiniband.invariant.crc", "infiniband.reth.va",
 		"infiniband.aeth.syndrome", "infiniband.aeth.msn", "infiniband.atomiceth.swapdt",
-		"infiniband.atomicacketh.origremdt", "_ws.col.Info"}
+		"infiniband.atomicacketh.origremdt", "infiniband.deth.q_key", "infiniband.deth.srcqp", "_ws.col.Info"}
 	args := append(base, "-T", "fields", "-E", "separator=|")
 	for _, f := range fields {
 		args = append(args, "-e", f)
@@ -239,6 +239,8 @@ func TestTsharkDissection(t *testing.T) {
 			ifExt(ext, ExtAETH, fmt.Sprint(p.AETH.MSN)),
 			ifExt(ext, ExtAtomicETH, fmt.Sprint(p.AtomicETH.SwapAdd)),
 			ifExt(ext, ExtAtomicAckETH, fmt.Sprint(p.AtomicAckETH.OrigData)),
+			ifExt(ext, ExtDETH, fmt.Sprintf("0x%016x", p.DETH.QKey)),
+			ifExt(ext, ExtDETH, fmt.Sprintf("0x%08x", p.DETH.SrcQP)),
 		}
 		got := strings.Split(line, "|")
 		if len(got) != len(fields) {
@@ -250,7 +252,10 @@ func TestTsharkDissection(t *testing.T) {
 			}
 		}
 		info := strings.TrimSpace(got[len(got)-1])
-		wantInfo := fmt.Sprintf("RC %s QP=0x%06x", wiresharkNames[op], p.BTH.DestQP)
+		wantInfo := fmt.Sprintf("RC %s QP=0x%06x", wiresharkName(op), p.BTH.DestQP)
+		if op.IsUD() {
+			wantInfo = fmt.Sprintf("UD %s QP=0x%06x", wiresharkName(op), p.BTH.DestQP)
+		}
 		if op == OpAcknowledge {
 			wantInfo += " [Remote Access Error]" // the NAK code of wirePackets
 		}
@@ -261,7 +266,7 @@ func TestTsharkDissection(t *testing.T) {
 }
 
 // wiresharkNames are the opcode names of Wireshark's InfiniBand dissector.
-var wiresharkNames = [numOpcodes]string{
+var wiresharkNames = [...]string{
 	"Send First", "Send Middle", "Send Last", "Send Last Immediate", "Send Only",
 	"Send Only Immediate", "RDMA Write First", "RDMA Write Middle", "RDMA Write Last",
 	"RDMA Write Last Immediate", "RDMA Write Only", "RDMA Write Only Immediate",
@@ -269,6 +274,10 @@ var wiresharkNames = [numOpcodes]string{
 	"RDMA Read Response Last", "RDMA Read Response Only", "Acknowledge",
 	"Atomic Acknowledge", "Compare Swap", "Fetch Add",
 }
+
+// wiresharkName is op's name in Wireshark's dissector: the RC names by
+// opcode, a UD opcode's name as the RC opcode of the same low five bits.
+func wiresharkName(op Opcode) string { return wiresharkNames[op&0x1f] }
 
 func ifExt(have, want Ext, s string) string {
 	if have&want == 0 {
@@ -324,7 +333,7 @@ func needScapy(t *testing.T) string {
 func TestScapyICRC(t *testing.T) {
 	py := needScapy(t)
 	var ps []Packet
-	for op := Opcode(0); op < numOpcodes; op++ {
+	for _, op := range testOpcodes {
 		for _, n := range payloadSizes(op) {
 			ps = append(ps, samplePacket(op, n))
 		}

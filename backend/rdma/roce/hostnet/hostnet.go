@@ -27,6 +27,7 @@ import (
 	"github.com/vrdma/vrdma/backend/rdma/roce"
 	"github.com/vrdma/vrdma/backend/rdma/roce/rc"
 	"github.com/vrdma/vrdma/backend/rdma/roce/spray"
+	"github.com/vrdma/vrdma/backend/rdma/roce/ud"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 )
 
@@ -165,4 +166,77 @@ func (n *Network) Close() error {
 		errs = append(errs, e.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// OpenUD attaches the UD QP qpn to the network (engine.UDNetwork): it
+// receives, through h, the UD datagrams to qpn at every host address of
+// locals (its device's network GIDs) that has an endpoint, and sends from
+// them. It fails if none has one, or if qpn is in use on one of them.
+func (n *Network) OpenUD(qpn uint32, locals [][16]byte, h ud.Host) (ud.Conn, error) {
+	c := &udConn{qpn: qpn, h: h, eps: make(map[netip.Addr]*udp.Endpoint)}
+	n.mu.Lock()
+	for _, g := range locals {
+		a := udp.AddrOfGID(g)
+		if e := n.eps[a]; e != nil {
+			c.eps[a] = e
+		}
+	}
+	n.mu.Unlock()
+	if len(c.eps) == 0 {
+		return nil, fmt.Errorf("%w: none of %d addresses", ErrNoEndpoint, len(locals))
+	}
+	for a, e := range c.eps {
+		if err := e.RegisterUD(qpn, h); err != nil {
+			delete(c.eps, a)
+			c.Close()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// udConn is a UD QP attached to endpoints (ud.Conn).
+type udConn struct {
+	qpn uint32
+	h   ud.Host
+	eps map[netip.Addr]*udp.Endpoint // immutable after OpenUD
+
+	mu     sync.Mutex
+	psn    roce.PSN // the next datagram's (protected by mu)
+	closed bool     // protected by mu
+}
+
+// Send sends d from the address of sgid to the address of dgid.
+func (c *udConn) Send(sgid, dgid [16]byte, d *ud.Datagram) error {
+	src, dst := udp.AddrOfGID(sgid), udp.AddrOfGID(dgid)
+	e := c.eps[src]
+	if e == nil {
+		return fmt.Errorf("%w: %v", ErrNoEndpoint, src)
+	}
+	if !dst.IsValid() || dst.IsUnspecified() || dst.IsMulticast() || dst.Is4() != src.Is4() {
+		return fmt.Errorf("%w: %v from %v", ErrAddr, dst, src)
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return udp.ErrClosed
+	}
+	psn := c.psn
+	c.psn = c.psn.Add(1)
+	c.mu.Unlock()
+	return e.SendUD(dst, psn, d)
+}
+
+// Close unregisters the QP from its endpoints.
+func (c *udConn) Close() {
+	c.mu.Lock()
+	done := c.closed
+	c.closed = true
+	c.mu.Unlock()
+	if done {
+		return
+	}
+	for _, e := range c.eps {
+		e.UnregisterUD(c.qpn, c.h)
+	}
 }

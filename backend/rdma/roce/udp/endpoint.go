@@ -16,6 +16,7 @@ import (
 
 	"github.com/vrdma/vrdma/backend/rdma/roce"
 	"github.com/vrdma/vrdma/backend/rdma/roce/rc"
+	"github.com/vrdma/vrdma/backend/rdma/roce/ud"
 )
 
 // Sentinels.
@@ -114,6 +115,7 @@ type qpEntry struct {
 	qp   *rc.QP
 	peer netip.Addr    // the only source address accepted (qp)
 	h    PacketHandler // instead of qp and peer when not nil
+	ud   ud.Host       // instead of qp and peer when not nil: a UD QP (ud.go)
 	mark uint64
 	src  SourcePort // the peer's source port (qp)
 }
@@ -188,6 +190,7 @@ type Endpoint struct {
 
 	rx      *batch      // the receive goroutine's
 	rxPkt   roce.Packet // the receive goroutine's: the packet it handles
+	rxUD    ud.Arrival  // the receive goroutine's: the UD datagram it hands over
 	touched []*qpEntry  // the receive goroutine's
 	// The receive goroutine's: the pseudo header of the last source
 	// (rxFlow).

@@ -318,8 +318,10 @@ func (e *Endpoint) deliver(b []byte, src netip.AddrPort, gen uint64) {
 		e.ctr.rxICRC.Add(1)
 		return
 	}
+	var id uint16 // the IPv4 ID the ICRC matched with
 	if e.cfg.Addr.Is4() && e.cfg.RecoverIPv4ID {
-		id, ok := f.RecoverIPv4ID(b)
+		var ok bool
+		id, ok = f.RecoverIPv4ID(b)
 		if !ok {
 			e.ctr.rxICRC.Add(1)
 			return
@@ -342,6 +344,12 @@ func (e *Endpoint) deliver(b []byte, src netip.AddrPort, gen uint64) {
 	switch {
 	case vendor:
 		v = ent.h.ReceiveVendor(b, src, e)
+	case p.BTH.Opcode.IsUD() != (ent.ud != nil):
+		// A packet of another transport than the QP's: only UD
+		// QPs take UD opcodes, and only UD opcodes reach them.
+		v = Malformed
+	case ent.ud != nil:
+		v = e.receiveUD(ent.ud, p, src, id)
 	case ent.h != nil:
 		v = ent.h.ReceiveRC(p, src, e)
 	case src.Addr() != ent.peer || !ent.src.Allows(src.Port()):
@@ -358,7 +366,7 @@ func (e *Endpoint) deliver(b []byte, src netip.AddrPort, gen uint64) {
 		return
 	}
 	e.ctr.rxDelivered.Add(1)
-	if ent.mark != gen {
+	if ent.ud == nil && ent.mark != gen {
 		ent.mark = gen
 		e.touched = append(e.touched, ent)
 	}

@@ -132,6 +132,9 @@ func (r *Route) Peer() netip.AddrPort { return r.p.peer }
 func (r *Route) Endpoint() *Endpoint { return r.p.e }
 
 func (ent *qpEntry) flush() {
+	if ent.ud != nil {
+		return
+	}
 	if ent.h != nil {
 		ent.h.Flush()
 		return
@@ -140,6 +143,9 @@ func (ent *qpEntry) flush() {
 }
 
 func (ent *qpEntry) tick(e *Endpoint) {
+	if ent.ud != nil {
+		return
+	}
 	if ent.h != nil {
 		ent.h.Tick(e)
 		return
@@ -148,6 +154,9 @@ func (ent *qpEntry) tick(e *Endpoint) {
 }
 
 func (ent *qpEntry) close() {
+	if ent.ud != nil {
+		return // the UD QP's owner closes it (ud.Conn)
+	}
 	if ent.h != nil {
 		ent.h.Close()
 		return
