@@ -124,7 +124,18 @@ func TestRoCEUDInterop(t *testing.T) {
 		err error
 	}
 	done := make(chan guestOut, 1)
+	// The guest's end ends our waits for it: the dial of its server and
+	// the accept of its client.
+	ended := make(chan struct{})
+	gctx, gcancel := context.WithCancel(ctx)
+	defer gcancel()
 	go func() {
+		<-ended
+		gcancel()
+		ln.Close()
+	}()
+	go func() {
+		defer close(ended)
 		var o guestOut
 		o.err = lab.g.Do(func() error {
 			ctx, cancel := context.WithTimeout(ctx, roceinterop.GuestTimeout)
@@ -152,7 +163,7 @@ func TestRoCEUDInterop(t *testing.T) {
 		fail("vrdma UD QP: %v", err)
 	}
 	// Phase 1: rxe serves, we ping.
-	conn, err := lab.Dial(ctx)
+	conn, err := lab.Dial(gctx)
 	if err != nil {
 		fail("%v", err)
 	}
@@ -169,7 +180,7 @@ func TestRoCEUDInterop(t *testing.T) {
 	if err != nil {
 		fail("vrdma UD QP: %v", err)
 	}
-	conn, err = acceptCtx(ctx, ln)
+	conn, err = acceptCtx(gctx, ln)
 	if err != nil {
 		fail("accept the rxe client: %v", err)
 	}
@@ -426,8 +437,13 @@ func (u *udpp) pingpong(peer udppPeer, client bool) error {
 	b := u.mr.Bytes()
 	send := func(i int) error {
 		if client {
+			// Varied bytes, but 0 at each page's start: what
+			// ud_pingpong -c's server checks of the last ping.
 			for k := range udppSize {
 				b[4096+k] = byte(i*31 + k*7 + k>>8)
+				if k%4096 == 0 {
+					b[4096+k] = 0
+				}
 			}
 		}
 		return u.qp.PostSend(verbs.SendWR{WRID: 2, Opcode: abi.WROpSend, Flags: abi.WRFlagSignaled,
@@ -438,54 +454,56 @@ func (u *udpp) pingpong(peer udppPeer, client bool) error {
 			return err
 		}
 	}
-	for i := range udppIters {
-		sent, got := !client, false
-		deadline := time.Now().Add(30 * time.Second)
-		for !sent || !got {
-			var wc [2]verbs.WC
-			n, err := u.cq.Poll(wc[:])
-			if err != nil {
-				return err
+	// Counted as ud_pingpong counts: the completions of a poll may be a
+	// send and the next receive.
+	rcnt, scnt := 0, 0
+	deadline := time.Now().Add(30 * time.Second)
+	for rcnt < udppIters || scnt < udppIters {
+		var wc [2]verbs.WC
+		n, err := u.cq.Poll(wc[:])
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("no completion in 30 s after %d sends and %d receives", scnt, rcnt)
 			}
-			if n == 0 {
-				if time.Now().After(deadline) {
-					return fmt.Errorf("iteration %d: no completion in 30 s (sent %t, received %t)", i, sent, got)
-				}
-				time.Sleep(20 * time.Microsecond)
+			time.Sleep(20 * time.Microsecond)
+			continue
+		}
+		deadline = time.Now().Add(30 * time.Second)
+		for _, c := range wc[:n] {
+			if c.Status != abi.WCSuccess {
+				return fmt.Errorf("after %d sends and %d receives: %+v", scnt, rcnt, c)
+			}
+			if c.WRID == 2 {
+				scnt++
 				continue
 			}
-			for _, c := range wc[:n] {
-				if c.Status != abi.WCSuccess {
-					return fmt.Errorf("iteration %d: %+v", i, c)
-				}
-				if c.WRID == 2 {
-					sent = true
-					continue
-				}
-				got = true
-				if c.ByteLen != 40+udppSize || c.Flags&abi.WCFlagGRH == 0 || c.SrcQP != peer.qpn {
-					return fmt.Errorf("iteration %d: receive %+v, want %d bytes with GRH from QP %#x", i, c, 40+udppSize, peer.qpn)
-				}
-				g, err := verbs.ParseGRH(b[:40])
-				if err != nil || g.SGID != peer.gid || g.DGID != u.dev.GID {
-					return fmt.Errorf("iteration %d: GRH %x (%+v, %v), want %x → %x", i, b[:40], g, err, peer.gid, u.dev.GID)
-				}
-				if client && !bytes.Equal(b[40:40+udppSize], b[4096:4096+udppSize]) {
-					return fmt.Errorf("iteration %d: the pong's payload is not the ping's", i)
-				}
-				if !client {
-					copy(b[4096:4096+udppSize], b[40:40+udppSize])
-				}
-				if err := u.postRecv(); err != nil {
+			i := rcnt
+			rcnt++
+			if rcnt > udppIters {
+				return fmt.Errorf("receive %d: more than the %d pings", rcnt, udppIters)
+			}
+			if c.ByteLen != 40+udppSize || c.Flags&abi.WCFlagGRH == 0 || c.SrcQP != peer.qpn {
+				return fmt.Errorf("receive %d: %+v, want %d bytes with GRH from QP %#x", i, c, 40+udppSize, peer.qpn)
+			}
+			g, err := verbs.ParseGRH(b[:40])
+			if err != nil || g.SGID != peer.gid || g.DGID != u.dev.GID {
+				return fmt.Errorf("receive %d: GRH %x (%+v, %v), want %x → %x", i, b[:40], g, err, peer.gid, u.dev.GID)
+			}
+			if client && !bytes.Equal(b[40:40+udppSize], b[4096:4096+udppSize]) {
+				return fmt.Errorf("receive %d: the pong's payload is not the ping's", i)
+			}
+			if !client {
+				copy(b[4096:4096+udppSize], b[40:40+udppSize])
+			}
+			if err := u.postRecv(); err != nil {
+				return err
+			}
+			if !client || rcnt < udppIters {
+				if err := send(rcnt); err != nil {
 					return err
-				}
-				if !client || i+1 < udppIters {
-					if err := send(i + 1); err != nil {
-						return err
-					}
-					if !client {
-						sent = false
-					}
 				}
 			}
 		}
