@@ -56,8 +56,13 @@ struct vrdma_config {
 	__le32 port_state;
 	__le32 max_qp_rd_atom;
 	__le32 max_srq;
-	__le32 reserved;
+	__le32 device_caps;	/* VRDMA_DEVICE_CAP_* */
 };
+
+/* The device serves a GSI QP (QP1), DMA MRs and send WQEs with an AV. */
+#define VRDMA_DEVICE_CAP_GSI		1
+#define VRDMA_GSI_QPN			1
+#define VRDMA_GSI_QKEY			0x80010000u
 
 enum vrdma_cmd_opcode {
 	VRDMA_CMD_QUERY_DEVICE	= 1,
@@ -196,8 +201,12 @@ struct vrdma_reg_mr {
 	__le32 page_shift;
 	__le32 npages;
 	__le64 page_list;
-	__le64 reserved;
+	__le32 flags;		/* VRDMA_REG_MR_F_DMA */
+	__le32 reserved;
 };
+
+/* A DMA MR: the guest-physical address space, local access only. */
+#define VRDMA_REG_MR_F_DMA		1
 
 struct vrdma_mr_keys {
 	__le32 lkey;
@@ -236,6 +245,7 @@ struct vrdma_cq_arm_record {
 #define VRDMA_CQ_ARM_SOLICITED		1
 #define VRDMA_CQ_ARM_SEQ_SHIFT		1
 
+#define VRDMA_QPT_GSI			1
 #define VRDMA_QPT_RC			2
 #define VRDMA_QPT_UD			4
 
@@ -409,6 +419,8 @@ enum vrdma_wr_opcode {
 #define VRDMA_WQE_INLINE		2
 #define VRDMA_WQE_FENCE			4
 #define VRDMA_WQE_SOLICITED		8
+#define VRDMA_WQE_AV			16
+#define VRDMA_AV_SIZE			32
 
 struct vrdma_send_wqe {
 	__le64 wr_id;
@@ -425,6 +437,13 @@ struct vrdma_send_wqe {
 	__le32 remote_qpn;	/* UD */
 	__le32 remote_qkey;	/* UD; bit 31: the QP's own Q_Key */
 	__le32 reserved;
+};
+
+/* With VRDMA_WQE_AV, at offset 64 of a UD or GSI send WQE. */
+struct vrdma_av {
+	__u8 dgid[16];
+	__le32 sgid_index;
+	__u8 reserved[12];
 };
 
 #define VRDMA_QKEY_USE_QP		0x80000000u

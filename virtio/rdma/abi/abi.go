@@ -123,7 +123,7 @@ type Config struct {
 	PortState         uint32   `spec:"port_state"`
 	MaxQPRdAtom       uint32   `spec:"max_qp_rd_atom"`
 	MaxSRQ            uint32   `spec:"max_srq"`
-	Reserved          uint32   `spec:"reserved"`
+	DeviceCaps        uint32   `spec:"device_caps"`
 }
 
 // ConfigSize is the size of the config space.
@@ -286,7 +286,8 @@ type RegMR struct {
 	PageShift uint32 `spec:"page_shift"`
 	NPages    uint32 `spec:"npages"`
 	PageList  uint64 `spec:"page_list"`
-	Reserved  uint64 `spec:"reserved"`
+	Flags     uint32 `spec:"flags"`
+	Reserved  uint32 `spec:"reserved"`
 }
 
 // MRKeys is REG_MR's response (struct vrdma_mr_keys).

@@ -32,6 +32,14 @@ type SendWQE struct {
 	Reserved   uint32 `spec:"reserved"`
 }
 
+// AV is the address vector a UD or GSI send WQE with WRFlagAV carries at
+// offset SendWQEHdrSize (struct vrdma_av).
+type AV struct {
+	DGID      [16]byte `spec:"dgid"`
+	SGIDIndex uint32   `spec:"sgid_index"`
+	Reserved  [12]byte `spec:"reserved"`
+}
+
 // RecvWQE is a receive WQE's header (struct vrdma_recv_wqe).
 type RecvWQE struct {
 	WRID     uint64  `spec:"wr_id"`
@@ -63,6 +71,7 @@ type Event struct {
 const (
 	SGESize        = 16
 	SendWQEHdrSize = 64
+	AVSize         = 32
 	RecvWQEHdrSize = 16
 	CQESize        = 32
 	EventSize      = 16
@@ -86,8 +95,19 @@ const (
 
 // QP types (ibv_qp_type).
 const (
-	QPTypeRC = 2
-	QPTypeUD = 4
+	QPTypeGSI = 1 // IB_QPT_GSI: QP1 (docs/spec.md § Kernel verbs and the GSI QP)
+	QPTypeRC  = 2
+	QPTypeUD  = 4
+)
+
+// GSI: the QP number peers address a device's GSI QP by, its well-known
+// Q_Key, the device_caps bit that offers it (with DMA MRs and AVs), and
+// REG_MR's DMA flag.
+const (
+	GSIQPN       = 1
+	GSIQKey      = 0x80010000
+	DeviceCapGSI = 1
+	RegMRFlagDMA = 1
 )
 
 // UD: a remote_qkey with this bit set sends the QP's own Q_Key; GRHSize is
@@ -147,6 +167,7 @@ const (
 	WRFlagInline    = 2
 	WRFlagFence     = 4
 	WRFlagSolicited = 8
+	WRFlagAV        = 16
 )
 
 // WCStatus is a completion's status (ibv_wc_status), the CQE's status byte.

@@ -93,6 +93,7 @@ func TestWireStructsMatchSpec(t *testing.T) {
 		"vrdma_notify_cq":        &NotifyCQ{},
 		"vrdma_sge":              &SGE{},
 		"vrdma_send_wqe":         &SendWQE{},
+		"vrdma_av":               &AV{},
 		"vrdma_recv_wqe":         &RecvWQE{},
 		"vrdma_cqe":              &CQE{},
 		"vrdma_event":            &Event{},
