@@ -13,6 +13,7 @@
 #include <linux/netdevice.h>
 #include <linux/spinlock.h>
 #include <linux/virtio.h>
+#include <linux/virtio_types.h>
 #include <linux/workqueue.h>
 #include <linux/xarray.h>
 #include <rdma/ib_umem.h>
@@ -41,6 +42,7 @@ struct vrdma_doorbell {
 	struct virtqueue *vq;
 	phys_addr_t notify_pa;	/* the queue's notify register */
 	phys_addr_t flags_pa;	/* its used ring's flags word */
+	const __virtio16 *used_flags;	/* the same word, for kernel posts */
 	u16 notify_value;	/* what a notification writes there */
 };
 
@@ -85,6 +87,7 @@ struct vrdma_dev {
 	u32 max_inline;
 	u32 max_rd_atom;
 	u32 max_srq;		/* 0: the device has no SRQs */
+	bool gsi;		/* device_caps GSI: kernel verbs, ib_mad, rdma_cm */
 	u32 gid_tbl_len;
 	u32 max_msg_sz;
 	u8 max_mtu;
@@ -128,21 +131,51 @@ struct vrdma_pd {
 
 struct vrdma_mr {
 	struct ib_mr ibmr;
-	struct ib_umem *umem;
+	struct ib_umem *umem;	/* NULL for a DMA MR */
+};
+
+/*
+ * Guest memory a kernel CQ or QP keeps its rings and record in
+ * (vrdma_kverbs.c): physically contiguous, zeroed, freed only once the
+ * device has let go of it.
+ */
+struct vrdma_kbuf {
+	void *va;
+	size_t size;		/* page multiple */
 };
 
 struct vrdma_cq {
 	struct ib_cq ibcq;
 	u32 cqn;
-	struct ib_umem *umem;
+	struct ib_umem *umem;	/* a user CQ's buffer */
+
+	/* A kernel CQ's (umem NULL), under lock. */
+	struct vrdma_kbuf kbuf;
+	spinlock_t lock;
+	struct vrdma_cqe *ring;
+	struct vrdma_cq_arm_record *rec;
+	u32 ci;
+	u32 arm_seq;
 };
 
 struct vrdma_qp {
 	struct ib_qp ibqp;
-	u32 qpn;
-	struct ib_umem *umem;
+	u32 qpn;		/* the device's handle (ibqp.qp_num is 1 for GSI) */
+	struct ib_umem *umem;	/* a user QP's buffer */
 	struct ib_qp_cap cap;
 	bool sq_sig_all;
+
+	/* A kernel QP's (umem NULL): rings, record, and the posting state. */
+	struct vrdma_kbuf kbuf;
+	struct vrdma_qp_record *rec;
+	void *sq, *rq;
+	unsigned int dbq;
+	u32 sq_depth, rq_depth;
+	u8 sq_shift, rq_shift;
+	spinlock_t sq_lock;	/* sq, sq_pi */
+	u32 sq_pi;
+	spinlock_t rq_lock;	/* rq, rq_pi */
+	u32 rq_pi;
 };
 
 struct vrdma_srq {
@@ -154,9 +187,17 @@ struct vrdma_srq {
 	u32 max_sge;
 };
 
+/*
+ * A user AH is the device's (ahn). A kernel AH may be created where the
+ * caller cannot sleep, so it is the driver's alone: its address vector
+ * goes into each send WQE (VRDMA_WQE_AV).
+ */
 struct vrdma_ah {
 	struct ib_ah ibah;
-	u32 ahn;
+	u32 ahn;		/* 0 for a kernel AH */
+	bool kernel;
+	u8 dgid[16];
+	u32 sgid_index;
 };
 
 static inline struct vrdma_dev *to_vdev(struct ib_device *ibdev)
@@ -220,5 +261,20 @@ void vrdma_cmd_cleanup(struct vrdma_dev *dev);
 
 /* vrdma_verbs.c */
 extern const struct ib_device_ops vrdma_dev_ops;
+bool vrdma_valid_qpn(u32 qpn);
+
+/* vrdma_kverbs.c: the verbs of kernel consumers (no udata) */
+struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int access);
+int vrdma_create_kcq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr);
+void vrdma_free_kcq(struct vrdma_cq *cq);
+int vrdma_kcq_notify(struct vrdma_cq *cq, enum ib_cq_notify_flags flags);
+int vrdma_kcq_poll(struct vrdma_cq *cq, int num_entries, struct ib_wc *wc);
+int vrdma_create_kqp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr);
+void vrdma_free_kqp(struct vrdma_qp *qp);
+int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr,
+			const struct ib_send_wr **bad_wr);
+int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr,
+			const struct ib_recv_wr **bad_wr);
+int vrdma_create_kah(struct vrdma_ah *ah, const struct rdma_ah_attr *ah_attr);
 
 #endif /* VRDMA_H */

@@ -56,9 +56,14 @@
  * rtnl -> netdev_lock; lock (flags, reprobe) is a leaf taken in any
  * context. stop_mutex is taken alone.
  *
- * Not supported: kernel (non-udata) CQs, QPs, SRQs and AHs (ULPs, MADs,
- * ib_cm, rdma_cm), get_dma_mr, QP types other than RC and UD, XRC and
- * tag-matching SRQs, SRQ resizing, memory windows, ODP, resize_cq,
+ * Kernel consumers (vrdma_kverbs.c): when the device serves a GSI QP
+ * (config device_caps), kernel CQs, the GSI QP and kernel UD QPs, kernel
+ * AHs and the DMA MR behind a kernel PD's local_dma_lkey, so that ib_mad,
+ * ib_cm and rdma_cm run over the port.
+ *
+ * Not supported: kernel RC QPs, kernel SRQs, fast registration (ULPs
+ * such as NFS/RDMA and NVMe-oF), QP types other than RC, UD and GSI, XRC
+ * and tag-matching SRQs, SRQ resizing, memory windows, ODP, resize_cq,
  * virtio-mmio, vIOMMU, suspend/resume.
  */
 #include <linux/etherdevice.h>
@@ -709,6 +714,7 @@ static int vrdma_init_vqs(struct vrdma_dev *dev)
 		}
 		dev->dbq[i].vq = vq;
 		dev->dbq[i].flags_pa = virt_to_phys(&vring->used->flags);
+		dev->dbq[i].used_flags = &vring->used->flags;
 	}
 out:
 	kfree(names);
@@ -725,6 +731,7 @@ static int vrdma_query(struct vrdma_dev *dev)
 	struct vrdma_port_req preq = { .port_num = cpu_to_le32(VRDMA_PORT) };
 	struct vrdma_device_attr *a = &dev->dattr;
 	struct vrdma_port_attr p;
+	u32 caps;
 	int err;
 
 	err = vrdma_exec(dev, VRDMA_CMD_QUERY_DEVICE, NULL, 0, a, sizeof(*a),
@@ -751,6 +758,12 @@ static int vrdma_query(struct vrdma_dev *dev)
 	dev->max_rd_atom = min_t(u32, le32_to_cpu(a->max_qp_rd_atom), U8_MAX);
 	/* Zero from a daemon older than SRQs: create_srq is -EOPNOTSUPP. */
 	dev->max_srq = min_t(u32, le32_to_cpu(a->max_srq), INT_MAX);
+	/*
+	 * Zero from a daemon older than the GSI QP, or for a host-NIC
+	 * device: no kernel verbs, so neither ib_mad nor rdma_cm.
+	 */
+	virtio_cread_le(dev->vdev, struct vrdma_config, device_caps, &caps);
+	dev->gsi = caps & VRDMA_DEVICE_CAP_GSI;
 
 	dev->gid_tbl_len = le32_to_cpu(p.gid_tbl_len);
 	if (!dev->gid_tbl_len) {

@@ -7,6 +7,7 @@
  */
 #include <linux/log2.h>
 #include <linux/slab.h>
+#include <rdma/ib_mad.h>
 #include <rdma/ib_umem.h>
 #include <rdma/iter.h>
 #include <rdma/uverbs_ioctl.h>
@@ -149,13 +150,18 @@ static int vrdma_get_port_immutable(struct ib_device *ibdev, u32 port,
 	struct vrdma_dev *dev = to_vdev(ibdev);
 
 	/*
-	 * RoCE v1 and v2 GIDs and Ethernet address handles, but neither MADs
-	 * nor ib_cm: those need kernel QPs and CQs, which the device's user
-	 * rings do not provide (ib_mad would log failures for every port).
+	 * RoCE v1 and v2 GIDs and Ethernet address handles; MADs, ib_cm and
+	 * so rdma_cm when the device serves a GSI QP (vrdma_kverbs.c). A
+	 * device without one (an older daemon, a host-NIC device) gets
+	 * neither, or ib_mad would log failures for every port.
 	 */
 	immutable->core_cap_flags = RDMA_CORE_CAP_PROT_ROCE |
 				    RDMA_CORE_CAP_PROT_ROCE_UDP_ENCAP |
 				    RDMA_CORE_CAP_ETH_AH;
+	if (dev->gsi) {
+		immutable->core_cap_flags |= RDMA_CORE_PORT_IBA_ROCE_UDP_ENCAP;
+		immutable->max_mad_size = IB_MGMT_MAD_SIZE;
+	}
 	immutable->gid_tbl_len = dev->gid_tbl_len;
 	immutable->pkey_tbl_len = 1;
 	return 0;
@@ -397,11 +403,6 @@ static int vrdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 	return 0;
 }
 
-static struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int access)
-{
-	return ERR_PTR(-EOPNOTSUPP);
-}
-
 static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start,
 				       u64 length, u64 iova, int access,
 				       struct ib_udata *udata)
@@ -568,7 +569,7 @@ static int vrdma_create_cq(struct ib_cq *ibcq,
 	int err;
 
 	if (!udata)
-		return -EOPNOTSUPP;
+		return vrdma_create_kcq(ibcq, attr);
 	if (attr->flags)
 		return -EOPNOTSUPP;
 	err = vrdma_udata_in(udata, &ucmd, sizeof(ucmd));
@@ -637,15 +638,19 @@ static int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	xa_erase_irq(&dev->cq_xa, cq->cqn);
 	vrdma_exec_destroy(dev, VRDMA_CMD_DESTROY_CQ, cq->cqn);
 	vrdma_quiesce(dev);
-	ib_umem_release(cq->umem);
+	if (cq->umem)
+		ib_umem_release(cq->umem);
+	else
+		vrdma_free_kcq(cq);
 	return 0;
 }
 
 /*
- * User space arms its CQs through the record; this is the uverbs
- * REQ_NOTIFY_CQ command's path (process context: it sleeps). The device
- * posts the event at once when entries are pending, so no completion is
- * missed and IB_CQ_REPORT_MISSED_EVENTS has nothing to report.
+ * User space arms its CQs through the record; for a user CQ this is the
+ * uverbs REQ_NOTIFY_CQ command's path (process context: it sleeps). The
+ * device posts the event at once when entries are pending, so no
+ * completion is missed and IB_CQ_REPORT_MISSED_EVENTS has nothing to
+ * report. Kernel CQs are armed through their record (vrdma_kverbs.c).
  */
 static int vrdma_req_notify_cq(struct ib_cq *ibcq,
 			       enum ib_cq_notify_flags flags)
@@ -656,19 +661,23 @@ static int vrdma_req_notify_cq(struct ib_cq *ibcq,
 					      IB_CQ_SOLICITED),
 	};
 
+	if (!to_vcq(ibcq)->umem)
+		return vrdma_kcq_notify(to_vcq(ibcq), flags);
 	return vrdma_exec(to_vdev(ibcq->device), VRDMA_CMD_REQ_NOTIFY_CQ, &req,
 			  sizeof(req), NULL, 0, NULL);
 }
 
 static int vrdma_poll_cq(struct ib_cq *ibcq, int num_entries, struct ib_wc *wc)
 {
+	if (!to_vcq(ibcq)->umem)
+		return vrdma_kcq_poll(to_vcq(ibcq), num_entries, wc);
 	return -EOPNOTSUPP;	/* user CQs are polled in user space */
 }
 
 /* ---- QP ---------------------------------------------------------------- */
 
 /* QP numbers the device may hand out: 24 bits, not 0, 1 or 0xffffff. */
-static bool vrdma_valid_qpn(u32 qpn)
+bool vrdma_valid_qpn(u32 qpn)
 {
 	return qpn >= 2 && qpn <= 0xfffffe;
 }
@@ -693,7 +702,7 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr,
 	int err;
 
 	if (!udata)
-		return -EOPNOTSUPP;
+		return vrdma_create_kqp(ibqp, attr);
 	if (attr->qp_type != IB_QPT_RC && attr->qp_type != IB_QPT_UD)
 		return -EOPNOTSUPP;
 	if (attr->create_flags || attr->xrcd)
@@ -903,9 +912,27 @@ static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 		req.pkey_index = cpu_to_le32(attr->pkey_index);
 	if (mask & IB_QP_PORT)
 		req.port_num = cpu_to_le32(attr->port_num);
-	/* The device refuses a Q_Key on an RC QP (and AV etc. on UD). */
-	if (mask & IB_QP_QKEY)
+	/*
+	 * The device refuses a Q_Key on an RC QP (and AV etc. on UD). Q_Keys
+	 * with bit 31 set are for privileged consumers (the GSI QP's is
+	 * 0x80010000): the device cannot tell the kernel's QPs from user
+	 * space's, so this is where the rule is kept.
+	 */
+	if (mask & IB_QP_QKEY) {
+		if (udata && (attr->qkey & VRDMA_QKEY_USE_QP))
+			return -EPERM;
 		req.qkey = cpu_to_le32(attr->qkey);
+	}
+	/*
+	 * ib_mad moves its GSI QP to INIT without a port, as special QPs
+	 * have theirs from creation; the device's UD table wants it.
+	 */
+	if (ibqp->qp_type == IB_QPT_GSI && (mask & IB_QP_STATE) &&
+	    attr->qp_state == IB_QPS_INIT && !(mask & IB_QP_PORT)) {
+		mask |= IB_QP_PORT;
+		req.attr_mask = cpu_to_le32(mask);
+		req.port_num = cpu_to_le32(VRDMA_PORT);
+	}
 	if (mask & IB_QP_AV) {
 		const struct ib_global_route *grh;
 
@@ -985,7 +1012,7 @@ static int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr,
 	attr->retry_cnt = min_t(u32, le32_to_cpu(resp.retry_cnt), 7);
 	attr->rnr_retry = min_t(u32, le32_to_cpu(resp.rnr_retry), 7);
 	attr->cap = qp->cap;
-	if (ibqp->qp_type == IB_QPT_UD) {
+	if (ibqp->qp_type == IB_QPT_UD || ibqp->qp_type == IB_QPT_GSI) {
 		attr->qkey = le32_to_cpu(resp.qkey);
 	} else {
 		attr->ah_attr.type = RDMA_AH_ATTR_TYPE_ROCE;
@@ -1018,13 +1045,18 @@ static int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	xa_erase_irq(&dev->qp_xa, qp->qpn);
 	vrdma_exec_destroy(dev, VRDMA_CMD_DESTROY_QP, qp->qpn);
 	vrdma_quiesce(dev);
-	ib_umem_release(qp->umem);
+	if (qp->umem)
+		ib_umem_release(qp->umem);
+	else
+		vrdma_free_kqp(qp);
 	return 0;
 }
 
 static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 			   const struct ib_send_wr **bad_wr)
 {
+	if (!to_vqp(ibqp)->umem)
+		return vrdma_kqp_post_send(to_vqp(ibqp), wr, bad_wr);
 	*bad_wr = wr;	/* user QPs are posted to in user space */
 	return -EOPNOTSUPP;
 }
@@ -1032,6 +1064,8 @@ static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 static int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 			   const struct ib_recv_wr **bad_wr)
 {
+	if (!to_vqp(ibqp)->umem)
+		return vrdma_kqp_post_recv(to_vqp(ibqp), wr, bad_wr);
 	*bad_wr = wr;
 	return -EOPNOTSUPP;
 }
@@ -1244,9 +1278,9 @@ static int vrdma_create_ah(struct ib_ah *ibah,
 	struct vrdma_handle resp;
 	int err;
 
-	/* Only user AHs: kernel ones could be created where we cannot sleep. */
+	/* Kernel AHs may be created where nothing may sleep: no command. */
 	if (!udata)
-		return -EOPNOTSUPP;
+		return vrdma_create_kah(to_vah(ibah), ah_attr);
 	if (!(rdma_ah_get_ah_flags(ah_attr) & IB_AH_GRH))
 		return -EINVAL;
 	grh = rdma_ah_read_grh(ah_attr);
@@ -1276,6 +1310,8 @@ static int vrdma_create_ah(struct ib_ah *ibah,
 /* uverbs destroys user AHs with RDMA_DESTROY_AH_SLEEPABLE. */
 static int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags)
 {
+	if (to_vah(ibah)->kernel)
+		return 0;	/* the driver's alone */
 	vrdma_exec_destroy(to_vdev(ibah->device), VRDMA_CMD_DESTROY_AH,
 			   to_vah(ibah)->ahn);
 	return 0;
