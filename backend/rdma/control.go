@@ -247,8 +247,14 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if m.Flags&^uint32(abi.RegMRFlagDMA) != 0 || m.Reserved != 0 {
+		return nil, errStatus(abi.StatusInvalid)
+	}
+	if m.Flags&abi.RegMRFlagDMA != 0 {
+		return d.regDMAMR(&m, inline)
+	}
 	switch {
-	case m.Reserved != 0 || m.PageShift < abi.PageShift || m.PageShift > abi.MaxPageShift:
+	case m.PageShift < abi.PageShift || m.PageShift > abi.MaxPageShift:
 		return nil, errStatus(abi.StatusInvalid)
 	case !d.eng.HasPD(m.PDN):
 		return nil, errStatus(abi.StatusNotFound)
@@ -295,6 +301,32 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 		return nil, errStatus(abi.StatusNotFound)
 	}
 	r.mrExtents += mr.NumExtents()
+	return &abi.MRKeys{LKey: mr.Key, RKey: mr.RKey}, nil
+}
+
+// regDMAMR registers a DMA MR (docs/spec.md § Kernel verbs and the GSI
+// QP): "iova, length, page_shift, npages and page_list are zero and access
+// is 0 or LOCAL_WRITE (INVALID otherwise)"; it "pins nothing", "counts
+// against max_mr" and names its PD as any MR. A host NIC's device has no
+// device_caps GSI and answers UNSUPPORTED.
+func (d *Device) regDMAMR(m *abi.RegMR, inline []byte) (any, error) {
+	switch {
+	case d.eng.NIC() != nil:
+		return nil, errStatus(abi.StatusUnsupported)
+	case m.IOVA != 0 || m.Length != 0 || m.PageShift != 0 || m.NPages != 0 || m.PageList != 0 || len(inline) != 0:
+		return nil, errStatus(abi.StatusInvalid)
+	case m.Access != 0 && m.Access != abi.AccessLocalWrite:
+		return nil, errStatus(abi.StatusInvalid)
+	case !d.eng.HasPD(m.PDN):
+		return nil, errStatus(abi.StatusNotFound)
+	case uint32(d.eng.Count(engine.KindMR)) >= d.conf.MaxMR:
+		return nil, errStatus(abi.StatusNoResources)
+	}
+	mr := engine.NewDMAMR(d.eng.NewHandle(engine.KindMR, 32), m.PDN, m.Access)
+	mr.RKey = mr.Key
+	if err := d.eng.AddMR(mr); err != nil { // the PD was checked under d.mu
+		return nil, errStatus(abi.StatusNotFound)
+	}
 	return &abi.MRKeys{LKey: mr.Key, RKey: mr.RKey}, nil
 }
 

@@ -2,6 +2,7 @@ package rdma
 
 import (
 	"encoding/binary"
+	"errors"
 
 	"github.com/vrdma/vrdma/backend/rdma/engine"
 	"github.com/vrdma/vrdma/memmap"
@@ -53,7 +54,10 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 	scq, rcq := d.eng.LookupCQ(c.SendCQN), d.eng.LookupCQ(c.RecvCQN)
 	l := &d.conf
 	withSRQ := c.Flags&abi.QPFlagSRQ != 0
-	ud := c.QPType == abi.QPTypeUD
+	// The GSI QP is "a UD QP in every rule of § Semantics (UD)" but its
+	// address (engine: QP.GSI).
+	gsi := c.QPType == abi.QPTypeGSI
+	ud := c.QPType == abi.QPTypeUD || gsi
 	nic := d.eng.NIC() != nil
 	sqStride, rqStride := uint64(1)<<(c.SQWQEShift&31), uint64(1)<<(c.RQWQEShift&31)
 	var srq *engine.SRQ
@@ -67,8 +71,9 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 	case c.QPType != abi.QPTypeRC && !ud:
 		return nil, errStatus(abi.StatusUnsupported)
 	case nic && (ud || withSRQ):
-		// "CREATE_SRQ and CREATE_QP of a UD QP answer UNSUPPORTED on
-		// such a device"; so does a QP naming an SRQ it cannot have.
+		// "CREATE_SRQ and CREATE_QP of a UD or GSI QP answer
+		// UNSUPPORTED on such a device"; so does a QP naming an SRQ it
+		// cannot have.
 		return nil, errStatus(abi.StatusUnsupported)
 	case !d.eng.HasPD(c.PDN) || scq == nil || rcq == nil:
 		return nil, errStatus(abi.StatusNotFound)
@@ -104,6 +109,10 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		return nil, errStatus(abi.StatusInvalid)
 	case uint64(c.SQNPages) != pagesFor(uint64(c.MaxSendWR)*sqStride):
 		return nil, errStatus(abi.StatusInvalid)
+	case gsi && d.eng.GSI() != nil:
+		// "A device has at most one: CREATE_QP of a GSI QP while one
+		// exists is BUSY" (AddQP checks it again under its lock).
+		return nil, errStatus(abi.StatusBusy)
 	case uint32(d.eng.Count(engine.KindQP)) >= l.MaxQP:
 		return nil, errStatus(abi.StatusNoResources)
 	}
@@ -137,6 +146,7 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		DoorbellQueue: int(c.DoorbellQueue),
 		RQNotify:      rqNotify,
 		UD:            ud,
+		GSI:           gsi,
 		SRQ:           srq,
 	}
 	if srq == nil {
@@ -150,10 +160,13 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		}
 	}
 	qp.InitRecord(t)
-	if err := d.eng.AddQP(qp); err != nil { // the PD was checked under d.mu
+	if err := d.eng.AddQP(qp); err != nil { // the PD and the GSI QP were checked under d.mu
 		qp.ReleaseNIC()
 		d.eng.ReleaseQPN(h)
 		d.unpinQP(qp)
+		if errors.Is(err, engine.ErrGSIBusy) {
+			return nil, errStatus(abi.StatusBusy)
+		}
 		return nil, errStatus(abi.StatusNotFound)
 	}
 	return &abi.Handle{Handle: qp.Num}, nil

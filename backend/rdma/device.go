@@ -202,9 +202,11 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 		PortState:         abi.PortActive,
 		MaxQPRdAtom:       l.MaxQPRdAtom,
 		MaxSRQ:            l.MaxSRQ,
+		DeviceCaps:        abi.DeviceCapGSI,
 	}
 	if cfg.NIC != nil {
-		d.conf.MaxSRQ = 0 // "On a device whose RNIC is a host NIC, CREATE_SRQ is UNSUPPORTED"
+		d.conf.MaxSRQ = 0     // "On a device whose RNIC is a host NIC, CREATE_SRQ is UNSUPPORTED"
+		d.conf.DeviceCaps = 0 // "its device_caps is 0"
 		d.conf.PortGID = nicGIDs[0]
 		d.conf.ActiveMTU = cfg.NIC.ActiveMTU()
 	}

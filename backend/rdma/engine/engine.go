@@ -246,7 +246,7 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64, nq *netQP) (moved uint
 	switch {
 	case nq != nil:
 		var posted bool
-		if o, posted = q.postNet(nq, w, sc, ok, now); posted {
+		if o, posted = q.postNet(t, nq, w, sc, ok, now); posted {
 			sc.held = false
 			q.rnrTries, q.rnrWait = 0, 0
 			q.rnrKick.Store(false)
@@ -296,8 +296,8 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64, nq *netQP) (moved uint
 // [addr, addr+length) must lie within the MR; an SGE the device writes
 // into needs LOCAL_WRITE. Otherwise the WQE completes with LOC_PROT_ERR."
 // It returns the SGEs with their MRs and the message length, or the
-// failed outcome (st not WCSuccess).
-func (q *QP) checkLocal(w *sendWQE, sc *scratch) (lsge []abi.SGE, lmr []*MR, total uint64, st abi.WCStatus) {
+// failed outcome (st not WCSuccess). t is q's device's table.
+func (q *QP) checkLocal(t *memmap.Table, w *sendWQE, sc *scratch) (lsge []abi.SGE, lmr []*MR, total uint64, st abi.WCStatus) {
 	op := w.opcode
 	atomic := op == abi.WROpAtomicCmpSwp || op == abi.WROpAtomicFetchAdd
 	writesLocal := op == abi.WROpRDMARead || atomic
@@ -310,7 +310,7 @@ func (q *QP) checkLocal(w *sendWQE, sc *scratch) (lsge []abi.SGE, lmr []*MR, tot
 	for i := range lsge {
 		s := &lsge[i]
 		mr := sc.keys.mr(q.Dev, s.LKey)
-		if mr == nil || mr.PD != q.PD || !mr.Contains(s.Addr, uint64(s.Length)) ||
+		if mr == nil || mr.PD != q.PD || !mr.Local(t, s.Addr, uint64(s.Length)) ||
 			(writesLocal && mr.Access&abi.AccessLocalWrite == 0) {
 			return nil, nil, 0, abi.WCLocProtErr
 		}
@@ -332,13 +332,13 @@ const netHold = int64(time.Millisecond)
 // o.n is its length), held at the head (o.rnr: the transport is full, or
 // the WQE fails locally and must complete after the outstanding ones), or
 // failed (o.status). Precondition: sqMu held.
-func (q *QP) postNet(nq *netQP, w *sendWQE, sc *scratch, ok bool, now int64) (o outcome, posted bool) {
+func (q *QP) postNet(t *memmap.Table, nq *netQP, w *sendWQE, sc *scratch, ok bool, now int64) (o outcome, posted bool) {
 	var lsge []abi.SGE
 	var lmr []*MR
 	var total uint64
 	st := abi.WCLocQPOpErr
 	if ok {
-		lsge, lmr, total, st = q.checkLocal(w, sc)
+		lsge, lmr, total, st = q.checkLocal(t, w, sc)
 	}
 	if st == abi.WCSuccess && !nq.post(w, sc, lsge, lmr, total) {
 		return outcome{n: total}, true
@@ -365,7 +365,7 @@ func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
 	if q.UD {
 		return q.sendUD(t, w, sc, now)
 	}
-	lsge, lmr, total, st := q.checkLocal(w, sc)
+	lsge, lmr, total, st := q.checkLocal(t, w, sc)
 	if st != abi.WCSuccess {
 		return failed(st)
 	}
@@ -400,7 +400,7 @@ func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
 // the peer QP's qp_access_flags must both allow the operation".
 func remoteMR(sc *scratch, pq *QP, qpAccess, rkey uint32, addr, n uint64, need uint32) *MR {
 	mr := sc.keys.mr(pq.Dev, rkey)
-	if mr == nil || mr.PD != pq.PD || !mr.Contains(addr, n) || mr.Access&need == 0 || qpAccess&need == 0 {
+	if mr == nil || !mr.Remote() || mr.PD != pq.PD || !mr.Contains(addr, n) || mr.Access&need == 0 || qpAccess&need == 0 {
 		return nil
 	}
 	return mr
@@ -410,7 +410,8 @@ func remoteMR(sc *scratch, pq *QP, qpAccess, rkey uint32, addr, n uint64, need u
 // mover, which scatters it over its destination.
 func (q *QP) gather(t *memmap.Table, w *sendWQE, sc *scratch, lsge []abi.SGE, lmr []*MR) error {
 	if w.flags&abi.WRFlagInline != 0 {
-		return sc.mv.srcFn(sc.wqe[abi.SendWQEHdrSize : abi.SendWQEHdrSize+int(w.inlineLen)])
+		off := w.dataOff()
+		return sc.mv.srcFn(sc.wqe[off : off+int(w.inlineLen)])
 	}
 	for i := range lsge {
 		if err := lmr[i].Range(t, lsge[i].Addr, uint64(lsge[i].Length), sc.mv.srcFn); err != nil {

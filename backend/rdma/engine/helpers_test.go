@@ -206,6 +206,7 @@ type qpOpts struct {
 	guestSize        uint64 // 0: 8 MiB
 	sharedCQ         bool   // newNodeIn: one CQ for both queues (node.rcq == node.scq)
 	ud               bool   // a UD QP
+	gsi              bool   // the device's GSI QP (UD too)
 	srq              *SRQ   // the QP's SRQ (then it has no receive queue)
 }
 
@@ -229,7 +230,7 @@ func newQP(tb testing.TB, g *guest, d *RNIC, num uint32, scq, rcq *CQ, o qpOpts)
 		SQ:         Ring{Pages: g.scattered(tb, pages(o.sqDepth, sqStride)), Depth: o.sqDepth, Stride: sqStride},
 		Record:     g.pages(tb, 1)[0] + 16,
 		MaxSendSGE: o.maxSGE, MaxInline: o.inl, SigAll: o.sigAll,
-		UD: o.ud, SRQ: o.srq,
+		UD: o.ud || o.gsi, GSI: o.gsi, SRQ: o.srq,
 	}
 	if o.srq == nil {
 		q.RQ = Ring{Pages: g.scattered(tb, pages(o.rqDepth, rqStride)), Depth: o.rqDepth, Stride: rqStride}

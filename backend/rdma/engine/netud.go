@@ -69,16 +69,17 @@ func (u *udNet) gather(view []byte) error {
 }
 
 // send sends the validated UD send WQE w (its local SGEs checked: lsge,
-// lmr, total ≤ the active MTU) to the AH ah's dgid on another host with
+// lmr, total ≤ the active MTU) to dst.dgid on another host with
 // Q_Key qkey. The send completes successfully once the datagram is handed
 // to the socket, or lost as a network loses it (a refused destination is
 // logged at debug level). Precondition: sqMu held; t is q's device's
 // table.
-func (u *udNet) send(t *memmap.Table, w *sendWQE, sc *scratch, lsge []abi.SGE, lmr []*MR, total uint64, ah *AH, qkey uint32) outcome {
+func (u *udNet) send(t *memmap.Table, w *sendWQE, sc *scratch, lsge []abi.SGE, lmr []*MR, total uint64, dst udDest, qkey uint32) outcome {
 	q := u.q
 	u.buf = u.buf[:0]
 	if w.flags&abi.WRFlagInline != 0 {
-		u.buf = append(u.buf, sc.wqe[abi.SendWQEHdrSize:abi.SendWQEHdrSize+int(w.inlineLen)]...)
+		off := w.dataOff()
+		u.buf = append(u.buf, sc.wqe[off:off+int(w.inlineLen)]...)
 	} else {
 		for i := range lsge {
 			if err := lmr[i].Range(t, lsge[i].Addr, uint64(lsge[i].Length), u.gatherFn); err != nil {
@@ -90,14 +91,14 @@ func (u *udNet) send(t *memmap.Table, w *sendWQE, sc *scratch, lsge []abi.SGE, l
 		return failed(abi.WCLocProtErr)
 	}
 	d := ud.Datagram{
-		SrcQPN: q.Num, DestQPN: w.remoteQPN, QKey: qkey,
+		SrcQPN: q.srcQPN(), DestQPN: w.remoteQPN, QKey: qkey,
 		// The WQE holds imm_data as the guest stored the big-endian
 		// word; the wire takes it as a number.
 		Imm: bits.ReverseBytes32(w.imm), WithImm: w.opcode == abi.WROpSendWithImm,
 		Solicited: w.flags&abi.WRFlagSolicited != 0,
 		Payload:   u.buf,
 	}
-	if err := u.conn.Send(ah.SGID, ah.DGID, &d); err != nil {
+	if err := u.conn.Send(dst.sgid, dst.dgid, &d); err != nil {
 		q.Dev.log.WithError(err).WithField("qp", q.Num).Debug("UD datagram not sent")
 	}
 	return succeeded(total)
@@ -167,7 +168,7 @@ func (u *udNet) receive(t *memmap.Table, a *ud.Arrival) {
 	for i := range sges {
 		s := &sges[i]
 		mr := d.LookupMR(s.LKey)
-		if mr == nil || mr.PD != pd || !mr.Contains(s.Addr, uint64(s.Length)) || mr.Access&abi.AccessLocalWrite == 0 {
+		if mr == nil || mr.PD != pd || !mr.Local(t, s.Addr, uint64(s.Length)) || mr.Access&abi.AccessLocalWrite == 0 {
 			clear(mrs)
 			u.complete(t, wrID, abi.WCLocProtErr, a)
 			q.toErr(false)

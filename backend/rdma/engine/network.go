@@ -270,7 +270,7 @@ func (n *netQP) Resolve(rkey uint32, va uint64, length uint32, access rc.Access)
 	q.mu.Lock()
 	acc := q.attr.QPAccessFlags
 	q.mu.Unlock()
-	if mr == nil || mr.PD != q.PD || !mr.Contains(va, uint64(length)) || mr.Access&need == 0 || acc&need == 0 {
+	if mr == nil || !mr.Remote() || mr.PD != q.PD || !mr.Contains(va, uint64(length)) || mr.Access&need == 0 || acc&need == 0 {
 		return nil, false
 	}
 	return mr, true
@@ -327,7 +327,7 @@ func (n *netQP) takeRecvLocked(t *memmap.Table) (rc.Recv, bool) {
 	for i := range b.sge {
 		s := &b.sge[i]
 		mr := q.Dev.LookupMR(s.LKey)
-		if mr == nil || mr.PD != pd || !mr.Contains(s.Addr, uint64(s.Length)) || mr.Access&abi.AccessLocalWrite == 0 {
+		if mr == nil || mr.PD != pd || !mr.Local(t, s.Addr, uint64(s.Length)) || mr.Access&abi.AccessLocalWrite == 0 {
 			b.bad = true
 		}
 		b.mr = append(b.mr, mr)

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,10 @@ type MR struct {
 	IOVA      uint64
 	Length    uint64
 	PageShift uint // log2 of the size of the registered pages
+	// DMA: a DMA MR (REG_MR flag DMA; NewDMAMR): its addresses are
+	// guest-physical, translated through the device's current table at
+	// each access; it has no extents, pins nothing and is local only.
+	DMA bool
 
 	dev     *RNIC    // the owner, set by AddMR before the MR is reachable
 	extents []extent // the MR's bytes as contiguous guest-physical runs
@@ -80,6 +85,14 @@ func NewMR(key, pd, access uint32, iova, length uint64, pages []abi.GPA, shift u
 	return m
 }
 
+// NewDMAMR builds a DMA MR (docs/spec.md § Kernel verbs and the GSI QP):
+// "REG_MR with flags DMA registers the guest-physical address space
+// itself, for local access". access is 0 or LOCAL_WRITE (checked by the
+// control path).
+func NewDMAMR(key, pd, access uint32) *MR {
+	return &MR{Key: key, PD: pd, Access: access, DMA: true}
+}
+
 // NumExtents returns the number of guest-physically contiguous runs the
 // MR is kept as (what it costs the device: the page list is not kept).
 func (m *MR) NumExtents() int { return len(m.extents) }
@@ -96,8 +109,13 @@ func (m *MR) Extents(fn func(gpa abi.GPA, n uint64) error) error {
 	return nil
 }
 
-// Contains reports whether [addr, addr+n) lies within the MR's IOVA range.
+// Contains reports whether [addr, addr+n) lies within the MR's IOVA range;
+// for a DMA MR, whether it is a range of the 64-bit guest-physical space
+// (whether guest memory holds it is the table's to say: Local, Range).
 func (m *MR) Contains(addr, n uint64) bool {
+	if m.DMA {
+		return n <= math.MaxUint64-addr
+	}
 	if addr < m.IOVA {
 		return false
 	}
@@ -116,6 +134,11 @@ func (m *MR) Range(t *memmap.Table, addr, n uint64, fn func([]byte) error) error
 	if n == 0 {
 		return nil
 	}
+	if m.DMA {
+		// ForEach checks the whole range in the current table before
+		// the first view.
+		return t.ForEach(abi.GPA(addr), n, fn)
+	}
 	off := addr - m.IOVA
 	i := sort.Search(len(m.extents), func(i int) bool { return m.extents[i].off+m.extents[i].len > off })
 	for ; n > 0 && i < len(m.extents); i++ {
@@ -133,6 +156,26 @@ func (m *MR) Range(t *memmap.Table, addr, n uint64, fn func([]byte) error) error
 	}
 	return nil
 }
+
+// Local reports whether an SGE [addr, addr+n) of a local access (the
+// QP's own gather or scatter list) lies within the MR: Contains, and for
+// a DMA MR "[addr, addr+length) must lie in guest memory as the current
+// memory table maps it when the device accesses it, else the WQE
+// completes with LOC_PROT_ERR". t is the MR's device's table.
+func (m *MR) Local(t *memmap.Table, addr, n uint64) bool {
+	if !m.Contains(addr, n) {
+		return false
+	}
+	if !m.DMA || n == 0 {
+		return true
+	}
+	return t != nil && t.ForEach(abi.GPA(addr), n, func([]byte) error { return nil }) == nil
+}
+
+// Remote reports whether the MR may be reached by a remote access at all:
+// a DMA MR "is never reached remotely (its rkey is not accepted for any
+// remote access)", whatever its access flags.
+func (m *MR) Remote() bool { return !m.DMA }
 
 // Ring is a queue of fixed-size slots laid over guest pages (a QP's send
 // or receive queue, a CQ). Slots never straddle pages: the stride is a
@@ -215,6 +258,9 @@ type QP struct {
 	// UD: a UD QP (qp_type 4): it sends datagrams to the WQE's AH and
 	// QP number and receives from any UD QP with its Q_Key (ud.go).
 	UD bool
+	// GSI: the device's GSI QP (qp_type 1; UD is set too): peers address
+	// it as QP 1 and its datagrams carry source QP 1 (ud.go).
+	GSI bool
 	// SRQ: the QP takes its receive WQEs from this SRQ of its device and
 	// has no receive queue of its own (RQ is empty, MaxRecvSGE 0).
 	SRQ *SRQ

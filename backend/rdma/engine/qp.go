@@ -129,19 +129,28 @@ func (q *QP) Modify(a abi.QPAttr) abi.Status {
 		}
 	}
 	// A UD QP of a device with network GIDs is attached to the network
-	// as it enters RTR: from then on it receives from other hosts.
+	// as it enters RTR: from then on it receives from other hosts. The
+	// GSI QP is attached as QP 1 at its device's host addresses; where
+	// none is free for it (another device's GSI QP holds QP 1 at each of
+	// them: hostnet), it goes on without the network rather than leave
+	// its device without a MAD layer for peers on this host.
 	var un *udNet
 	if q.UD && to == abi.QPSRTR && q.Dev != nil && q.Dev.fabric != nil && q.Dev.NIC() == nil && q.State() == abi.QPSInit {
 		f := q.Dev.fabric
 		if n := f.udNetwork(); n != nil {
 			if locals := f.NetGIDs(q.Dev); len(locals) > 0 {
 				un = newUDNet(q)
-				conn, err := n.OpenUD(q.Num, locals, un)
-				if err != nil {
+				conn, err := n.OpenUD(q.srcQPN(), locals, un)
+				switch {
+				case err != nil && q.GSI:
+					q.Dev.log.WithError(err).WithField("qp", q.Num).Warn("MODIFY_QP: the GSI QP is not attached to the network")
+					un = nil
+				case err != nil:
 					q.Dev.log.WithError(err).WithField("qp", q.Num).Warn("MODIFY_QP: cannot attach the UD QP to the network")
 					return abi.StatusBusy
+				default:
+					un.conn = conn
 				}
-				un.conn = conn
 			}
 		}
 	}

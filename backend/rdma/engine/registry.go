@@ -23,6 +23,9 @@ import (
 var (
 	ErrNoPD   = errors.New("no such protection domain")
 	ErrPDBusy = errors.New("protection domain in use")
+	// ErrGSIBusy: the device has a GSI QP already ("A device has at
+	// most one: CREATE_QP of a GSI QP while one exists is BUSY").
+	ErrGSIBusy = errors.New("the device has a GSI QP")
 )
 
 // PD is a protection domain.
@@ -289,8 +292,9 @@ func (d *RNIC) LookupCQ(num uint32) *CQ {
 
 // AddQP makes q reachable by its number and by the engine of
 // q.DoorbellQueue; it holds its PD (ErrNoPD if q.PD does not exist, and
-// then nothing changes) and its CQs (Users). q starts in RESET. q.Dev must
-// be d.
+// then nothing changes) and its CQs (Users). A GSI QP (q.GSI) becomes
+// the device's QP 1 (GSI), ErrGSIBusy while it has one. q starts in RESET.
+// q.Dev must be d.
 func (d *RNIC) AddQP(q *QP) error {
 	q.mu.Lock()
 	q.attr = abi.QPAttr{QPN: q.Num, QPState: abi.QPSReset}
@@ -299,8 +303,14 @@ func (d *RNIC) AddQP(q *QP) error {
 	q.mu.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if q.GSI && d.gsi != nil {
+		return ErrGSIBusy
+	}
 	if err := d.holdPDLocked(q.PD); err != nil {
 		return err
+	}
+	if q.GSI {
+		d.gsi = q
 	}
 	if q.SendCQ != nil {
 		q.SendCQ.Users.Add(1)
@@ -357,6 +367,9 @@ func (d *RNIC) removeQP(num uint32) *QP {
 		return nil
 	}
 	delete(d.qps, num)
+	if d.gsi == q {
+		d.gsi = nil
+	}
 	if d.fabric != nil {
 		d.fabric.releaseQPN(d, num)
 	}
@@ -403,6 +416,13 @@ func (d *RNIC) removeQP(num uint32) *QP {
 	}
 	q.srqStash = nil
 	return q
+}
+
+// GSI returns the device's GSI QP, or nil.
+func (d *RNIC) GSI() *QP {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.gsi
 }
 
 // LookupQP returns the QP with num, or nil.

@@ -241,7 +241,7 @@ func (r *request) send(rv *recvWQE) outcome {
 	for i := range rv.sge {
 		s := &rv.sge[i]
 		mr := sc.keys.mr(peer, s.LKey)
-		if mr == nil || mr.PD != pd || !mr.Contains(s.Addr, uint64(s.Length)) ||
+		if mr == nil || mr.PD != pd || !mr.Local(r.pt, s.Addr, uint64(s.Length)) ||
 			mr.Access&abi.AccessLocalWrite == 0 {
 			r.recvDone(rv, abi.WCLocProtErr)
 			return r.peerErr(abi.WCRemOpErr)
@@ -365,7 +365,7 @@ func (r *request) remoteErr(st abi.WCStatus) outcome {
 func (r *request) recvDone(rv *recvWQE, st abi.WCStatus) {
 	pq, w := r.pq, r.w
 	pq.consumeRQ() // rq_ci stored before the CQE is visible (ci.go)
-	e := abi.CQE{WRID: rv.wrID, Status: st, Opcode: abi.WCOpRecv, QPNum: pq.Num, SrcQP: r.q.Num}
+	e := abi.CQE{WRID: rv.wrID, Status: st, Opcode: abi.WCOpRecv, QPNum: pq.Num, SrcQP: r.q.srcQPN()}
 	if st == abi.WCSuccess {
 		e.ByteLen = uint32(r.total)
 		if r.ud {

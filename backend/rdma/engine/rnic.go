@@ -69,6 +69,7 @@ type RNIC struct {
 	// srqByDBQ: the SRQs by doorbell queue, whose poll kicks their
 	// waiters (protected by mu; each slice is immutable).
 	srqByDBQ map[int][]*SRQ
+	gsi      *QP           // the device's GSI QP, which peers reach as QP 1 (protected by mu)
 	rotor    atomic.Uint32 // where PollBudget starts among a queue's QPs
 	gen      atomic.Uint64 // bumped after an MR or QP leaves the tables (keyCache)
 	seq      uint32        // handle sequence (protected by mu)

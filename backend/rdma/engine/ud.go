@@ -21,11 +21,68 @@ import (
 // and an RC request never reaches a UD QP's receive queue, nor a UD
 // datagram an RC QP's.
 
+// The GSI QP (QP.GSI; docs/spec.md § Kernel verbs and the GSI QP) is a
+// UD QP in every rule here but its address: peers name it QP 1
+// (abi.GSIQPN) on its device (RNIC.GSI), its datagrams carry source QP 1,
+// and its own number (the CREATE_QP handle) reaches nothing.
+
+// srcQPN is the source QP number q's datagrams carry: 1 for the GSI QP.
+func (q *QP) srcQPN() uint32 {
+	if q.GSI {
+		return abi.GSIQPN
+	}
+	return q.Num
+}
+
+// udDest is where a UD datagram goes: the GIDs it is sent from and to.
+type udDest struct {
+	sgid, dgid [16]byte
+}
+
+// udDestOf resolves the destination of the validated UD send WQE w: its
+// AH ("an AH of the device in the QP's PD, else LOC_QP_OP_ERR", a
+// destroyed AH included), or with AV its address vector, checked "exactly
+// as CREATE_AH checks its addresses" (ResolveAH). One path for both, so
+// an AV reaches exactly what an AH with its addresses would.
+// Precondition: sqMu held.
+func (q *QP) udDestOf(w *sendWQE) (udDest, bool) {
+	d := q.Dev
+	if w.flags&abi.WRFlagAV != 0 {
+		if w.avSGIDIndex >= abi.GIDTableLen {
+			return udDest{}, false
+		}
+		sgid, err := d.ResolveAH(w.avSGIDIndex, w.avDGID)
+		if err != nil {
+			return udDest{}, false
+		}
+		return udDest{sgid: sgid, dgid: w.avDGID}, true
+	}
+	ah := d.LookupAH(w.ah)
+	if ah == nil || ah.PD != q.PD {
+		return udDest{}, false
+	}
+	return udDest{sgid: ah.SGID, dgid: ah.DGID}, true
+}
+
+// udTarget returns the QP of peer a datagram to QP number num reaches:
+// the GSI QP for 1, else a QP that is not the GSI QP ("peers never see"
+// its handle), or nil.
+func udTarget(sc *scratch, peer *RNIC, num uint32) *QP {
+	if num == abi.GSIQPN {
+		return peer.GSI()
+	}
+	pq := sc.keys.lookupQP(peer, num)
+	if pq != nil && pq.GSI {
+		return nil
+	}
+	return pq
+}
+
 // sendUD runs a validated send WQE (SEND or SEND_WITH_IMM: decodeSend)
 // whose SGEs are in sc.lsge on the UD QP q. Precondition: sqMu held; q in
 // RTS; t is q's device's table.
 func (q *QP) sendUD(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
-	lsge, lmr, total, st := q.checkLocal(w, sc)
+	lsge, lmr, total, st := q.checkLocal(t, w, sc)
 	if st != abi.WCSuccess {
 		return failed(st)
 	}
@@ -35,10 +92,8 @@ func (q *QP) sendUD(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome
 		// LOC_LEN_ERR."
 		return failed(abi.WCLocLenErr)
 	}
-	// "The AH must be an AH of the device in the QP's PD, else
-	// LOC_QP_OP_ERR" (a destroyed AH included).
-	ah := d.LookupAH(w.ah)
-	if ah == nil || ah.PD != q.PD {
+	dst, ok := q.udDestOf(w)
+	if !ok {
 		return failed(abi.WCLocQPOpErr)
 	}
 	qkey := w.remoteQKey
@@ -50,17 +105,17 @@ func (q *QP) sendUD(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome
 	// A dgid nobody owns: a host on the network when sent from a
 	// network GID (netud.go), else "datagrams to it are dropped as a
 	// fabric drops them" (no device to count them).
-	peer := d.resolveGID(ah.DGID)
+	peer := d.resolveGID(dst.dgid)
 	if peer == nil {
 		q.mu.Lock()
 		un := q.udNet
 		q.mu.Unlock()
-		if un != nil && d.fabric.IsNetGID(d, ah.SGID) {
-			return un.send(t, w, sc, lsge, lmr, total, ah, qkey)
+		if un != nil && d.fabric.IsNetGID(d, dst.sgid) {
+			return un.send(t, w, sc, lsge, lmr, total, dst, qkey)
 		}
 		return succeeded(total)
 	}
-	pq := sc.keys.lookupQP(peer, w.remoteQPN)
+	pq := udTarget(sc, peer, w.remoteQPN)
 	if pq == nil {
 		peer.udDropped.Add(1)
 		return succeeded(total)
@@ -73,7 +128,7 @@ func (q *QP) sendUD(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome
 	defer pt.Release()
 	r := &sc.req
 	*r = request{q: q, pq: pq, t: t, pt: pt, w: w, sc: sc, lsge: lsge, lmr: lmr, total: total,
-		sgid: ah.SGID, now: now, ud: true, dgid: ah.DGID, qkey: qkey}
+		sgid: dst.sgid, now: now, ud: true, dgid: dst.dgid, qkey: qkey}
 	o := r.respondContained() // a fault in the receiver's memory is the receiver's (fault.go)
 	*r = request{}
 	return o

@@ -10,7 +10,7 @@ import (
 const (
 	maxSendSGEs = (abi.PageSize - abi.SendWQEHdrSize) / abi.SGESize
 	maxRecvSGEs = (abi.PageSize - abi.RecvWQEHdrSize) / abi.SGESize
-	knownFlags  = abi.WRFlagSignaled | abi.WRFlagInline | abi.WRFlagFence | abi.WRFlagSolicited
+	knownFlags  = abi.WRFlagSignaled | abi.WRFlagInline | abi.WRFlagFence | abi.WRFlagSolicited | abi.WRFlagAV
 )
 
 // sendWQE is the validated device-local copy of a send WQE's header.
@@ -28,6 +28,19 @@ type sendWQE struct {
 	ah         uint32 // UD only
 	remoteQPN  uint32 // UD only
 	remoteQKey uint32 // UD only
+	// With WRFlagAV (UD only): the destination the WQE carries, checked
+	// at the send as CREATE_AH checks its addresses (sendUD).
+	avDGID      [16]byte
+	avSGIDIndex uint32
+}
+
+// dataOff is where the WQE's SGEs or inline data start in its stride:
+// after the vrdma_av with AV.
+func (w *sendWQE) dataOff() int {
+	if w.flags&abi.WRFlagAV != 0 {
+		return abi.SendWQEHdrSize + abi.AVSize
+	}
+	return abi.SendWQEHdrSize
 }
 
 // decodeSend decodes the header of the send WQE copied into b (the QP's
@@ -37,8 +50,11 @@ type sendWQE struct {
 // maxInline, SGEs or inline data inside the stride, reserved bytes zero.
 // ah, remote_qpn and remote_qkey are a UD QP's (ud) and zero for RC; a UD
 // QP sends SEND and SEND_WITH_IMM only, without FENCE, to a 24-bit QP
-// number ("other opcodes and FENCE are LOC_QP_OP_ERR"). Even when it
-// fails, wr_id and opcode are filled for the error CQE.
+// number ("other opcodes and FENCE are LOC_QP_OP_ERR"). With AV (UD only)
+// the WQE names no AH (ah zero) and carries a vrdma_av at offset 64 whose
+// reserved bytes are zero; its SGEs or inline data then start at offset
+// 96 and must fit the stride after it. Even when it fails, wr_id and
+// opcode are filled for the error CQE.
 func decodeSend(b []byte, ud bool, maxSGE, maxInline uint32, sges []abi.SGE) (w sendWQE, ok bool) {
 	if len(b) < abi.SendWQEHdrSize {
 		return w, false
@@ -70,7 +86,23 @@ func decodeSend(b []byte, ud bool, maxSGE, maxInline uint32, sges []abi.SGE) (w 
 	if w.opcode > abi.WROpAtomicFetchAdd || w.flags&^knownFlags != 0 || w.inlineLen > maxInline {
 		return w, false
 	}
-	room := uint64(len(b) - abi.SendWQEHdrSize)
+	if w.flags&abi.WRFlagAV != 0 {
+		// "AV on an RC QP or a WQE whose AV, SGEs or inline data run
+		// past its stride ... completes with LOC_QP_OP_ERR".
+		if !ud || w.ah != 0 || len(b) < abi.SendWQEHdrSize+abi.AVSize {
+			return w, false
+		}
+		av := b[abi.SendWQEHdrSize : abi.SendWQEHdrSize+abi.AVSize]
+		copy(w.avDGID[:], av[0:16])
+		w.avSGIDIndex = le.Uint32(av[16:])
+		for _, c := range av[20:] {
+			if c != 0 {
+				return w, false
+			}
+		}
+	}
+	off := w.dataOff()
+	room := uint64(len(b) - off)
 	if w.flags&abi.WRFlagInline != 0 {
 		switch w.opcode {
 		case abi.WROpSend, abi.WROpSendWithImm, abi.WROpRDMAWrite, abi.WROpRDMAWriteWithImm:
@@ -83,7 +115,7 @@ func decodeSend(b []byte, ud bool, maxSGE, maxInline uint32, sges []abi.SGE) (w 
 	if n > uint64(maxSGE) || n > uint64(len(sges)) || n*abi.SGESize > room {
 		return w, false
 	}
-	decodeSGEs(b[abi.SendWQEHdrSize:], sges[:n])
+	decodeSGEs(b[off:], sges[:n])
 	return w, true
 }
 

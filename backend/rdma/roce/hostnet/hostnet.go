@@ -168,10 +168,22 @@ func (n *Network) Close() error {
 	return errors.Join(errs...)
 }
 
+// gsiQPN is the QP number of every device's GSI QP (docs/spec.md § Kernel
+// verbs and the GSI QP): the one number two attachments may ask for at
+// the same address.
+const gsiQPN = 1
+
 // OpenUD attaches the UD QP qpn to the network (engine.UDNetwork): it
 // receives, through h, the UD datagrams to qpn at every host address of
 // locals (its device's network GIDs) that has an endpoint, and sends from
 // them. It fails if none has one, or if qpn is in use on one of them.
+//
+// QP 1 is the exception: the GSI QPs of devices that share a host address
+// (the daemon's --roce-bind) all ask for it there, and a datagram to QP 1
+// at that address names no device. The first attachment keeps it; a later
+// one is attached, for receiving and sending alike, only at its addresses
+// where QP 1 is free (so that no reply to its datagrams reaches another
+// device's GSI QP), and fails only if that leaves none.
 func (n *Network) OpenUD(qpn uint32, locals [][16]byte, h ud.Host) (ud.Conn, error) {
 	c := &udConn{qpn: qpn, h: h, eps: make(map[netip.Addr]*udp.Endpoint)}
 	n.mu.Lock()
@@ -185,12 +197,22 @@ func (n *Network) OpenUD(qpn uint32, locals [][16]byte, h ud.Host) (ud.Conn, err
 	if len(c.eps) == 0 {
 		return nil, fmt.Errorf("%w: none of %d addresses", ErrNoEndpoint, len(locals))
 	}
+	var taken error
 	for a, e := range c.eps {
-		if err := e.RegisterUD(qpn, h); err != nil {
+		err := e.RegisterUD(qpn, h)
+		switch {
+		case err == nil:
+		case qpn == gsiQPN && errors.Is(err, udp.ErrQPN):
+			delete(c.eps, a)
+			taken = err
+		default:
 			delete(c.eps, a)
 			c.Close()
 			return nil, err
 		}
+	}
+	if len(c.eps) == 0 {
+		return nil, fmt.Errorf("hostnet: QP 1 held at every address: %w", taken)
 	}
 	return c, nil
 }
