@@ -356,3 +356,54 @@ func TestDMAMRUDReceive(t *testing.T) {
 		t.Fatal("payload in the DMA MR differs")
 	}
 }
+
+// FuzzDecodeSend decodes random send WQEs for RC and UD QPs (AV
+// included): a WQE that decodes keeps its SGEs or inline data inside the
+// stride after the header (after the AV with AV), has AV only on UD and
+// then no AH, and its SGEs are what the bytes hold.
+func FuzzDecodeSend(f *testing.F) {
+	wqe := make([]byte, 128)
+	encodeSend(wqe, &abi.SendWQE{WRID: 1, Opcode: abi.WROpSend, Flags: abi.WRFlagSignaled | abi.WRFlagAV, NumSGE: 2, RemoteQPN: 1, RemoteQKey: abi.QKeyUseQP})
+	copy(wqe[64:96], abi.Marshal(&abi.AV{DGID: [16]byte{0xfe, 0x80, 15: 2}}))
+	encodeSGE(wqe[96:], abi.SGE{Addr: 0x1000, Length: 8, LKey: 5})
+	f.Add(wqe, true)
+	rc := make([]byte, 128)
+	encodeSend(rc, &abi.SendWQE{WRID: 2, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagInline, InlineLen: 64})
+	f.Add(rc, false)
+	f.Fuzz(func(t *testing.T, b []byte, ud bool) {
+		var sges [maxSendSGEs]abi.SGE
+		w, ok := decodeSend(b, ud, qpSGE, qpInl, sges[:])
+		if !ok {
+			return
+		}
+		off := abi.SendWQEHdrSize
+		if w.flags&abi.WRFlagAV != 0 {
+			if !ud || w.ah != 0 {
+				t.Fatalf("AV accepted: ud %v, ah %#x", ud, w.ah)
+			}
+			off += abi.AVSize
+			if !bytes.Equal(b[64:80], w.avDGID[:]) || binary.LittleEndian.Uint32(b[80:]) != w.avSGIDIndex {
+				t.Fatal("AV decoded wrong")
+			}
+		}
+		if w.dataOff() != off {
+			t.Fatalf("dataOff %d, want %d", w.dataOff(), off)
+		}
+		if w.flags&abi.WRFlagInline != 0 {
+			if w.numSGE != 0 || off+int(w.inlineLen) > len(b) || w.inlineLen > qpInl {
+				t.Fatalf("inline %d bytes at %d of a %d-byte WQE", w.inlineLen, off, len(b))
+			}
+			return
+		}
+		n := int(w.numSGE)
+		if n > qpSGE || off+n*abi.SGESize > len(b) {
+			t.Fatalf("%d SGEs at %d of a %d-byte WQE", n, off, len(b))
+		}
+		for i := range n {
+			e := b[off+16*i:]
+			if sges[i] != (abi.SGE{Addr: binary.LittleEndian.Uint64(e), Length: binary.LittleEndian.Uint32(e[8:]), LKey: binary.LittleEndian.Uint32(e[12:])}) {
+				t.Fatalf("SGE %d decoded wrong", i)
+			}
+		}
+	})
+}
