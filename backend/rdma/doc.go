@@ -10,10 +10,13 @@
 // registry, the engine's (engine.RNIC, registry.go), which also keeps
 // their lifetimes (an MR, QP, SRQ or AH holds its PD; a QP holds its CQs
 // and its SRQ: DESTROY_SRQ is BUSY while a QP names it; a reset destroys
-// SRQs after QPs). QPs are RC or UD (qp_type 4); CREATE_QP takes the
-// 88-byte request and the 80-byte one from before SRQs
-// (decodeCreateQP). A device on a host NIC has max_srq 0 and answers
-// CREATE_SRQ and a UD or SRQ CREATE_QP with UNSUPPORTED; CREATE_AH for
+// SRQs after QPs). QPs are RC, UD (qp_type 4) or the device's one GSI QP
+// (qp_type 1: UD addressed as QP 1; BUSY while one exists); CREATE_QP
+// takes the 88-byte request and the 80-byte one from before SRQs
+// (decodeCreateQP). REG_MR with flags DMA makes a local-only MR over
+// guest-physical memory that pins nothing (regDMAMR). A device on a host
+// NIC has max_srq 0 and device_caps 0, and answers CREATE_SRQ, a UD, GSI
+// or SRQ CREATE_QP and a DMA REG_MR with UNSUPPORTED; CREATE_AH for
 // a network sgid and a dgid no device of the daemon owns names a host on
 // the network (UD over RoCEv2, docs/wire.md § 12): INVALID across address
 // families, UNSUPPORTED where the network does not carry UD. The
@@ -33,7 +36,7 @@
 // Lock order: control-queue lock → Device.mu → engine locks → event-queue
 // lock (a leaf); doorbell-queue lock → engine locks → event-queue lock.
 //
-// PVDMA: REG_MR, CREATE_CQ, CREATE_QP and CREATE_SRQ pin exactly the pages they name
+// PVDMA: REG_MR (but DMA), CREATE_CQ, CREATE_QP and CREATE_SRQ pin exactly the pages they name
 // (memmap.Pinner: refcounted, released pages kept in a bounded map cache);
 // destroying the object unpins them; a reset or disconnect unpins all.
 // Each object's pins are recorded under the object (pin.go), in the region

@@ -72,11 +72,25 @@
 // by the same rules, with the GRH built from the arriving IP header.
 // udNet.Receive runs on the network's receive goroutines and takes
 // QP.rqMu, QP.mu and CQ.mu as a same-host delivery does; sending holds
-// sqMu and takes only the network's leaf locks.
+// sqMu and takes only the network's leaf locks. A send WQE may carry its
+// destination (flag AV) instead of naming an AH; it is checked as
+// CREATE_AH checks (ResolveAH) and sent by the same path.
+//
+// # The GSI QP and DMA MRs
+//
+// A device has at most one GSI QP (QP.GSI, RNIC.GSI; AddQP refuses a
+// second): a UD QP that peers address as QP 1 — on this host through
+// udTarget, on the network by its attachment as QP number 1 at its
+// device's host addresses — and whose datagrams carry source QP 1
+// (srcQPN); its own number reaches nothing. A DMA MR (MR.DMA) has no
+// extents: its addresses are guest-physical, checked whole against the
+// device's current table where an SGE is checked (MR.Local) and
+// translated through it at each access (MR.Range); MR.Remote refuses it
+// to every remote access (remoteMR, netQP.Resolve).
 //
 // Non-goals: the control commands and their validation (backend/rdma),
 // doorbell-queue notification suppression and the worker loop (the caller
-// of Poll), SRQs or UD on a host NIC, the wire protocol
+// of Poll), SRQs, UD, the GSI QP or DMA MRs on a host NIC, the wire protocol
 // (roce/rc, roce/udp). On this host the fabric is lossless: timeout and
 // retry_cnt are informational there.
 //

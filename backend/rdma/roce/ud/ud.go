@@ -5,7 +5,10 @@
 // (then ImmDt), unacknowledged: nothing here retransmits, orders or checks
 // a PSN.
 //
-// Non-goals: multicast, GSI (QP1) and P_Key tables (the default P_Key is
+// QP 1 is a number like the others here: the engine attaches a device's
+// GSI QP as QP 1 and sends its datagrams with SrcQPN 1 (docs/wire.md § 12).
+//
+// Non-goals: multicast, the SMI (QP0) and P_Key tables (the default P_Key is
 // sent and any P_Key whose low 15 bits are all ones is accepted), TOS,
 // TTL and flow labels (a UDP socket neither sets them per datagram nor
 // reports them).
