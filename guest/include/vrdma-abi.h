@@ -87,6 +87,9 @@ enum vrdma_cmd_opcode {
 	VRDMA_CMD_MODIFY_SRQ	= 20,
 	VRDMA_CMD_QUERY_SRQ	= 21,
 	VRDMA_CMD_DESTROY_SRQ	= 22,
+	VRDMA_CMD_ALLOC_MW	= 23,
+	VRDMA_CMD_DEALLOC_MW	= 24,
+	VRDMA_CMD_ALLOC_MR	= 25,
 };
 
 enum vrdma_status {
@@ -188,6 +191,29 @@ struct vrdma_handle {
 #define VRDMA_ACCESS_REMOTE_WRITE	2
 #define VRDMA_ACCESS_REMOTE_READ	4
 #define VRDMA_ACCESS_REMOTE_ATOMIC	8
+#define VRDMA_ACCESS_MW_BIND		16
+
+/*
+ * Memory windows and fast registration: QUERY_DEVICE's device_cap_flags
+ * offer them; keys are an index (bits 8-31) and a key byte (bits 0-7).
+ */
+#define VRDMA_DEV_CAP_MEM_WINDOW		0x20000
+#define VRDMA_DEV_CAP_MEM_MGT_EXTENSIONS	0x200000
+#define VRDMA_DEV_CAP_MEM_WINDOW_TYPE_2B	0x1000000
+#define VRDMA_MW_TYPE_1			1
+#define VRDMA_MW_TYPE_2			2
+#define VRDMA_MAX_FAST_REG_PAGES	4096
+#define VRDMA_KEY_BYTE_MASK		0xff
+
+struct vrdma_alloc_mw {
+	__le32 pdn;
+	__le32 type;
+};
+
+struct vrdma_alloc_mr {
+	__le32 pdn;
+	__le32 max_pages;
+};
 
 #define VRDMA_PAGE_SHIFT		12
 #define VRDMA_PAGE_SIZE			(1UL << VRDMA_PAGE_SHIFT)
@@ -413,6 +439,10 @@ enum vrdma_wr_opcode {
 	VRDMA_WR_RDMA_READ		= 4,
 	VRDMA_WR_ATOMIC_CMP_AND_SWP	= 5,
 	VRDMA_WR_ATOMIC_FETCH_AND_ADD	= 6,
+	VRDMA_WR_LOCAL_INV		= 7,
+	VRDMA_WR_SEND_WITH_INV		= 8,
+	VRDMA_WR_BIND_MW		= 9,
+	VRDMA_WR_REG_MR			= 10,
 };
 
 #define VRDMA_WQE_SIGNALED		1
@@ -446,6 +476,38 @@ struct vrdma_av {
 	__u8 reserved[12];
 };
 
+/* A send WQE with opcode VRDMA_WR_BIND_MW. */
+struct vrdma_bind_mw_wqe {
+	__le64 wr_id;
+	__u8 opcode;
+	__u8 flags;
+	__le16 reserved;
+	__le32 mw;
+	__le64 addr;
+	__le32 new_rkey;
+	__le32 lkey;
+	__le64 length;
+	__le32 access;
+	__u8 reserved2[20];
+};
+
+/* A send WQE with opcode VRDMA_WR_REG_MR: fast registration. */
+struct vrdma_reg_mr_wqe {
+	__le64 wr_id;
+	__u8 opcode;
+	__u8 flags;
+	__le16 reserved;
+	__le32 mr;
+	__le64 iova;
+	__le32 new_key;
+	__le32 access;
+	__le64 length;
+	__le64 page_list;
+	__le32 npages;
+	__le32 page_shift;
+	__le64 reserved2;
+};
+
 #define VRDMA_QKEY_USE_QP		0x80000000u
 #define VRDMA_GRH_SIZE			40
 
@@ -461,10 +523,14 @@ struct vrdma_recv_wqe {
 #define VRDMA_WC_RDMA_READ		2
 #define VRDMA_WC_COMP_SWAP		3
 #define VRDMA_WC_FETCH_ADD		4
+#define VRDMA_WC_BIND_MW		5
+#define VRDMA_WC_LOCAL_INV		6
+#define VRDMA_WC_REG_MR			10
 #define VRDMA_WC_RECV			128
 #define VRDMA_WC_RECV_RDMA_WITH_IMM	129
 #define VRDMA_WC_F_GRH			1
 #define VRDMA_WC_F_WITH_IMM		2
+#define VRDMA_WC_F_WITH_INV		4
 
 struct vrdma_cqe {
 	__le64 wr_id;

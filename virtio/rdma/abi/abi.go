@@ -46,6 +46,9 @@ const (
 	CmdModifySRQ   Opcode = 20
 	CmdQuerySRQ    Opcode = 21
 	CmdDestroySRQ  Opcode = 22
+	CmdAllocMW     Opcode = 23
+	CmdDeallocMW   Opcode = 24
+	CmdAllocMR     Opcode = 25
 )
 
 var opcodeNames = map[Opcode]string{
@@ -56,6 +59,7 @@ var opcodeNames = map[Opcode]string{
 	CmdCreateAH: "CREATE_AH", CmdDestroyAH: "DESTROY_AH", CmdReqNotifyCQ: "REQ_NOTIFY_CQ",
 	CmdAddGID: "ADD_GID", CmdDelGID: "DEL_GID",
 	CmdCreateSRQ: "CREATE_SRQ", CmdModifySRQ: "MODIFY_SRQ", CmdQuerySRQ: "QUERY_SRQ", CmdDestroySRQ: "DESTROY_SRQ",
+	CmdAllocMW: "ALLOC_MW", CmdDeallocMW: "DEALLOC_MW", CmdAllocMR: "ALLOC_MR",
 }
 
 func (o Opcode) String() string {
@@ -444,6 +448,19 @@ type CreateAH struct {
 	DGID      [16]byte `spec:"dgid"`
 	SGIDIndex uint32   `spec:"sgid_index"`
 	Reserved  uint32   `spec:"reserved"`
+}
+
+// AllocMW is ALLOC_MW's request (struct vrdma_alloc_mw).
+type AllocMW struct {
+	PDN  uint32 `spec:"pdn"`
+	Type uint32 `spec:"type"`
+}
+
+// AllocMR is ALLOC_MR's request (struct vrdma_alloc_mr): an MR for fast
+// registration.
+type AllocMR struct {
+	PDN      uint32 `spec:"pdn"`
+	MaxPages uint32 `spec:"max_pages"`
 }
 
 // CreateSRQ is CREATE_SRQ's request (struct vrdma_create_srq).

@@ -40,6 +40,39 @@ type AV struct {
 	Reserved  [12]byte `spec:"reserved"`
 }
 
+// BindMWWQE is a send WQE with opcode WROpBindMW (struct vrdma_bind_mw_wqe).
+type BindMWWQE struct {
+	WRID      uint64   `spec:"wr_id"`
+	Opcode    uint8    `spec:"opcode"`
+	Flags     uint8    `spec:"flags"`
+	Reserved  uint16   `spec:"reserved"`
+	MW        uint32   `spec:"mw"`
+	Addr      uint64   `spec:"addr"`
+	NewRKey   uint32   `spec:"new_rkey"`
+	LKey      uint32   `spec:"lkey"`
+	Length    uint64   `spec:"length"`
+	Access    uint32   `spec:"access"`
+	Reserved2 [20]byte `spec:"reserved2"`
+}
+
+// RegMRWQE is a send WQE with opcode WROpRegMR (struct vrdma_reg_mr_wqe):
+// fast registration.
+type RegMRWQE struct {
+	WRID      uint64 `spec:"wr_id"`
+	Opcode    uint8  `spec:"opcode"`
+	Flags     uint8  `spec:"flags"`
+	Reserved  uint16 `spec:"reserved"`
+	MR        uint32 `spec:"mr"`
+	IOVA      uint64 `spec:"iova"`
+	NewKey    uint32 `spec:"new_key"`
+	Access    uint32 `spec:"access"`
+	Length    uint64 `spec:"length"`
+	PageList  uint64 `spec:"page_list"`
+	NPages    uint32 `spec:"npages"`
+	PageShift uint32 `spec:"page_shift"`
+	Reserved2 uint64 `spec:"reserved2"`
+}
+
 // RecvWQE is a receive WQE's header (struct vrdma_recv_wqe).
 type RecvWQE struct {
 	WRID     uint64  `spec:"wr_id"`
@@ -91,6 +124,23 @@ const (
 	AccessRemoteRead   = 4
 	AccessRemoteAtomic = 8
 	AccessAll          = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
+	// AccessMWBind (IBV_ACCESS_MW_BIND): memory windows may be bound in
+	// the MR. Not in AccessAll, which is what a QP or a window grants.
+	AccessMWBind = 16
+)
+
+// Memory windows and fast registration (docs/spec.md § Memory windows and
+// fast registration): MW types, the device_cap_flags bits that offer them,
+// the most pages one fast registration lists, and a key's index/key-byte
+// split.
+const (
+	MWType1               = 1
+	MWType2               = 2
+	DevCapMemWindow       = 0x20000
+	DevCapMemMgtExt       = 0x200000
+	DevCapMemWindowType2B = 0x1000000
+	MaxFastRegPages       = 4096
+	KeyByteMask           = 0xff
 )
 
 // QP types (ibv_qp_type).
@@ -159,6 +209,10 @@ const (
 	WROpRDMARead         = 4
 	WROpAtomicCmpSwp     = 5
 	WROpAtomicFetchAdd   = 6
+	WROpLocalInv         = 7
+	WROpSendWithInv      = 8
+	WROpBindMW           = 9
+	WROpRegMR            = 10
 )
 
 // Send WQE flags.
@@ -180,6 +234,7 @@ const (
 	WCLocQPOpErr     WCStatus = 2
 	WCLocProtErr     WCStatus = 4
 	WCWRFlushErr     WCStatus = 5
+	WCMWBindErr      WCStatus = 6
 	WCBadRespErr     WCStatus = 7
 	WCLocAccessErr   WCStatus = 8
 	WCRemInvReqErr   WCStatus = 9
@@ -192,7 +247,7 @@ const (
 
 var wcStatusNames = map[WCStatus]string{
 	WCSuccess: "SUCCESS", WCLocLenErr: "LOC_LEN_ERR", WCLocQPOpErr: "LOC_QP_OP_ERR",
-	WCLocProtErr: "LOC_PROT_ERR", WCWRFlushErr: "WR_FLUSH_ERR", WCBadRespErr: "BAD_RESP_ERR",
+	WCLocProtErr: "LOC_PROT_ERR", WCWRFlushErr: "WR_FLUSH_ERR", WCMWBindErr: "MW_BIND_ERR", WCBadRespErr: "BAD_RESP_ERR",
 	WCLocAccessErr: "LOC_ACCESS_ERR", WCRemInvReqErr: "REM_INV_REQ_ERR", WCRemAccessErr: "REM_ACCESS_ERR",
 	WCRemOpErr: "REM_OP_ERR", WCRetryExcErr: "RETRY_EXC_ERR", WCRNRRetryExcErr: "RNR_RETRY_EXC_ERR",
 	WCGeneralErr: "GENERAL_ERR",
@@ -214,11 +269,15 @@ const (
 	WCOpRDMARead        = 2
 	WCOpCompSwap        = 3
 	WCOpFetchAdd        = 4
+	WCOpBindMW          = 5
+	WCOpLocalInv        = 6
+	WCOpRegMR           = 10
 	WCOpRecv            = 128
 	WCOpRecvRDMAWithImm = 129
 
 	WCFlagGRH     = 1
 	WCFlagWithImm = 2
+	WCFlagWithInv = 4
 )
 
 // Event types.
