@@ -239,6 +239,19 @@ int ibv_cmd_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
 		   struct ibv_reg_mr *cmd, size_t cmd_size,
 		   struct ib_uverbs_reg_mr_resp *resp, size_t resp_size) { return EOPNOTSUPP; }
 int ibv_cmd_dereg_mr(struct verbs_mr *vmr) { return EOPNOTSUPP; }
+int ibv_cmd_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type,
+		     struct ibv_mw *mw, struct ibv_alloc_mw *cmd,
+		     size_t cmd_size,
+		     struct ib_uverbs_alloc_mw_resp *resp, size_t resp_size)
+{
+	mw->context = pd->context;
+	mw->pd = pd;
+	mw->type = type;
+	mw->rkey = 0x12345600 | type;
+	mw->handle = 77;
+	return 0;
+}
+int ibv_cmd_dealloc_mw(struct ibv_mw *mw) { return 0; }
 int ibv_cmd_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr,
 		       int srq_attr_mask, struct ibv_modify_srq *cmd,
 		       size_t cmd_size) { return EOPNOTSUPP; }
@@ -1036,6 +1049,106 @@ static void check_srq(struct ibv_cq *ibcq)
 		vrdma_destroy_srq(ibsrq);
 }
 
+/*
+ * check_mw: memory windows and invalidation (docs/spec.md § Memory windows
+ * and fast registration). ibv_bind_mw writes a BIND_MW WQE naming the
+ * window by its current rkey with the next key byte, which becomes the
+ * window's; IBV_WR_BIND_MW takes the caller's rkey but may not change the
+ * index; LOCAL_INV and SEND_WITH_INV carry the key as a number; a receive
+ * with WITH_INV reports the invalidated key.
+ */
+static void check_mw(struct ibv_cq *ibcq)
+{
+	struct ibv_mr mr = { .pd = &pd, .lkey = 0xabc, .rkey = 0xabc };
+	struct ibv_sge sge = { .addr = 0x1000, .length = 8, .lkey = 0xabc };
+	struct ibv_send_wr wr[2], *bad;
+	struct ibv_mw_bind bind = {
+		.wr_id = 5, .send_flags = IBV_SEND_SIGNALED,
+		.bind_info = { .mr = &mr, .addr = 0x4000, .length = 0x100,
+			       .mw_access_flags = IBV_ACCESS_REMOTE_READ },
+	};
+	struct vrdma_bind_mw_wqe *b;
+	struct vrdma_send_wqe *w;
+	struct ibv_mw *mw1, *mw2;
+	struct ibv_wc wc;
+	struct vrdma_qp *qp;
+	uint32_t pi;
+	int ret;
+
+	qp = make_qp(ibcq, 8, 2, 1, 1, 0, 0);
+	mw1 = vrdma_alloc_mw(&pd, IBV_MW_TYPE_1);
+	mw2 = vrdma_alloc_mw(&pd, IBV_MW_TYPE_2);
+	if (!qp || !mw1 || !mw2) {
+		CHECK(0, "create_qp/alloc_mw: %s", strerror(errno));
+		return;
+	}
+
+	ret = vrdma_bind_mw(&qp->vqp.qp, mw1, &bind);
+	CHECK(ret == 0, "bind_mw: %d", ret);
+	b = (struct vrdma_bind_mw_wqe *)sq_wqe(qp, 0);
+	CHECK(b->wr_id == 5 && b->opcode == VRDMA_WR_BIND_MW &&
+	      b->flags == VRDMA_WQE_SIGNALED && b->mw == 0x12345601 &&
+	      b->new_rkey == 0x12345602 && b->addr == 0x4000 &&
+	      b->length == 0x100 && b->lkey == 0xabc &&
+	      b->access == IBV_ACCESS_REMOTE_READ && b->reserved == 0,
+	      "BIND_MW WQE: mw %#x new %#x", b->mw, b->new_rkey);
+	CHECK(mw1->rkey == 0x12345602, "type 1 rkey after bind %#x", mw1->rkey);
+	CHECK(vrdma_bind_mw(&qp->vqp.qp, mw2, &bind) == EINVAL,
+	      "ibv_bind_mw of a type 2 window");
+	bind.bind_info.length = 0;
+	bind.bind_info.mr = NULL;
+	CHECK(vrdma_bind_mw(&qp->vqp.qp, mw1, &bind) == 0 &&
+	      ((struct vrdma_bind_mw_wqe *)sq_wqe(qp, 1))->lkey == 0 &&
+	      ((struct vrdma_bind_mw_wqe *)sq_wqe(qp, 1))->length == 0,
+	      "a type 1 unbind (length 0)");
+
+	memset(wr, 0, sizeof(wr));
+	wr[0].opcode = IBV_WR_BIND_MW;
+	wr[0].bind_mw.mw = mw2;
+	wr[0].bind_mw.rkey = 0x99345602;	/* another index */
+	wr[0].bind_mw.bind_info = (struct ibv_mw_bind_info){ .mr = &mr,
+		.addr = 0x4000, .length = 8,
+		.mw_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	pi = qp->rec->sq_pi;
+	CHECK(vrdma_post_send(&qp->vqp.qp, wr, &bad) == EINVAL && bad == wr &&
+	      qp->rec->sq_pi == pi, "a type 2 bind may not change the index");
+	wr[0].bind_mw.rkey = 0x123456aa;
+	wr[0].next = &wr[1];
+	wr[1].opcode = IBV_WR_LOCAL_INV;
+	wr[1].invalidate_rkey = 0x123456aa;
+	CHECK(vrdma_post_send(&qp->vqp.qp, wr, &bad) == 0 &&
+	      qp->rec->sq_pi == pi + 2, "type 2 bind and LOCAL_INV");
+	b = (struct vrdma_bind_mw_wqe *)sq_wqe(qp, pi);
+	CHECK(b->opcode == VRDMA_WR_BIND_MW && b->mw == 0x12345602 &&
+	      b->new_rkey == 0x123456aa && b->access == IBV_ACCESS_REMOTE_WRITE,
+	      "type 2 BIND_MW WQE");
+	CHECK(mw2->rkey == 0x123456aa, "type 2 rkey after bind %#x", mw2->rkey);
+	w = sq_wqe(qp, pi + 1);
+	CHECK(w->opcode == VRDMA_WR_LOCAL_INV && w->imm_data == 0x123456aa &&
+	      w->num_sge == 0, "LOCAL_INV WQE");
+
+	memset(wr, 0, sizeof(wr));
+	wr[0] = (struct ibv_send_wr){ .opcode = IBV_WR_SEND_WITH_INV,
+		.sg_list = &sge, .num_sge = 1, .invalidate_rkey = 0x5566 };
+	CHECK(vrdma_post_send(&qp->vqp.qp, wr, &bad) == 0, "SEND_WITH_INV");
+	w = sq_wqe(qp, pi + 2);
+	CHECK(w->opcode == VRDMA_WR_SEND_WITH_INV && w->imm_data == 0x5566 &&
+	      w->num_sge == 1, "SEND_WITH_INV WQE");
+
+	device_complete(to_vcq(ibcq), 44, 0, VRDMA_WC_RECV,
+			VRDMA_WC_F_WITH_INV, 0x5566);
+	CHECK(vrdma_poll_cq(ibcq, 1, &wc) == 1 &&
+	      wc.wc_flags == IBV_WC_WITH_INV && wc.invalidated_rkey == 0x5566,
+	      "WITH_INV completion: flags %#x key %#x", wc.wc_flags,
+	      wc.invalidated_rkey);
+	device_complete(to_vcq(ibcq), 45, 0, VRDMA_WC_BIND_MW, 0, 0);
+	CHECK(vrdma_poll_cq(ibcq, 1, &wc) == 1 && wc.opcode == IBV_WC_BIND_MW,
+	      "BIND_MW completion");
+	CHECK(vrdma_dealloc_mw(mw1) == 0 && vrdma_dealloc_mw(mw2) == 0,
+	      "dealloc_mw");
+	vrdma_destroy_qp(&qp->vqp.qp);
+}
+
 static void check_poll_grh(void)
 {
 	struct ibv_wc wc[4];
@@ -1175,9 +1288,10 @@ static void check_qp_ex_create(struct ibv_cq *cq)
 		{ "RC, every op the device has", IBV_QPT_RC, 0, ALL_SEND_OPS, 0, 0 },
 		{ "RC, SEND only", IBV_QPT_RC, 0, IBV_QP_EX_WITH_SEND, 0, 0 },
 		{ "RC, no op", IBV_QPT_RC, 0, 0, 0, 0 },
-		{ "LOCAL_INV", IBV_QPT_RC, 0, IBV_QP_EX_WITH_LOCAL_INV, 0, EOPNOTSUPP },
-		{ "BIND_MW", IBV_QPT_RC, 0, IBV_QP_EX_WITH_BIND_MW, 0, EOPNOTSUPP },
-		{ "SEND_WITH_INV", IBV_QPT_RC, 0, IBV_QP_EX_WITH_SEND_WITH_INV, 0, EOPNOTSUPP },
+		{ "LOCAL_INV", IBV_QPT_RC, 0, IBV_QP_EX_WITH_LOCAL_INV, 0, 0 },
+		{ "BIND_MW", IBV_QPT_RC, 0, IBV_QP_EX_WITH_BIND_MW, 0, 0 },
+		{ "SEND_WITH_INV", IBV_QPT_RC, 0, IBV_QP_EX_WITH_SEND_WITH_INV, 0, 0 },
+		{ "UD with LOCAL_INV", IBV_QPT_UD, 0, IBV_QP_EX_WITH_LOCAL_INV, 0, EOPNOTSUPP },
 		{ "TSO", IBV_QPT_RC, 0, IBV_QP_EX_WITH_TSO, 0, EOPNOTSUPP },
 		{ "FLUSH", IBV_QPT_RC, 0, IBV_QP_EX_WITH_FLUSH, 0, EOPNOTSUPP },
 		{ "ATOMIC_WRITE", IBV_QPT_RC, 0, IBV_QP_EX_WITH_ATOMIC_WRITE, 0, EOPNOTSUPP },
@@ -1231,10 +1345,12 @@ static void check_qp_ex_create(struct ibv_cq *cq)
 			CHECK(!!qpx->wr_send == !!(cases[i].ops & IBV_QP_EX_WITH_SEND) &&
 			      !!qpx->wr_rdma_read == !!(cases[i].ops & IBV_QP_EX_WITH_RDMA_READ) &&
 			      !!qpx->wr_atomic_fetch_add ==
-				      !!(cases[i].ops & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD),
+				      !!(cases[i].ops & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) &&
+			      !!qpx->wr_send_inv == !!(cases[i].ops & IBV_QP_EX_WITH_SEND_WITH_INV) &&
+			      !!qpx->wr_local_inv == !!(cases[i].ops & IBV_QP_EX_WITH_LOCAL_INV) &&
+			      !!qpx->wr_bind_mw == !!(cases[i].ops & IBV_QP_EX_WITH_BIND_MW),
 			      "%s: the builders asked for, and only those", cases[i].name);
-			CHECK(!qpx->wr_send_inv && !qpx->wr_local_inv &&
-			      !qpx->wr_bind_mw && !qpx->wr_send_tso &&
+			CHECK(!qpx->wr_send_tso &&
 			      !qpx->wr_set_xrc_srqn && !qpx->wr_atomic_write &&
 			      qpx->wr_start && qpx->wr_complete && qpx->wr_abort &&
 			      qpx->wr_set_sge && qpx->wr_set_sge_list &&
@@ -1941,6 +2057,7 @@ int main(void)
 	check_ud(cq);
 	check_srq(cq);
 	check_poll_grh();
+	check_mw(cq);
 	check_srq_ud_no_syscalls(cq);
 	check_qp_ex_create(cq);
 	check_wr_ops(cq);

@@ -13,7 +13,9 @@
 static void vrdma_free_context(struct ibv_context *ibctx);
 
 static const struct verbs_context_ops vrdma_ctx_ops = {
+	.alloc_mw = vrdma_alloc_mw,
 	.alloc_pd = vrdma_alloc_pd,
+	.bind_mw = vrdma_bind_mw,
 	.cq_event = vrdma_cq_event,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
@@ -21,6 +23,7 @@ static const struct verbs_context_ops vrdma_ctx_ops = {
 	.create_qp = vrdma_create_qp,
 	.create_qp_ex = vrdma_create_qp_ex,
 	.create_srq = vrdma_create_srq,
+	.dealloc_mw = vrdma_dealloc_mw,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,
@@ -41,7 +44,7 @@ static const struct verbs_context_ops vrdma_ctx_ops = {
 	.reg_mr = vrdma_reg_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
 	/*
-	 * Not set, so libibverbs answers EOPNOTSUPP: MW, resize_cq, XRC
+	 * Not set, so libibverbs answers EOPNOTSUPP: resize_cq, XRC
 	 * (and create_srq_ex), flows, DM. create_qp refuses QP types other
 	 * than RC and UD.
 	 */

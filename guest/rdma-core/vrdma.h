@@ -230,6 +230,10 @@ int vrdma_dealloc_pd(struct ibv_pd *pd);
 struct ibv_mr *vrdma_reg_mr(struct ibv_pd *pd, void *addr, size_t length,
 			    uint64_t hca_va, int access);
 int vrdma_dereg_mr(struct verbs_mr *vmr);
+struct ibv_mw *vrdma_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
+int vrdma_dealloc_mw(struct ibv_mw *mw);
+int vrdma_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw,
+		  struct ibv_mw_bind *mw_bind);
 struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
 int vrdma_destroy_ah(struct ibv_ah *ah);
 

@@ -23,9 +23,9 @@
  * nothing; the errnos are ibv_post_send's for the same faults.
  *
  * What the device cannot do is refused when the object is created, with
- * EOPNOTSUPP: send operations other than SEND, SEND_WITH_IMM, RDMA_WRITE,
- * RDMA_WRITE_WITH_IMM, RDMA_READ and the two atomics (UD: SEND and
- * SEND_WITH_IMM), QP create flags, and completion fields other than the
+ * EOPNOTSUPP: send operations other than SEND, SEND_WITH_IMM, SEND_WITH_INV,
+ * RDMA_WRITE, RDMA_WRITE_WITH_IMM, RDMA_READ, the two atomics, BIND_MW and
+ * LOCAL_INV (UD: SEND and SEND_WITH_IMM), QP create flags, and completion fields other than the
  * standard ones (the device has no completion clock: no timestamps, and no
  * CVLAN, flow tag or tag-matching information).
  */
@@ -46,7 +46,8 @@
 	(IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |                  \
 	 IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |      \
 	 IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |        \
-	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
+	 IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_SEND_WITH_INV |  \
+	 IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV)
 #define VRDMA_UD_SEND_OPS (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM)
 
 #define VRDMA_QP_INIT_ATTR_SUP                                                 \
@@ -189,6 +190,50 @@ static void vrdma_wr_atomic_fetch_add(struct ibv_qp_ex *qpx, uint32_t rkey,
 	wqe = vrdma_wr_begin(qpx, VRDMA_WR_ATOMIC_FETCH_AND_ADD, false);
 	if (wqe)
 		vrdma_wqe_set_atomic(wqe, remote_addr, rkey, add, 0);
+}
+
+static void vrdma_wr_send_inv(struct ibv_qp_ex *qpx, uint32_t invalidate_rkey)
+{
+	struct vrdma_send_wqe *wqe;
+
+	wqe = vrdma_wr_begin(qpx, VRDMA_WR_SEND_WITH_INV, true);
+	if (wqe)
+		vrdma_wqe_set_inv(wqe, invalidate_rkey);
+}
+
+/* LOCAL_INV carries no data: the setters after it have nothing to set. */
+static void vrdma_wr_local_inv(struct ibv_qp_ex *qpx, uint32_t invalidate_rkey)
+{
+	struct vrdma_send_wqe *wqe;
+
+	wqe = vrdma_wr_begin(qpx, VRDMA_WR_LOCAL_INV, false);
+	if (wqe)
+		vrdma_wqe_set_inv(wqe, invalidate_rkey);
+}
+
+/*
+ * As ibv_post_send's IBV_WR_BIND_MW: the MW is named by its current rkey
+ * in the WQE and takes the new one once the WQE is built (an aborted batch
+ * leaves it so; the device never saw that bind, and the next one fails
+ * with MW_BIND_ERR rather than binding the wrong window).
+ */
+static void vrdma_wr_bind_mw(struct ibv_qp_ex *qpx, struct ibv_mw *mw,
+			     uint32_t rkey,
+			     const struct ibv_mw_bind_info *bind_info)
+{
+	struct vrdma_qp *qp = qpx_to_vqp(qpx);
+	struct vrdma_send_wqe *wqe;
+	int err;
+
+	wqe = vrdma_wr_begin(qpx, VRDMA_WR_BIND_MW, false);
+	if (!wqe)
+		return;
+	err = vrdma_wqe_set_bind(qp, wqe, mw, rkey, bind_info);
+	if (err) {
+		vrdma_wr_fail(qp, err);
+		return;
+	}
+	mw->rkey = rkey;
 }
 
 static void vrdma_wr_set_sge(struct ibv_qp_ex *qpx, uint32_t lkey,
@@ -342,6 +387,12 @@ static void vrdma_qp_ex_init(struct vrdma_qp *qp, uint64_t ops)
 		qpx->wr_atomic_cmp_swp = vrdma_wr_atomic_cmp_swp;
 	if (ops & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD)
 		qpx->wr_atomic_fetch_add = vrdma_wr_atomic_fetch_add;
+	if (ops & IBV_QP_EX_WITH_SEND_WITH_INV)
+		qpx->wr_send_inv = vrdma_wr_send_inv;
+	if (ops & IBV_QP_EX_WITH_LOCAL_INV)
+		qpx->wr_local_inv = vrdma_wr_local_inv;
+	if (ops & IBV_QP_EX_WITH_BIND_MW)
+		qpx->wr_bind_mw = vrdma_wr_bind_mw;
 
 	qpx->wr_set_sge = vrdma_wr_set_sge;
 	qpx->wr_set_sge_list = vrdma_wr_set_sge_list;

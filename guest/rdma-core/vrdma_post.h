@@ -101,6 +101,13 @@ static inline int vrdma_wqe_opcode(enum ibv_wr_opcode op, bool *can_inline)
 		return VRDMA_WR_ATOMIC_CMP_AND_SWP;
 	case IBV_WR_ATOMIC_FETCH_AND_ADD:
 		return VRDMA_WR_ATOMIC_FETCH_AND_ADD;
+	case IBV_WR_SEND_WITH_INV:
+		*can_inline = true;
+		return VRDMA_WR_SEND_WITH_INV;
+	case IBV_WR_LOCAL_INV:
+		return VRDMA_WR_LOCAL_INV;
+	case IBV_WR_BIND_MW:
+		return VRDMA_WR_BIND_MW;
 	default:
 		return -1;
 	}
@@ -135,6 +142,47 @@ static inline void vrdma_wqe_begin(const struct vrdma_qp *qp,
 static inline void vrdma_wqe_set_imm(struct vrdma_send_wqe *wqe, __be32 imm)
 {
 	wqe->imm_data = (__le32)imm;
+}
+
+/* LOCAL_INV and SEND_WITH_INV: the key to invalidate, a number. */
+static inline void vrdma_wqe_set_inv(struct vrdma_send_wqe *wqe, uint32_t rkey)
+{
+	wqe->imm_data = htole32(rkey);
+}
+
+/*
+ * vrdma_wqe_set_bind makes a begun WQE a BIND_MW of mw (by its current
+ * rkey) to new_rkey over the window bind describes (docs/spec.md, struct
+ * vrdma_bind_mw_wqe). EINVAL, nothing written, for what the device would
+ * only fail the QP for: an rkey that changes the MW's index, a window
+ * without an MR, of another PD, or access flags a window cannot have.
+ * Length 0 (no MR needed) unbinds a type 1 window.
+ */
+static inline int vrdma_wqe_set_bind(const struct vrdma_qp *qp,
+				     struct vrdma_send_wqe *wqe,
+				     const struct ibv_mw *mw, uint32_t new_rkey,
+				     const struct ibv_mw_bind_info *bind)
+{
+	struct vrdma_bind_mw_wqe *b = (struct vrdma_bind_mw_wqe *)wqe;
+
+	if (!mw || mw->pd != qp->vqp.qp.pd ||
+	    ((new_rkey ^ mw->rkey) & ~(uint32_t)VRDMA_KEY_BYTE_MASK))
+		return EINVAL;
+	if (bind->mw_access_flags & ~(IBV_ACCESS_REMOTE_WRITE |
+				      IBV_ACCESS_REMOTE_READ |
+				      IBV_ACCESS_REMOTE_ATOMIC))
+		return EINVAL;
+	if (bind->length && (!bind->mr || bind->mr->pd != qp->vqp.qp.pd))
+		return EINVAL;
+	if (!bind->length && mw->type != IBV_MW_TYPE_1)
+		return EINVAL;
+	b->mw = htole32(mw->rkey);
+	b->new_rkey = htole32(new_rkey);
+	b->addr = htole64(bind->addr);
+	b->length = htole64(bind->length);
+	b->lkey = htole32(bind->length ? bind->mr->lkey : 0);
+	b->access = htole32(bind->mw_access_flags);
+	return 0;
 }
 
 static inline void vrdma_wqe_set_rdma(struct vrdma_send_wqe *wqe,

@@ -114,6 +114,60 @@ int vrdma_dereg_mr(struct verbs_mr *vmr)
 	return 0;
 }
 
+/*
+ * Memory windows (docs/spec.md § Memory windows and fast registration): the
+ * kernel allocates them (ALLOC_MW); binding is a send WQE, posted here for
+ * type 1 (ibv_bind_mw) and through ibv_post_send / ibv_wr_bind_mw for
+ * type 2.
+ */
+struct ibv_mw *vrdma_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+	struct ib_uverbs_alloc_mw_resp resp;
+	struct ibv_alloc_mw cmd;
+	struct ibv_mw *mw;
+
+	mw = calloc(1, sizeof(*mw));
+	if (!mw)
+		return NULL;
+	if (ibv_cmd_alloc_mw(pd, type, mw, &cmd, sizeof(cmd), &resp,
+			     sizeof(resp))) {
+		free(mw);
+		return NULL;
+	}
+	return mw;
+}
+
+int vrdma_dealloc_mw(struct ibv_mw *mw)
+{
+	int ret;
+
+	ret = ibv_cmd_dealloc_mw(mw);
+	if (ret)
+		return ret;
+	free(mw);
+	return 0;
+}
+
+/*
+ * ibv_bind_mw: a type 1 window, bound by a BIND_MW WQE on qp with the next
+ * key byte (ibv_inc_rkey), which becomes mw->rkey once posted.
+ */
+int vrdma_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw,
+		  struct ibv_mw_bind *mw_bind)
+{
+	struct ibv_send_wr wr = {}, *bad;
+
+	if (mw->type != IBV_MW_TYPE_1 || qp->qp_type != IBV_QPT_RC)
+		return EINVAL;
+	wr.wr_id = mw_bind->wr_id;
+	wr.opcode = IBV_WR_BIND_MW;
+	wr.send_flags = mw_bind->send_flags;
+	wr.bind_mw.mw = mw;
+	wr.bind_mw.rkey = ibv_inc_rkey(mw->rkey);
+	wr.bind_mw.bind_info = mw_bind->bind_info;
+	return vrdma_post_send(qp, &wr, &bad);
+}
+
 struct ibv_ah *vrdma_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr)
 {
 	struct vrdma_ucmd_create_ah_resp resp = {};
@@ -288,6 +342,10 @@ void vrdma_cqe_to_wc(const struct vrdma_cqe *cqe, struct ibv_wc *wc)
 		 * ibv_send_wr.imm_data was already in network order: no swap.
 		 */
 		wc->imm_data = (__be32)cqe->imm_data;
+	} else if (le16toh(cqe->wc_flags) & VRDMA_WC_F_WITH_INV) {
+		/* The key the SEND_WITH_INV freed, a number. */
+		wc->wc_flags |= IBV_WC_WITH_INV;
+		wc->invalidated_rkey = le32toh(cqe->imm_data);
 	}
 	wc->pkey_index = 0;
 	wc->slid = 0;
@@ -711,7 +769,7 @@ static inline int vrdma_build_send_wqe(struct vrdma_qp *qp,
 {
 	uint32_t inline_len = 0, off = 0;
 	bool can_inline;
-	int opcode, i;
+	int opcode, i, err;
 
 	opcode = vrdma_wqe_opcode(wr->opcode, &can_inline);
 	if (opcode < 0 || wr->num_sge < 0)
@@ -735,6 +793,21 @@ static inline int vrdma_build_send_wqe(struct vrdma_qp *qp,
 	case VRDMA_WR_SEND_WITH_IMM:
 		vrdma_wqe_set_imm(wqe, wr->imm_data);
 		break;
+	case VRDMA_WR_SEND_WITH_INV:
+		vrdma_wqe_set_inv(wqe, wr->invalidate_rkey);
+		break;
+	case VRDMA_WR_LOCAL_INV:
+		vrdma_wqe_set_inv(wqe, wr->invalidate_rkey);
+		return 0;
+	case VRDMA_WR_BIND_MW:
+		err = vrdma_wqe_set_bind(qp, wqe, wr->bind_mw.mw,
+					 wr->bind_mw.rkey,
+					 &wr->bind_mw.bind_info);
+		if (err)
+			return err;
+		/* The MW is named by its current rkey in the next bind. */
+		wr->bind_mw.mw->rkey = wr->bind_mw.rkey;
+		return 0;
 	case VRDMA_WR_RDMA_WRITE_WITH_IMM:
 		vrdma_wqe_set_imm(wqe, wr->imm_data);
 		/* fall through */
