@@ -88,6 +88,7 @@ struct vrdma_dev {
 	u32 max_rd_atom;
 	u32 max_srq;		/* 0: the device has no SRQs */
 	bool gsi;		/* device_caps GSI: kernel verbs, ib_mad, rdma_cm */
+	u64 dev_cap_flags;	/* IB_DEVICE_MEM_* the device offers */
 	u32 gid_tbl_len;
 	u32 max_msg_sz;
 	u8 max_mtu;
@@ -131,7 +132,22 @@ struct vrdma_pd {
 
 struct vrdma_mr {
 	struct ib_mr ibmr;
-	struct ib_umem *umem;	/* NULL for a DMA MR */
+	struct ib_umem *umem;	/* NULL for a DMA or fast-registration MR */
+
+	/*
+	 * Fast registration (ib_alloc_mr): the page list the REG_MR WQE
+	 * names (ib_map_mr_sg fills it), and the key the device knows the MR
+	 * by: the last one a REG_MR WQE set (ibmr.lkey may run ahead of it,
+	 * ib_update_fast_reg_key). Under the posting QP's sq_lock.
+	 */
+	__le64 *pages;
+	u32 max_pages;
+	u32 npages;
+	u32 dev_key;
+};
+
+struct vrdma_mw {
+	struct ib_mw ibmw;
 };
 
 /*
@@ -276,5 +292,9 @@ int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr,
 			const struct ib_recv_wr **bad_wr);
 int vrdma_create_kah(struct vrdma_ah *ah, const struct rdma_ah_attr *ah_attr);
+struct ib_mr *vrdma_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type,
+			     u32 max_num_sg);
+int vrdma_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
+		    unsigned int *sg_offset);
 
 #endif /* VRDMA_H */

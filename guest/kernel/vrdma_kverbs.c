@@ -42,9 +42,13 @@
  * kernel consumer see wrong completions, never make this code read or write
  * outside the rings: indices are masked, CQEs copied once and checked.
  *
- * Supported kernel QPs: GSI and UD (SEND, SEND_WITH_IMM, inline data).
- * Kernel RC QPs, SRQs, fast registration and memory windows are not yet
- * (EOPNOTSUPP): ib_mad, ib_cm and rdma_cm need none of them.
+ * Kernel QPs: GSI and UD (SEND, SEND_WITH_IMM, inline data), and RC with
+ * every operation the device has for the kernel's ULPs (NVMe over RDMA,
+ * NFS/RDMA, iSER): SEND with immediate or invalidate, RDMA WRITE and READ,
+ * atomics, LOCAL_INV and fast registration (IB_WR_REG_MR of an ib_alloc_mr
+ * MR: the driver keeps the page list ib_map_mr_sg() built, in memory the
+ * device reads when it executes the WQE). Kernel SRQs and memory windows
+ * for kernel consumers are not supported (EOPNOTSUPP).
  */
 #include <linux/gfp.h>
 #include <linux/log2.h>
@@ -91,6 +95,7 @@ static void vrdma_kdoorbell(struct vrdma_dev *dev, unsigned int dbq)
 {
 	const struct vrdma_doorbell *db = &dev->dbq[dbq];
 
+	/* The producer index before the flags: the device's sleep check. */
 	smp_mb();
 	if (!(virtio16_to_cpu(dev->vdev, READ_ONCE(*db->used_flags)) &
 	      VRING_USED_F_NO_NOTIFY))
@@ -132,6 +137,69 @@ struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int access)
 	mr->ibmr.lkey = le32_to_cpu(resp.lkey);
 	mr->ibmr.rkey = 0;	/* not a remote key */
 	return &mr->ibmr;
+}
+
+/*
+ * An MR for fast registration (ib_alloc_mr): the device's ALLOC_MR, and a
+ * page list ib_map_mr_sg() fills that the REG_MR WQE hands the device.
+ */
+struct ib_mr *vrdma_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type,
+			     u32 max_num_sg)
+{
+	struct vrdma_dev *dev = to_vdev(ibpd->device);
+	struct vrdma_alloc_mr req = {};
+	struct vrdma_mr_keys resp;
+	struct vrdma_mr *mr;
+	int err;
+
+	if (!(dev->dev_cap_flags & IB_DEVICE_MEM_MGT_EXTENSIONS) ||
+	    type != IB_MR_TYPE_MEM_REG)
+		return ERR_PTR(-EOPNOTSUPP);
+	if (!max_num_sg || max_num_sg > VRDMA_MAX_FAST_REG_PAGES)
+		return ERR_PTR(-EINVAL);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	/* Physically contiguous: the device reads it by its address. */
+	mr->pages = kcalloc(max_num_sg, sizeof(*mr->pages), GFP_KERNEL);
+	if (!mr->pages) {
+		err = -ENOMEM;
+		goto err_free;
+	}
+	mr->max_pages = max_num_sg;
+	req.pdn = cpu_to_le32(to_vpd(ibpd)->pdn);
+	req.max_pages = cpu_to_le32(max_num_sg);
+	err = vrdma_exec(dev, VRDMA_CMD_ALLOC_MR, &req, sizeof(req), &resp,
+			 sizeof(resp), NULL);
+	if (err)
+		goto err_pages;
+	mr->dev_key = le32_to_cpu(resp.lkey);
+	mr->ibmr.lkey = mr->dev_key;
+	mr->ibmr.rkey = mr->dev_key;
+	return &mr->ibmr;
+
+err_pages:
+	kfree(mr->pages);
+err_free:
+	kfree(mr);
+	return ERR_PTR(err);
+}
+
+static int vrdma_set_page(struct ib_mr *ibmr, u64 addr)
+{
+	struct vrdma_mr *mr = to_vmr(ibmr);
+
+	if (mr->npages == mr->max_pages)
+		return -ENOMEM;
+	mr->pages[mr->npages++] = cpu_to_le64(addr);
+	return 0;
+}
+
+int vrdma_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
+		    unsigned int *sg_offset)
+{
+	to_vmr(ibmr)->npages = 0;
+	return ib_sg_to_pages(ibmr, sg, sg_nents, sg_offset, vrdma_set_page);
 }
 
 /* ---- CQ ------------------------------------------------------------------ */
@@ -217,6 +285,7 @@ int vrdma_kcq_notify(struct vrdma_cq *cq, enum ib_cq_notify_flags flags)
 	if ((flags & IB_CQ_SOLICITED_MASK) == IB_CQ_SOLICITED)
 		arm |= VRDMA_CQ_ARM_SOLICITED;
 	WRITE_ONCE(cq->rec->arm, cpu_to_le32(arm));
+	/* The arm before pi, as the device's pi before its arm read. */
 	smp_mb();
 	pi = le32_to_cpu(READ_ONCE(cq->rec->pi));
 	missed = (flags & IB_CQ_REPORT_MISSED_EVENTS) && pi != cq->ci;
@@ -238,6 +307,10 @@ static enum ib_wc_opcode vrdma_wc_opcode(u8 op, bool *ok)
 		return IB_WC_COMP_SWAP;
 	case VRDMA_WC_FETCH_ADD:
 		return IB_WC_FETCH_ADD;
+	case VRDMA_WC_LOCAL_INV:
+		return IB_WC_LOCAL_INV;
+	case VRDMA_WC_REG_MR:
+		return IB_WC_REG_MR;
 	case VRDMA_WC_RECV:
 		return IB_WC_RECV;
 	case VRDMA_WC_RECV_RDMA_WITH_IMM:
@@ -282,12 +355,16 @@ static bool vrdma_kcqe_to_wc(struct vrdma_dev *dev, struct vrdma_cq *cq,
 	wc->byte_len = le32_to_cpu(c->byte_len);
 	wc->qp = &qp->ibqp;
 	wc->src_qp = le32_to_cpu(c->src_qp) & 0xffffff;
-	/* The 32 bits as the sender posted them: already big-endian. */
-	wc->ex.imm_data = (__force __be32)c->imm_data;
 	if (flags & VRDMA_WC_F_GRH)
 		wc->wc_flags |= IB_WC_GRH;
-	if (flags & VRDMA_WC_F_WITH_IMM)
+	if (flags & VRDMA_WC_F_WITH_IMM) {
 		wc->wc_flags |= IB_WC_WITH_IMM;
+		/* The 32 bits as the sender posted them: already big-endian. */
+		wc->ex.imm_data = (__force __be32)c->imm_data;
+	} else if (flags & VRDMA_WC_F_WITH_INV) {
+		wc->wc_flags |= IB_WC_WITH_INVALIDATE;
+		wc->ex.invalidate_rkey = le32_to_cpu(c->imm_data);
+	}
 	wc->port_num = VRDMA_PORT;
 	wc->pkey_index = 0;
 	return true;
@@ -301,6 +378,7 @@ int vrdma_kcq_poll(struct vrdma_cq *cq, int num_entries, struct ib_wc *wc)
 	struct vrdma_cqe c;
 
 	spin_lock_irqsave(&cq->lock, flags);
+	/* The device writes CQEs before pi (release): read them after. */
 	pi = le32_to_cpu(smp_load_acquire(&cq->rec->pi));
 	todo = pi - cq->ci;
 	if (todo > cq->ibcq.cqe) {
@@ -317,6 +395,7 @@ int vrdma_kcq_poll(struct vrdma_cq *cq, int num_entries, struct ib_wc *wc)
 		if (vrdma_kcqe_to_wc(dev, cq, &c, &wc[n]))
 			n++;
 	}
+	/* The entries are copied before the device may reuse their slots. */
 	smp_store_release(&cq->rec->ci, cpu_to_le32(cq->ci));
 	spin_unlock_irqrestore(&cq->lock, flags);
 	return n;
@@ -337,13 +416,15 @@ int vrdma_create_kqp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr)
 	struct vrdma_handle resp;
 	u32 send_sge, recv_sge, inl, mtu, sq_bytes, rq_bytes, sq_pages, rq_pages;
 	bool gsi = attr->qp_type == IB_QPT_GSI;
+	bool rc = attr->qp_type == IB_QPT_RC;
+	u32 av = rc ? 0 : VRDMA_AV_SIZE;
 	size_t rec_off;
 	__le64 *pages;
 	int err;
 
 	if (!dev->gsi)
 		return -EOPNOTSUPP;
-	if (!gsi && attr->qp_type != IB_QPT_UD)
+	if (!gsi && !rc && attr->qp_type != IB_QPT_UD)
 		return -EOPNOTSUPP;
 	if (attr->create_flags || attr->srq || attr->xrcd)
 		return -EOPNOTSUPP;
@@ -357,19 +438,20 @@ int vrdma_create_kqp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr)
 	recv_sge = max_t(u32, attr->cap.max_recv_sge, 1);
 	mtu = ib_mtu_enum_to_int(dev->active_mtu);
 	inl = attr->cap.max_inline_data;
+	/* A datagram, inline data included, fits the port's MTU. */
 	if (send_sge > dev->max_sge || recv_sge > dev->max_sge ||
-	    inl > min_t(u32, dev->max_inline, mtu > 0 ? mtu : 0))
+	    inl > dev->max_inline || (!rc && inl > mtu))
 		return -EINVAL;
 	if (attr->cap.max_send_wr > dev->max_qp_wr ||
 	    attr->cap.max_recv_wr > dev->max_qp_wr)
 		return -EINVAL;
 	qp->sq_depth = roundup_pow_of_two(max_t(u32, attr->cap.max_send_wr, 1));
 	qp->rq_depth = roundup_pow_of_two(max_t(u32, attr->cap.max_recv_wr, 1));
-	/* Every send WQE carries its address vector (VRDMA_WQE_AV). */
+	/* Every UD send WQE carries its address vector (VRDMA_WQE_AV). */
 	qp->sq_shift = vrdma_wqe_shift(max_t(u32,
-		sizeof(struct vrdma_send_wqe) + VRDMA_AV_SIZE +
+		sizeof(struct vrdma_send_wqe) + av +
 		send_sge * sizeof(struct vrdma_sge),
-		sizeof(struct vrdma_send_wqe) + VRDMA_AV_SIZE + inl),
+		sizeof(struct vrdma_send_wqe) + av + inl),
 		VRDMA_MIN_SQ_WQE_SHIFT);
 	qp->rq_shift = vrdma_wqe_shift(sizeof(struct vrdma_recv_wqe) +
 				       recv_sge * sizeof(struct vrdma_sge),
@@ -380,7 +462,7 @@ int vrdma_create_kqp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr)
 	/* What the strides hold, at least what was asked. */
 	send_sge = min_t(u32, dev->max_sge,
 			 ((1U << qp->sq_shift) - sizeof(struct vrdma_send_wqe) -
-			  VRDMA_AV_SIZE) / sizeof(struct vrdma_sge));
+			  av) / sizeof(struct vrdma_sge));
 	recv_sge = min_t(u32, dev->max_sge,
 			 ((1U << qp->rq_shift) - sizeof(struct vrdma_recv_wqe)) /
 			 sizeof(struct vrdma_sge));
@@ -416,7 +498,8 @@ int vrdma_create_kqp(struct ib_qp *ibqp, struct ib_qp_init_attr *attr)
 	req.pdn = cpu_to_le32(to_vpd(ibqp->pd)->pdn);
 	req.send_cqn = cpu_to_le32(to_vcq(attr->send_cq)->cqn);
 	req.recv_cqn = cpu_to_le32(to_vcq(attr->recv_cq)->cqn);
-	req.qp_type = cpu_to_le32(gsi ? VRDMA_QPT_GSI : VRDMA_QPT_UD);
+	req.qp_type = cpu_to_le32(gsi ? VRDMA_QPT_GSI :
+				  rc ? VRDMA_QPT_RC : VRDMA_QPT_UD);
 	req.max_send_wr = cpu_to_le32(qp->sq_depth);
 	req.max_recv_wr = cpu_to_le32(qp->rq_depth);
 	req.max_send_sge = cpu_to_le32(send_sge);
@@ -484,35 +567,153 @@ static void vrdma_put_sges(struct vrdma_sge *dst, const struct ib_sge *sg,
 	}
 }
 
-/* One UD send WR into the send WQE slot @w (its stride zeroed here). */
+/* IB access flags as the device's (REG_MR); -1 for one it does not have. */
+static int vrdma_kaccess(int access)
+{
+	int ok = IB_ACCESS_LOCAL_WRITE | IB_ACCESS_REMOTE_WRITE |
+		 IB_ACCESS_REMOTE_READ | IB_ACCESS_REMOTE_ATOMIC |
+		 IB_ACCESS_MW_BIND;
+
+	/* Relaxed ordering is a hint the device needs not. */
+	access &= ~IB_ACCESS_RELAXED_ORDERING;
+	return access & ~ok ? -1 : access;
+}
+
+/* IB_WR_REG_MR: fast registration of an ib_alloc_mr() MR (docs/spec.md). */
+static int vrdma_kwqe_reg_mr(const struct ib_send_wr *wr, void *w)
+{
+	const struct ib_reg_wr *reg = reg_wr(wr);
+	struct vrdma_reg_mr_wqe *r = w;
+	struct vrdma_mr *mr;
+	int access;
+
+	if (!reg->mr)
+		return -EINVAL;
+	mr = to_vmr(reg->mr);
+	access = vrdma_kaccess(reg->access);
+	if (!mr->pages || access < 0 || !mr->npages ||
+	    !is_power_of_2(mr->ibmr.page_size) ||
+	    ((reg->key ^ mr->dev_key) & ~VRDMA_KEY_BYTE_MASK))
+		return -EINVAL;
+	r->opcode = VRDMA_WR_REG_MR;
+	r->mr = cpu_to_le32(mr->dev_key);
+	r->new_key = cpu_to_le32(reg->key);
+	r->iova = cpu_to_le64(mr->ibmr.iova);
+	r->length = cpu_to_le64(mr->ibmr.length);
+	r->access = cpu_to_le32(access);
+	r->page_list = cpu_to_le64(virt_to_phys(mr->pages));
+	r->npages = cpu_to_le32(mr->npages);
+	r->page_shift = cpu_to_le32(ilog2(mr->ibmr.page_size));
+	/* The device names the MR by this key from the WQE on. */
+	mr->dev_key = reg->key;
+	return 0;
+}
+
+/* The operation's fields of a kernel send WR; its WQE opcode or -EINVAL. */
+static int vrdma_kwqe_op(struct vrdma_qp *qp, const struct ib_send_wr *wr,
+			 struct vrdma_send_wqe *h, bool *data)
+{
+	bool ud = qp->ibqp.qp_type != IB_QPT_RC;
+
+	*data = true;
+	switch (wr->opcode) {
+	case IB_WR_SEND:
+		return VRDMA_WR_SEND;
+	case IB_WR_SEND_WITH_IMM:
+		h->imm_data = (__force __le32)wr->ex.imm_data;
+		return VRDMA_WR_SEND_WITH_IMM;
+	default:
+		break;
+	}
+	if (ud)
+		return -EINVAL;
+	switch (wr->opcode) {
+	case IB_WR_SEND_WITH_INV:
+		h->imm_data = cpu_to_le32(wr->ex.invalidate_rkey);
+		return VRDMA_WR_SEND_WITH_INV;
+	case IB_WR_RDMA_WRITE_WITH_IMM:
+		h->imm_data = (__force __le32)wr->ex.imm_data;
+		fallthrough;
+	case IB_WR_RDMA_WRITE:
+	case IB_WR_RDMA_READ:
+		h->remote_addr = cpu_to_le64(rdma_wr(wr)->remote_addr);
+		h->rkey = cpu_to_le32(rdma_wr(wr)->rkey);
+		return wr->opcode == IB_WR_RDMA_READ ? VRDMA_WR_RDMA_READ :
+		       wr->opcode == IB_WR_RDMA_WRITE ? VRDMA_WR_RDMA_WRITE :
+							VRDMA_WR_RDMA_WRITE_WITH_IMM;
+	case IB_WR_ATOMIC_CMP_AND_SWP:
+	case IB_WR_ATOMIC_FETCH_AND_ADD:
+		h->remote_addr = cpu_to_le64(atomic_wr(wr)->remote_addr);
+		h->rkey = cpu_to_le32(atomic_wr(wr)->rkey);
+		h->compare_add = cpu_to_le64(atomic_wr(wr)->compare_add);
+		if (wr->opcode == IB_WR_ATOMIC_FETCH_AND_ADD)
+			return VRDMA_WR_ATOMIC_FETCH_AND_ADD;
+		h->swap = cpu_to_le64(atomic_wr(wr)->swap);
+		return VRDMA_WR_ATOMIC_CMP_AND_SWP;
+	case IB_WR_LOCAL_INV:
+		*data = false;
+		h->imm_data = cpu_to_le32(wr->ex.invalidate_rkey);
+		return VRDMA_WR_LOCAL_INV;
+	default:
+		return -EINVAL;
+	}
+}
+
+/*
+ * One send WR into the send WQE slot @w (its stride zeroed here): a UD or
+ * GSI WQE carries its AH's address vector and its data after it.
+ */
 static int vrdma_kwqe_send(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 			   void *w)
 {
+	bool ud = qp->ibqp.qp_type != IB_QPT_RC, data;
 	struct vrdma_send_wqe *h = w;
-	struct vrdma_av *av = w + sizeof(*h);
-	void *data = w + sizeof(*h) + VRDMA_AV_SIZE;
-	const struct ib_ud_wr *ud = ud_wr(wr);
-	struct vrdma_ah *ah;
-	u8 flags = VRDMA_WQE_AV;
+	void *p = w + sizeof(*h) + (ud ? VRDMA_AV_SIZE : 0);
+	struct vrdma_ah *ah = NULL;
+	u8 flags = 0;
 	u32 len = 0;
-	int i;
+	int op, i;
 
-	if (wr->opcode != IB_WR_SEND && wr->opcode != IB_WR_SEND_WITH_IMM)
+	if (wr->num_sge < 0)
 		return -EINVAL;
-	if (!ud->ah)
-		return -EINVAL;
-	ah = to_vah(ud->ah);
-	if (!ah->kernel || wr->num_sge < 0)
-		return -EINVAL;
-
+	if (ud) {
+		if (!ud_wr(wr)->ah)
+			return -EINVAL;
+		ah = to_vah(ud_wr(wr)->ah);
+		if (!ah->kernel)
+			return -EINVAL;
+	}
 	memset(w, 0, 1U << qp->sq_shift);
-	if (wr->send_flags & IB_SEND_INLINE) {
+	if (qp->sq_sig_all || (wr->send_flags & IB_SEND_SIGNALED))
+		flags |= VRDMA_WQE_SIGNALED;
+	if (wr->send_flags & IB_SEND_SOLICITED)
+		flags |= VRDMA_WQE_SOLICITED;
+	if (wr->send_flags & IB_SEND_FENCE) {
+		if (ud)
+			return -EINVAL;
+		flags |= VRDMA_WQE_FENCE;
+	}
+	h->wr_id = cpu_to_le64(wr->wr_id);
+	if (wr->opcode == IB_WR_REG_MR && !ud) {
+		h->flags = flags;
+		return vrdma_kwqe_reg_mr(wr, w);
+	}
+	op = vrdma_kwqe_op(qp, wr, h, &data);
+	if (op < 0)
+		return op;
+	h->opcode = op;
+
+	if (!data) {
+		/* Nothing to move. */
+	} else if ((wr->send_flags & IB_SEND_INLINE) &&
+		   op != VRDMA_WR_RDMA_READ &&
+		   op != VRDMA_WR_ATOMIC_CMP_AND_SWP &&
+		   op != VRDMA_WR_ATOMIC_FETCH_AND_ADD) {
 		for (i = 0; i < wr->num_sge; i++) {
 			if (wr->sg_list[i].length > qp->cap.max_inline_data - len)
 				return -EINVAL;
 			/* Inline SGEs of kernel consumers are kernel addresses. */
-			memcpy(data + len,
-			       (void *)(uintptr_t)wr->sg_list[i].addr,
+			memcpy(p + len, (void *)(uintptr_t)wr->sg_list[i].addr,
 			       wr->sg_list[i].length);
 			len += wr->sg_list[i].length;
 		}
@@ -521,23 +722,19 @@ static int vrdma_kwqe_send(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 	} else {
 		if (wr->num_sge > qp->cap.max_send_sge)
 			return -EINVAL;
-		vrdma_put_sges(data, wr->sg_list, wr->num_sge);
+		vrdma_put_sges(p, wr->sg_list, wr->num_sge);
 		h->num_sge = cpu_to_le16(wr->num_sge);
 	}
-	if (qp->sq_sig_all || (wr->send_flags & IB_SEND_SIGNALED))
-		flags |= VRDMA_WQE_SIGNALED;
-	if (wr->send_flags & IB_SEND_SOLICITED)
-		flags |= VRDMA_WQE_SOLICITED;
-	h->wr_id = cpu_to_le64(wr->wr_id);
-	h->opcode = wr->opcode == IB_WR_SEND ? VRDMA_WR_SEND :
-					       VRDMA_WR_SEND_WITH_IMM;
 	h->flags = flags;
-	if (wr->opcode == IB_WR_SEND_WITH_IMM)
-		h->imm_data = (__force __le32)wr->ex.imm_data;
-	h->remote_qpn = cpu_to_le32(ud->remote_qpn & 0xffffff);
-	h->remote_qkey = cpu_to_le32(ud->remote_qkey);
-	memcpy(av->dgid, ah->dgid, sizeof(av->dgid));
-	av->sgid_index = cpu_to_le32(ah->sgid_index);
+	if (ud) {
+		struct vrdma_av *av = w + sizeof(*h);
+
+		h->flags |= VRDMA_WQE_AV;
+		h->remote_qpn = cpu_to_le32(ud_wr(wr)->remote_qpn & 0xffffff);
+		h->remote_qkey = cpu_to_le32(ud_wr(wr)->remote_qkey);
+		memcpy(av->dgid, ah->dgid, sizeof(av->dgid));
+		av->sgid_index = cpu_to_le32(ah->sgid_index);
+	}
 	return 0;
 }
 
@@ -572,6 +769,7 @@ int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 		posted++;
 	}
 	if (posted) {
+		/* The WQEs before the index that makes them the device's. */
 		smp_store_release(&qp->rec->sq_pi, cpu_to_le32(qp->sq_pi));
 		vrdma_kdoorbell(dev, qp->dbq);
 	}
@@ -619,6 +817,7 @@ int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr,
 		posted++;
 	}
 	if (posted) {
+		/* The WQEs before the index that makes them the device's. */
 		smp_store_release(&qp->rec->rq_pi, cpu_to_le32(qp->rq_pi));
 		vrdma_kdoorbell(dev, qp->dbq);
 	}

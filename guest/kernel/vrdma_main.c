@@ -764,6 +764,16 @@ static int vrdma_query(struct vrdma_dev *dev)
 	 */
 	virtio_cread_le(dev->vdev, struct vrdma_config, device_caps, &caps);
 	dev->gsi = caps & VRDMA_DEVICE_CAP_GSI;
+	/* Memory windows and fast registration; 0 from an older daemon. */
+	dev->dev_cap_flags = 0;
+	if (le32_to_cpu(a->device_cap_flags) & VRDMA_DEV_CAP_MEM_WINDOW)
+		dev->dev_cap_flags |= IB_DEVICE_MEM_WINDOW;
+	if (le32_to_cpu(a->device_cap_flags) & VRDMA_DEV_CAP_MEM_WINDOW_TYPE_2B)
+		dev->dev_cap_flags |= IB_DEVICE_MEM_WINDOW_TYPE_2B;
+	/* Fast registration serves kernel RC QPs: only with kernel verbs. */
+	if ((le32_to_cpu(a->device_cap_flags) &
+	     VRDMA_DEV_CAP_MEM_MGT_EXTENSIONS) && dev->gsi)
+		dev->dev_cap_flags |= IB_DEVICE_MEM_MGT_EXTENSIONS;
 
 	dev->gid_tbl_len = le32_to_cpu(p.gid_tbl_len);
 	if (!dev->gid_tbl_len) {

@@ -111,6 +111,11 @@ static int vrdma_query_device(struct ib_device *ibdev,
 	attr->atomic_cap = atomic <= IB_ATOMIC_GLOB ? atomic : IB_ATOMIC_NONE;
 	attr->max_ah = min_t(u32, le32_to_cpu(a->max_ah), INT_MAX);
 	attr->max_pkeys = 1;
+	attr->device_cap_flags = dev->dev_cap_flags;
+	if (dev->dev_cap_flags & IB_DEVICE_MEM_WINDOW)
+		attr->max_mw = attr->max_mr;	/* MWs count against max_mr */
+	if (dev->dev_cap_flags & IB_DEVICE_MEM_MGT_EXTENSIONS)
+		attr->max_fast_reg_page_list_len = VRDMA_MAX_FAST_REG_PAGES;
 	/*
 	 * docs/spec.md QUERY_DEVICE: "an SRQ holds up to max_qp_wr WQEs of up
 	 * to max_sge SGEs".
@@ -417,7 +422,12 @@ static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start,
 	__le64 *list;
 	int err;
 
-	if (access & ~(VRDMA_ACCESS_ALL | IB_ACCESS_OPTIONAL))
+	if (access & ~(VRDMA_ACCESS_ALL | IB_ACCESS_OPTIONAL |
+		       IB_ACCESS_MW_BIND))
+		return ERR_PTR(-EOPNOTSUPP);
+	/* Windows may be bound only where the device has them. */
+	if ((access & IB_ACCESS_MW_BIND) &&
+	    !(dev->dev_cap_flags & IB_DEVICE_MEM_WINDOW))
 		return ERR_PTR(-EOPNOTSUPP);
 	if (!length || length > le64_to_cpu(dev->dattr.max_mr_size))
 		return ERR_PTR(-EINVAL);
@@ -461,7 +471,8 @@ static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start,
 	}
 
 	req.pdn = cpu_to_le32(to_vpd(ibpd)->pdn);
-	req.access = cpu_to_le32(access & VRDMA_ACCESS_ALL);
+	req.access = cpu_to_le32(access & (VRDMA_ACCESS_ALL |
+					   VRDMA_ACCESS_MW_BIND));
 	req.iova = cpu_to_le64(iova);
 	req.length = cpu_to_le64(length);
 	req.page_shift = cpu_to_le32(ilog2(pgsz));
@@ -487,10 +498,51 @@ static int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	struct vrdma_dev *dev = to_vdev(ibmr->device);
 	struct vrdma_mr *mr = to_vmr(ibmr);
 
-	vrdma_exec_destroy(dev, VRDMA_CMD_DEREG_MR, ibmr->lkey);
+	/*
+	 * A fast-registration MR is the device's by the key its last REG_MR
+	 * set; its page list goes only once the device has let go of it.
+	 */
+	vrdma_exec_destroy(dev, VRDMA_CMD_DEREG_MR,
+			   mr->pages ? mr->dev_key : ibmr->lkey);
 	vrdma_quiesce(dev);
 	ib_umem_release(mr->umem);
+	kfree(mr->pages);
 	kfree(mr);
+	return 0;
+}
+
+/*
+ * Memory windows of user space (docs/spec.md § Memory windows and fast
+ * registration): the device allocates them; binding and invalidation are
+ * send WQEs the provider posts.
+ */
+static int vrdma_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibmw->device);
+	struct vrdma_alloc_mw req = {};
+	struct vrdma_handle resp;
+	int err;
+
+	if (!(dev->dev_cap_flags & IB_DEVICE_MEM_WINDOW))
+		return -EOPNOTSUPP;
+	if (ibmw->type != IB_MW_TYPE_1 && ibmw->type != IB_MW_TYPE_2)
+		return -EINVAL;
+	req.pdn = cpu_to_le32(to_vpd(ibmw->pd)->pdn);
+	req.type = cpu_to_le32(ibmw->type == IB_MW_TYPE_1 ? VRDMA_MW_TYPE_1 :
+							     VRDMA_MW_TYPE_2);
+	err = vrdma_exec(dev, VRDMA_CMD_ALLOC_MW, &req, sizeof(req), &resp,
+			 sizeof(resp), NULL);
+	if (err)
+		return err;
+	ibmw->rkey = le32_to_cpu(resp.handle);
+	return 0;
+}
+
+static int vrdma_dealloc_mw(struct ib_mw *ibmw)
+{
+	/* Any key byte names the window (the provider's rkey may be newer). */
+	vrdma_exec_destroy(to_vdev(ibmw->device), VRDMA_CMD_DEALLOC_MW,
+			   ibmw->rkey);
 	return 0;
 }
 
@@ -1323,6 +1375,8 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.uverbs_abi_ver = VRDMA_UVERBS_ABI_VERSION,
 
 	.add_gid = vrdma_add_gid,
+	.alloc_mr = vrdma_alloc_mr,
+	.alloc_mw = vrdma_alloc_mw,
 	.alloc_pd = vrdma_alloc_pd,
 	.alloc_ucontext = vrdma_alloc_ucontext,
 	.create_ah = vrdma_create_ah,
@@ -1330,6 +1384,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.create_qp = vrdma_create_qp,
 	.create_srq = vrdma_create_srq,
 	.create_user_ah = vrdma_create_ah,
+	.dealloc_mw = vrdma_dealloc_mw,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dealloc_ucontext = vrdma_dealloc_ucontext,
 	.del_gid = vrdma_del_gid,
@@ -1342,6 +1397,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.get_dma_mr = vrdma_get_dma_mr,
 	.get_link_layer = vrdma_get_link_layer,
 	.get_port_immutable = vrdma_get_port_immutable,
+	.map_mr_sg = vrdma_map_mr_sg,
 	.mmap = vrdma_mmap,
 	.mmap_free = vrdma_mmap_free,
 	.modify_qp = vrdma_modify_qp,
@@ -1360,6 +1416,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vrdma_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
+	INIT_RDMA_OBJ_SIZE(ib_mw, vrdma_mw, ibmw),
 	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
 	INIT_RDMA_OBJ_SIZE(ib_srq, vrdma_srq, ibsrq),
