@@ -197,6 +197,12 @@ func (d *Device) command(op abi.Opcode, req []byte, t *memmap.Table) ([]byte, ab
 		out, err = d.querySRQ(req)
 	case abi.CmdDestroySRQ:
 		err = d.withHandle(req, d.destroySRQ)
+	case abi.CmdAllocMW:
+		out, err = d.allocMW(req)
+	case abi.CmdDeallocMW:
+		err = d.withHandle(req, d.deallocMW)
+	case abi.CmdAllocMR:
+		out, err = d.allocMR(req)
 	default:
 		return nil, abi.StatusUnsupported
 	}
@@ -207,6 +213,36 @@ func (d *Device) command(op abi.Opcode, req []byte, t *memmap.Table) ([]byte, ab
 		return nil, abi.StatusOK
 	}
 	return abi.Marshal(out), abi.StatusOK
+}
+
+// deviceAttr is QUERY_DEVICE's response.
+func (d *Device) deviceAttr() *abi.DeviceAttr {
+	c := &d.conf
+	return &abi.DeviceAttr{
+		FWVer:           abi.ABIVersion,
+		NodeGUID:        c.NodeGUID,
+		SysImageGUID:    c.NodeGUID,
+		MaxMRSize:       c.MaxMRSize,
+		PageSizeCap:     (1<<(abi.MaxPageShift+1) - 1) &^ (abi.PageSize - 1),
+		VendorID:        0x1af4,
+		VendorPartID:    0x1040 + abi.DeviceID,
+		HWVer:           1,
+		MaxQP:           c.MaxQP,
+		MaxQPWR:         c.MaxQPWR,
+		MaxSGE:          c.MaxSGE,
+		MaxCQ:           c.MaxCQ,
+		MaxCQE:          c.MaxCQE,
+		MaxMR:           c.MaxMR,
+		MaxPD:           c.MaxPD,
+		MaxQPRdAtom:     c.MaxQPRdAtom,
+		MaxQPInitRdAtom: c.MaxQPRdAtom,
+		AtomicCap:       abi.AtomicHCA,
+		MaxAH:           c.MaxAH,
+		PhysPortCnt:     1,
+		MaxInlineData:   c.MaxInlineData,
+		MaxSRQ:          c.MaxSRQ,
+		DeviceCapFlags:  d.deviceCapFlags(),
+	}
 }
 
 func (d *Device) withHandle(req []byte, fn func(h uint32) error) error {
@@ -258,7 +294,7 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 		return nil, errStatus(abi.StatusInvalid)
 	case !d.eng.HasPD(m.PDN):
 		return nil, errStatus(abi.StatusNotFound)
-	case m.Access&^uint32(abi.AccessAll) != 0:
+	case m.Access&^d.mrAccess() != 0:
 		return nil, errStatus(abi.StatusInvalid)
 	case m.Access&(abi.AccessRemoteWrite|abi.AccessRemoteAtomic) != 0 && m.Access&abi.AccessLocalWrite == 0:
 		return nil, errStatus(abi.StatusInvalid)
@@ -330,10 +366,18 @@ func (d *Device) regDMAMR(m *abi.RegMR, inline []byte) (any, error) {
 	return &abi.MRKeys{LKey: mr.Key, RKey: mr.RKey}, nil
 }
 
+// deregMR deregisters an MR: "DEREG_MR of an MR that a window is bound in
+// answers BUSY"; an ALLOC_MR MR, which pins nothing, goes "in either
+// state".
 func (d *Device) deregMR(key uint32) error {
-	mr := d.eng.RemoveMR(key)
-	if mr == nil {
+	mr, err := d.eng.DeregMR(key)
+	switch {
+	case errors.Is(err, engine.ErrMRBusy):
+		return errStatus(abi.StatusBusy)
+	case err != nil:
 		return errStatus(abi.StatusNotFound)
+	case mr == nil:
+		return nil
 	}
 	d.res.mrExtents -= mr.NumExtents()
 	d.unpinMR(mr)

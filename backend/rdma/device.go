@@ -570,31 +570,3 @@ func (d *Device) admitCommand() bool {
 	d.tokens--
 	return true
 }
-
-func (d *Device) deviceAttr() *abi.DeviceAttr {
-	c := &d.conf
-	return &abi.DeviceAttr{
-		FWVer:           abi.ABIVersion,
-		NodeGUID:        c.NodeGUID,
-		SysImageGUID:    c.NodeGUID,
-		MaxMRSize:       c.MaxMRSize,
-		PageSizeCap:     (1<<(abi.MaxPageShift+1) - 1) &^ (abi.PageSize - 1),
-		VendorID:        0x1af4,
-		VendorPartID:    0x1040 + abi.DeviceID,
-		HWVer:           1,
-		MaxQP:           c.MaxQP,
-		MaxQPWR:         c.MaxQPWR,
-		MaxSGE:          c.MaxSGE,
-		MaxCQ:           c.MaxCQ,
-		MaxCQE:          c.MaxCQE,
-		MaxMR:           c.MaxMR,
-		MaxPD:           c.MaxPD,
-		MaxQPRdAtom:     c.MaxQPRdAtom,
-		MaxQPInitRdAtom: c.MaxQPRdAtom,
-		AtomicCap:       abi.AtomicHCA,
-		MaxAH:           c.MaxAH,
-		PhysPortCnt:     1,
-		MaxInlineData:   c.MaxInlineData,
-		MaxSRQ:          c.MaxSRQ,
-	}
-}

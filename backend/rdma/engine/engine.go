@@ -271,7 +271,9 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64, nq *netQP) (moved uint
 	d := q.Dev
 	byteLen := uint32(0)
 	if status == abi.WCSuccess {
-		q.opsPend[w.opcode%uint8(len(q.opsPend))]++
+		if int(w.opcode) < len(q.opsPend) {
+			q.opsPend[w.opcode]++
+		}
 		q.bytesPend += total
 		byteLen = uint32(total)
 		moved = total
@@ -337,7 +339,19 @@ func (q *QP) postNet(t *memmap.Table, nq *netQP, w *sendWQE, sc *scratch, ok boo
 	var lmr []*MR
 	var total uint64
 	st := abi.WCLocQPOpErr
-	if ok {
+	switch {
+	case ok && isMemOp(w.opcode):
+		// On this device, after the WQEs posted before it have
+		// completed: a bind or an invalidation takes effect in send
+		// queue order, and completions keep posting order.
+		if q.netDrained(nq, now) {
+			return q.runMem(t, w, sc), false
+		}
+		return outcome{rnr: true}, false
+	case ok && w.opcode == abi.WROpSendWithInv:
+		// The RoCEv2 transport has no IETH (docs/spec.md § Memory
+		// windows and fast registration): refused, not sent as a SEND.
+	case ok:
 		lsge, lmr, total, st = q.checkLocal(t, w, sc)
 	}
 	if st == abi.WCSuccess && !nq.post(w, sc, lsge, lmr, total) {
@@ -359,11 +373,30 @@ func (q *QP) postNet(t *memmap.Table, nq *netQP, w *sendWQE, sc *scratch, ok boo
 	return failed(st), false
 }
 
+// netDrained reports whether network QP nq has no WQE outstanding; if it
+// has, the head WQE waits (the next completion kicks the QP, netHold
+// bounds the wait). Precondition: sqMu held.
+func (q *QP) netDrained(nq *netQP, now int64) bool {
+	if !nq.outstanding() {
+		return true
+	}
+	nq.waiting.Store(true)
+	if !nq.outstanding() {
+		nq.waiting.Store(false)
+		return true
+	}
+	q.rnrWait = now + netHold
+	return false
+}
+
 // run executes a validated send WQE whose SGEs are in sc.lsge: it checks
 // the local side, builds the request and hands it to the responder.
 func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
 	if q.UD {
 		return q.sendUD(t, w, sc, now)
+	}
+	if isMemOp(w.opcode) {
+		return q.runMem(t, w, sc)
 	}
 	lsge, lmr, total, st := q.checkLocal(t, w, sc)
 	if st != abi.WCSuccess {
@@ -395,15 +428,10 @@ func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
 	return o
 }
 
-// remoteMR checks a remote access: "the rkey must name an MR of the peer
-// device in the peer QP's PD, the range must lie within it, and the MR and
-// the peer QP's qp_access_flags must both allow the operation".
+// remoteMR checks a remote access through the requester's key cache: an
+// MR's rkey or a bound window's (remoteKey).
 func remoteMR(sc *scratch, pq *QP, qpAccess, rkey uint32, addr, n uint64, need uint32) *MR {
-	mr := sc.keys.mr(pq.Dev, rkey)
-	if mr == nil || !mr.Remote() || mr.PD != pq.PD || !mr.Contains(addr, n) || mr.Access&need == 0 || qpAccess&need == 0 {
-		return nil
-	}
-	return mr
+	return remoteKey(&sc.keys, pq, qpAccess, rkey, addr, n, need)
 }
 
 // gather feeds the message's source (inline bytes or local SGEs) to the

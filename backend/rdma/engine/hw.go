@@ -206,6 +206,9 @@ func (q *QP) postSendNIC(t *memmap.Table, rec []byte, b *Budget) bool {
 		}
 		k := copy(h.wqe[:], slot)
 		w, ok := decodeSend(h.wqe[:k], false, uint32(maxSGE), q.MaxInline, h.sges[nsge:nsge+maxSGE])
+		if w.opcode > abi.WROpAtomicFetchAdd {
+			ok = false // memory windows and fast registration: not on a host NIC
+		}
 		if !ok {
 			// Completes with LOC_QP_OP_ERR after what was posted
 			// before it (flushNIC), and the QP enters ERR.

@@ -163,6 +163,10 @@ type scratch struct {
 	grh  [abi.GRHSize]byte // a UD datagram's network header (ud.go)
 
 	keys keyCache // the last keys and QP numbers this QP resolved
+
+	// pages is a REG_MR WQE's page list, copied once (memops.go);
+	// allocated by the QP's first fast registration.
+	pages []abi.GPA
 }
 
 func newScratch() *scratch {

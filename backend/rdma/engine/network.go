@@ -210,7 +210,9 @@ func (n *netQP) SendDone(c rc.Completion) {
 	s := &n.slots[c.ID%uint64(len(n.slots))]
 	d := q.Dev
 	if c.Status == abi.WCSuccess {
-		d.ops[s.opcode%uint8(len(d.ops))].Add(1)
+		if int(s.opcode) < len(d.ops) {
+			d.ops[s.opcode].Add(1)
+		}
 		d.bytesMoved.Add(uint64(c.ByteLen))
 	}
 	if !n.quiet.Load() && (c.Status != abi.WCSuccess || s.signaled) {
@@ -260,17 +262,18 @@ func (n *netQP) completeOn(c *CQ, e *abi.CQE, solicited, send bool) {
 	}
 }
 
-// Resolve checks an incoming request's rkey (rc.Host): the MR must be of
-// this QP's PD, hold the whole range and allow the access, and so must the
-// QP's access flags.
+// Resolve checks an incoming request's rkey (rc.Host): the MR, or the
+// bound window, must be of this QP's PD, hold the whole range and allow
+// the access, and so must the QP's access flags.
 func (n *netQP) Resolve(rkey uint32, va uint64, length uint32, access rc.Access) (rc.Region, bool) {
 	q := n.q
-	need := uint32(access)
-	mr := q.Dev.LookupMR(rkey)
 	q.mu.Lock()
 	acc := q.attr.QPAccessFlags
 	q.mu.Unlock()
-	if mr == nil || !mr.Remote() || mr.PD != q.PD || !mr.Contains(va, uint64(length)) || mr.Access&need == 0 || acc&need == 0 {
+	// An MR's rkey or a bound window's, as on this host (remoteKey): a
+	// type 2 window answers only this QP.
+	mr := remoteKey(nil, q, acc, rkey, va, uint64(length), uint32(access))
+	if mr == nil {
 		return nil, false
 	}
 	return mr, true

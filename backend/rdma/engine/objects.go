@@ -26,7 +26,8 @@ type extent struct {
 	len uint64
 }
 
-// MR is a registered memory region. Immutable after AddMR.
+// MR is a registered memory region. Immutable after AddMR but for the
+// window count (bindMu).
 type MR struct {
 	Key       uint32 // lkey and rkey
 	PD        uint32
@@ -38,6 +39,10 @@ type MR struct {
 	// guest-physical, translated through the device's current table at
 	// each access; it has no extents, pins nothing and is local only.
 	DMA bool
+	// Fast: a fast registration of an ALLOC_MR MR (a REG_MR WQE; mw.go):
+	// its pages are not pinned, so an SGE's range is checked against the
+	// device's current table as a DMA MR's is (Local).
+	Fast bool
 
 	dev     *RNIC    // the owner, set by AddMR before the MR is reachable
 	extents []extent // the MR's bytes as contiguous guest-physical runs
@@ -48,6 +53,14 @@ type MR struct {
 	RKey uint32
 	view *memmap.View
 	hwMu sync.Mutex // HW and view after AddMR (closeNIC may run twice)
+
+	// Memory windows bound in the MR (mw.go): DEREG_MR, and the
+	// invalidation of a fast registration, are refused while any are;
+	// retired: the MR left its table, so no window may be bound in it
+	// any more. Both protected by bindMu, a leaf.
+	bindMu  sync.Mutex
+	windows int
+	retired bool
 }
 
 // NewMR builds an MR over pages of 1<<shift bytes: the MR's first byte is
@@ -166,10 +179,12 @@ func (m *MR) Local(t *memmap.Table, addr, n uint64) bool {
 	if !m.Contains(addr, n) {
 		return false
 	}
-	if !m.DMA || n == 0 {
+	if (!m.DMA && !m.Fast) || n == 0 {
 		return true
 	}
-	return t != nil && t.ForEach(abi.GPA(addr), n, func([]byte) error { return nil }) == nil
+	// A fast registration pins nothing either: "it translates its pages
+	// through the current memory table at each access, as for a DMA MR".
+	return t != nil && m.Range(t, addr, n, func([]byte) error { return nil }) == nil
 }
 
 // Remote reports whether the MR may be reached by a remote access at all:

@@ -55,6 +55,10 @@ const (
 	KindQP
 	KindAH
 	KindSRQ
+	// KindMW: memory windows. Their rkeys and MR keys share one space
+	// of indices (NewHandle with KindMR or KindMW: bits 8–31 unique
+	// among the device's MR, MW and ALLOC_MR keys).
+	KindMW
 )
 
 // NewHandle returns a handle that no object of kind k holds: a sequence
@@ -144,8 +148,9 @@ func (d *RNIC) takenLocked(k Kind, h uint32) bool {
 	switch k {
 	case KindPD:
 		return d.pds[h] != nil
-	case KindMR:
-		return d.mrs[h] != nil
+	case KindMR, KindMW:
+		i := h >> 8
+		return d.mrs[h] != nil || d.mrIdx[i] > 0 || d.mws[i] != nil || d.frmrs[i] != nil
 	case KindCQ:
 		return d.cqs[h] != nil
 	case KindQP:
@@ -165,7 +170,10 @@ func (d *RNIC) Count(k Kind) int {
 	case KindPD:
 		return len(d.pds)
 	case KindMR:
-		return len(d.mrs)
+		// "MWs count against max_mr", and so do ALLOC_MR MRs.
+		return len(d.mrs) + len(d.frmrs) + len(d.mws)
+	case KindMW:
+		return len(d.mws)
 	case KindCQ:
 		return len(d.cqs)
 	case KindQP:
@@ -234,29 +242,23 @@ func (d *RNIC) AddMR(m *MR) error {
 	}
 	m.dev = d
 	d.mrs[m.Key] = m
+	d.mrIdx[m.Key>>8]++
 	return nil
 }
 
-// RemoveMR removes and returns the MR with key, or nil. An operation that
-// resolved the key before RemoveMR may still be copying (see doc.go).
+// RemoveMR removes and returns the MR with key, or nil (none, or a
+// window is bound in it: DeregMR says which). An operation that resolved
+// the key before RemoveMR may still be copying (see doc.go).
 func (d *RNIC) RemoveMR(key uint32) *MR {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	m := d.mrs[key]
-	if m != nil {
-		delete(d.mrs, key)
-		d.gen.Add(1) // after the delete: see keyCache
-		d.releasePDLocked(m.PD)
-		m.closeNIC()
-	}
+	m, _ := d.DeregMR(key)
 	return m
 }
 
-// LookupMR returns the MR with key, or nil.
+// LookupMR returns the MR with key, or nil: an ordinary MR by its key,
+// or the current registration of an ALLOC_MR MR by its current key.
 func (d *RNIC) LookupMR(key uint32) *MR {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.mrs[key]
+	m, _, _ := d.lookupLKey(key)
+	return m
 }
 
 // AddCQ makes c reachable by its number. c.Dev must be d.
@@ -524,6 +526,8 @@ func (d *RNIC) Reset() Released {
 		rel.MRs = append(rel.MRs, m)
 	}
 	clear(d.mrs)
+	clear(d.mrIdx)
+	mws, frs := d.takeKeyedLocked()
 	d.gen.Add(1)
 	clear(d.ahs)
 	pds := make([]*PD, 0, len(d.pds))
@@ -532,6 +536,7 @@ func (d *RNIC) Reset() Released {
 	}
 	clear(d.pds)
 	d.mu.Unlock()
+	killKeyed(mws, frs)
 	// The host NIC's objects go in dependency order: QPs and CQs went
 	// above, MRs before their PDs.
 	for _, m := range rel.MRs {

@@ -87,6 +87,8 @@ func (r *request) respond() outcome {
 			return o
 		}
 		return r.send(rv)
+	case abi.WROpSendWithInv:
+		return r.sendInv(minRNR)
 	case abi.WROpRDMAWrite:
 		return r.write(pacc, nil)
 	case abi.WROpRDMAWriteWithImm:
@@ -97,7 +99,7 @@ func (r *request) respond() outcome {
 		return r.write(pacc, rv)
 	case abi.WROpRDMARead:
 		return r.read(pacc)
-	default: // atomics (decodeSend admits no other opcode)
+	default: // atomics (memory operations never reach a responder: run)
 		return r.atomic(pacc)
 	}
 }
@@ -281,6 +283,32 @@ func (r *request) send(rv *recvWQE) outcome {
 	return succeeded(r.total)
 }
 
+// sendInv answers a SEND_WITH_INV: "the responder, before it places any
+// data, frees the type 2 MW bound to the responder QP or the registered
+// fast-registration MR of the responder QP's PD named by imm_data ... A
+// SEND_WITH_INV naming anything else is an invalid request:
+// REM_INV_REQ_ERR at the requester, the responder's receive WQE is not
+// consumed and its QP moves to ERR". The key is checked before a receive
+// WQE is taken (an RNR wait invalidates nothing) and freed once it is;
+// a WQE taken from an SRQ for a key that changed meanwhile is stashed
+// for the QP (abandon), as for any message that does not arrive.
+// Precondition: pq.rqMu held.
+func (r *request) sendInv(minRNR uint32) outcome {
+	pq, key := r.pq, r.w.imm
+	if !pq.Dev.invalidate(key, pq, true, false) {
+		return r.remoteErr(abi.WCRemInvReqErr)
+	}
+	rv, o := r.takeRecv(minRNR)
+	if rv == nil {
+		return o
+	}
+	if !pq.Dev.invalidate(key, pq, true, true) {
+		r.abandon(rv)
+		return r.remoteErr(abi.WCRemInvReqErr)
+	}
+	return r.send(rv)
+}
+
 // write places an RDMA WRITE's payload at the remote address; with an
 // immediate (rv not nil) it then consumes the receive WQE rv, which it
 // gives back (abandon) if the WRITE fails.
@@ -375,6 +403,10 @@ func (r *request) recvDone(rv *recvWQE, st abi.WCStatus) {
 		switch w.opcode {
 		case abi.WROpSendWithImm:
 			e.WCFlags, e.ImmData = e.WCFlags|abi.WCFlagWithImm, w.imm
+		case abi.WROpSendWithInv:
+			// "the receive completes with WITH_INV and that key in
+			// imm_data" (a number).
+			e.WCFlags, e.ImmData = e.WCFlags|abi.WCFlagWithInv, w.imm
 		case abi.WROpRDMAWriteWithImm:
 			e.Opcode, e.WCFlags, e.ImmData = abi.WCOpRecvRDMAWithImm, abi.WCFlagWithImm, w.imm
 		}

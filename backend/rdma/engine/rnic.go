@@ -69,10 +69,17 @@ type RNIC struct {
 	// srqByDBQ: the SRQs by doorbell queue, whose poll kicks their
 	// waiters (protected by mu; each slice is immutable).
 	srqByDBQ map[int][]*SRQ
-	gsi      *QP           // the device's GSI QP, which peers reach as QP 1 (protected by mu)
-	rotor    atomic.Uint32 // where PollBudget starts among a queue's QPs
-	gen      atomic.Uint64 // bumped after an MR or QP leaves the tables (keyCache)
-	seq      uint32        // handle sequence (protected by mu)
+	// Memory windows and ALLOC_MR MRs by index (bits 8–31 of their
+	// keys, which never change), and how many ordinary MRs' keys hold
+	// each index: an index names one object of the three (protected by
+	// mu; mw.go).
+	mws   map[uint32]*MW
+	frmrs map[uint32]*FRMR
+	mrIdx map[uint32]int
+	gsi   *QP           // the device's GSI QP, which peers reach as QP 1 (protected by mu)
+	rotor atomic.Uint32 // where PollBudget starts among a queue's QPs
+	gen   atomic.Uint64 // bumped after an MR or QP leaves the tables (keyCache)
+	seq   uint32        // handle sequence (protected by mu)
 
 	bytesMoved    atomic.Uint64
 	ops           [7]atomic.Uint64
@@ -103,6 +110,9 @@ func NewRNIC(f *Fabric, gid [16]byte, log *logrus.Entry) *RNIC {
 		qps:      make(map[uint32]*QP),
 		ahs:      make(map[uint32]*AH),
 		srqs:     make(map[uint32]*SRQ),
+		mws:      make(map[uint32]*MW),
+		frmrs:    make(map[uint32]*FRMR),
+		mrIdx:    make(map[uint32]int),
 		srqByDBQ: make(map[int][]*SRQ),
 		byDBQ:    make(map[int][]*QP),
 		seq:      randomSeq(),

@@ -32,6 +32,9 @@ type sendWQE struct {
 	// at the send as CREATE_AH checks its addresses (sendUD).
 	avDGID      [16]byte
 	avSGIDIndex uint32
+	// BIND_MW and REG_MR (RC only): the operation's own WQE layout
+	// (memops.go).
+	mem memWQE
 }
 
 // dataOff is where the WQE's SGEs or inline data start in its stride:
@@ -44,7 +47,8 @@ func (w *sendWQE) dataOff() int {
 }
 
 // decodeSend decodes the header of the send WQE copied into b (the QP's
-// stride bytes) and its SGEs into sges. It reports whether the WQE is well
+// stride bytes) and its SGEs into sges; a BIND_MW or REG_MR WQE, which
+// has a layout of its own and no SGEs, is decodeMem's. It reports whether the WQE is well
 // formed for a QP with the given limits: a known opcode and flags, num_sge
 // ≤ maxSGE (0 with INLINE, inline only for SEND and WRITE), inline_len ≤
 // maxInline, SGEs or inline data inside the stride, reserved bytes zero.
@@ -58,6 +62,9 @@ func (w *sendWQE) dataOff() int {
 func decodeSend(b []byte, ud bool, maxSGE, maxInline uint32, sges []abi.SGE) (w sendWQE, ok bool) {
 	if len(b) < abi.SendWQEHdrSize {
 		return w, false
+	}
+	if b[8] == abi.WROpBindMW || b[8] == abi.WROpRegMR {
+		return decodeMem(b, ud)
 	}
 	le := binary.LittleEndian
 	w.wrID = le.Uint64(b[0:])
@@ -83,7 +90,7 @@ func decodeSend(b []byte, ud bool, maxSGE, maxInline uint32, sges []abi.SGE) (w 
 		(w.opcode != abi.WROpSend && w.opcode != abi.WROpSendWithImm)) {
 		return w, false
 	}
-	if w.opcode > abi.WROpAtomicFetchAdd || w.flags&^knownFlags != 0 || w.inlineLen > maxInline {
+	if w.opcode > abi.WROpSendWithInv || w.flags&^knownFlags != 0 || w.inlineLen > maxInline {
 		return w, false
 	}
 	if w.flags&abi.WRFlagAV != 0 {
@@ -105,7 +112,7 @@ func decodeSend(b []byte, ud bool, maxSGE, maxInline uint32, sges []abi.SGE) (w 
 	room := uint64(len(b) - off)
 	if w.flags&abi.WRFlagInline != 0 {
 		switch w.opcode {
-		case abi.WROpSend, abi.WROpSendWithImm, abi.WROpRDMAWrite, abi.WROpRDMAWriteWithImm:
+		case abi.WROpSend, abi.WROpSendWithImm, abi.WROpSendWithInv, abi.WROpRDMAWrite, abi.WROpRDMAWriteWithImm:
 		default:
 			return w, false
 		}
@@ -159,8 +166,14 @@ func wcOpcode(op uint8) uint8 {
 		return abi.WCOpCompSwap
 	case abi.WROpAtomicFetchAdd:
 		return abi.WCOpFetchAdd
+	case abi.WROpLocalInv:
+		return abi.WCOpLocalInv
+	case abi.WROpBindMW:
+		return abi.WCOpBindMW
+	case abi.WROpRegMR:
+		return abi.WCOpRegMR
 	}
-	return abi.WCOpSend
+	return abi.WCOpSend // SEND, SEND_WITH_IMM, SEND_WITH_INV
 }
 
 // rnrDelayUS is the IB RNR NAK timer encoding in microseconds (code 0 is
