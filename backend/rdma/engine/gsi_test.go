@@ -360,7 +360,10 @@ func TestDMAMRUDReceive(t *testing.T) {
 // FuzzDecodeSend decodes random send WQEs for RC and UD QPs (AV
 // included): a WQE that decodes keeps its SGEs or inline data inside the
 // stride after the header (after the AV with AV), has AV only on UD and
-// then no AH, and its SGEs are what the bytes hold.
+// then no AH, and its SGEs are what the bytes hold. A BIND_MW or REG_MR
+// WQE decodes only on RC, with SIGNALED and FENCE at most, reserved
+// bytes zero and its fields where the bytes hold them; the memory
+// opcodes and SEND_WITH_INV never decode on UD.
 func FuzzDecodeSend(f *testing.F) {
 	wqe := make([]byte, 128)
 	encodeSend(wqe, &abi.SendWQE{WRID: 1, Opcode: abi.WROpSend, Flags: abi.WRFlagSignaled | abi.WRFlagAV, NumSGE: 2, RemoteQPN: 1, RemoteQKey: abi.QKeyUseQP})
@@ -370,10 +373,32 @@ func FuzzDecodeSend(f *testing.F) {
 	rc := make([]byte, 128)
 	encodeSend(rc, &abi.SendWQE{WRID: 2, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagInline, InlineLen: 64})
 	f.Add(rc, false)
+	f.Add(abi.Marshal(&abi.BindMWWQE{WRID: 3, Opcode: abi.WROpBindMW, Flags: abi.WRFlagSignaled, MW: 0x1201, NewRKey: 0x1202,
+		LKey: 0x3401, Addr: 0x1000, Length: 64, Access: abi.AccessRemoteRead}), false)
+	f.Add(abi.Marshal(&abi.RegMRWQE{WRID: 4, Opcode: abi.WROpRegMR, MR: 0x1201, NewKey: 0x1202, IOVA: 0x1000,
+		Length: 64, PageList: 0x2000, NPages: 1, PageShift: 12}), false)
+	inv := make([]byte, 64)
+	encodeSend(inv, &abi.SendWQE{WRID: 5, Opcode: abi.WROpLocalInv, ImmData: 0x1202})
+	f.Add(inv, false)
 	f.Fuzz(func(t *testing.T, b []byte, ud bool) {
 		var sges [maxSendSGEs]abi.SGE
 		w, ok := decodeSend(b, ud, qpSGE, qpInl, sges[:])
 		if !ok {
+			return
+		}
+		if ud && w.opcode != abi.WROpSend && w.opcode != abi.WROpSendWithImm {
+			t.Fatalf("opcode %d decoded on UD", w.opcode)
+		}
+		if w.opcode == abi.WROpBindMW || w.opcode == abi.WROpRegMR {
+			le := binary.LittleEndian
+			m := &w.mem
+			if w.flags&^memFlags != 0 || w.numSGE != 0 || m.key != le.Uint32(b[12:]) || m.addr != le.Uint64(b[16:]) ||
+				m.newKey != le.Uint32(b[24:]) || m.length != le.Uint64(b[32:]) {
+				t.Fatalf("memory WQE decoded wrong: %+v", w)
+			}
+			if w.opcode == abi.WROpRegMR && (m.pageList != le.Uint64(b[40:]) || le.Uint64(b[56:]) != 0) {
+				t.Fatalf("REG_MR WQE decoded wrong: %+v", w)
+			}
 			return
 		}
 		off := abi.SendWQEHdrSize
