@@ -174,7 +174,7 @@ func TestFastRegErrors(t *testing.T) {
 		{"stale key byte", func(w *abi.RegMRWQE, n *node, list abi.GPA) { w.MR = nextKey(w.MR) }},
 		{"an ordinary MR", func(w *abi.RegMRWQE, n *node, list abi.GPA) { w.MR, w.NewKey = mrKey, mrKey }},
 		{"npages formula", func(w *abi.RegMRWQE, n *node, list abi.GPA) { w.NPages = 4 }},
-		{"over max_pages", func(w *abi.RegMRWQE, n *node, list abi.GPA) { w.Length, w.NPages = 5 * abi.PageSize, 6 }},
+		{"over max_pages", func(w *abi.RegMRWQE, n *node, list abi.GPA) { w.Length, w.NPages = 5*abi.PageSize, 6 }},
 		{"page_shift", func(w *abi.RegMRWQE, n *node, list abi.GPA) { w.PageShift = 11 }},
 		{"length zero", func(w *abi.RegMRWQE, n *node, list abi.GPA) { w.Length = 0 }},
 		{"length overflows", func(w *abi.RegMRWQE, n *node, list abi.GPA) { w.IOVA = ^uint64(0) - 10 }},
