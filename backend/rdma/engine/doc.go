@@ -88,6 +88,23 @@
 // translated through it at each access (MR.Range); MR.Remote refuses it
 // to every remote access (remoteMR, netQP.Resolve).
 //
+// # Memory windows and fast registration
+//
+// An MW (mw.go) and an ALLOC_MR MR (FRMR) are found by their key's index
+// (bits 8–31) and honoured only with their current key byte. BIND_MW,
+// REG_MR and LOCAL_INV WQEs (memops.go) run on the QP's own device in
+// send queue order (a network QP's after its outstanding WQEs); a
+// fast registration is an MR (MR.Fast) built from the page list when the
+// WQE runs, pinning nothing and checked against the current table as a
+// DMA MR is. The state of either object is an immutable value swapped
+// under its mu; the data path loads it without a lock, and key cache
+// entries stay valid only while it is unchanged (keyCache). A window
+// counts in its MR (MR.windows): DEREG_MR is BUSY and a fast registration
+// is not invalidated while one is bound. remoteKey resolves an rkey for
+// the same-host responder and for netQP.Resolve alike; SEND_WITH_INV is
+// answered by the same-host responder only (the RC transport has no
+// IETH).
+//
 // Non-goals: the control commands and their validation (backend/rdma),
 // doorbell-queue notification suppression and the worker loop (the caller
 // of Poll), SRQs, UD, the GSI QP or DMA MRs on a host NIC, the wire protocol
@@ -214,7 +231,10 @@
 //	QP.mu       (state and attributes)
 //	CQ.mu
 //	QP.ciMu     (a leaf: the record's consumer indices, ci.go)
-//	RNIC.mu, Fabric.mu (leaves but for Fabric.qpnMu, taken under RNIC.mu)
+//	RNIC.mu, Fabric.mu (leaves but for Fabric.qpnMu, taken under RNIC.mu,
+//	            and MW.mu and FRMR.mu, taken under RNIC.mu by DeregMR)
+//	MW.mu, FRMR.mu (a window's or ALLOC_MR MR's state changes)
+//	MR.bindMu   (a leaf: the windows bound in an MR)
 //
 // A requester holds its own sqMu and then the peer QP's rqMu; nobody waits
 // for an sqMu while holding an rqMu, so two engines sending to each other
