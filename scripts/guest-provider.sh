@@ -48,6 +48,11 @@ readonly OUT_DIR="$REPO_ROOT/bin/guest-stack"
 readonly OUT_SO="$OUT_DIR/libvrdma-rdmav${PABI}.so"
 readonly OUT_DRIVER="$OUT_DIR/vrdma.driver"
 readonly STAMP="$OUT_DIR/.provider-stamp"
+# The memory-window check the stack image runs (guest/mwcheck): a plain
+# libibverbs program, built against Debian 12's libibverbs-dev, the library
+# it runs with in the guest.
+readonly MWCHECK_SRC="$REPO_ROOT/guest/mwcheck/vrdma_mw_check.c"
+readonly OUT_MWCHECK="$OUT_DIR/vrdma-mw-check"
 readonly CACHE_ROOT="${VRDMA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vrdma}/rdma-core"
 readonly SYSTEM_LIBIBVERBS=/usr/lib/x86_64-linux-gnu/libibverbs.so.1
 
@@ -214,7 +219,8 @@ inputs_hash() {
 		printf '%s\n' "${CMAKE_ARGS[@]}" "${CFLAGS[@]}" "${LDFLAGS[@]}"
 		cc --version 2>/dev/null | head -n 1 || true
 		dpkg-query -W -f='${Package} ${Version}\n' libibverbs1 2>/dev/null || true
-		sha256sum "${BASH_SOURCE[0]}" "$ABI_HEADER" "$SRC_DIR"/*.c "$SRC_DIR"/*.h "$SRC_DIR"/vrdma.driver | cut -d' ' -f1
+		sha256sum "${BASH_SOURCE[0]}" "$ABI_HEADER" "$SRC_DIR"/*.c "$SRC_DIR"/*.h "$SRC_DIR"/vrdma.driver \
+			"$MWCHECK_SRC" | cut -d' ' -f1
 	} | sha256sum | cut -d' ' -f1
 }
 
@@ -270,6 +276,8 @@ build() {
 	check_symbols "$OUT_SO.tmp"
 	mv -f "$OUT_SO.tmp" "$OUT_SO"
 	install -m 0644 "$SRC_DIR/vrdma.driver" "$OUT_DRIVER"
+	run cc -O2 -g -Wall -Wextra -Werror -o "$OUT_MWCHECK.tmp" "$MWCHECK_SRC" -libverbs
+	mv -f "$OUT_MWCHECK.tmp" "$OUT_MWCHECK"
 	rm -rf "$gen"
 	trap - EXIT
 }
@@ -290,7 +298,7 @@ main() {
 
 	local want
 	want=$(inputs_hash)
-	if [[ -f "$OUT_SO" && -f "$OUT_DRIVER" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+	if [[ -f "$OUT_SO" && -f "$OUT_DRIVER" && -f "$OUT_MWCHECK" && -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
 		log "up to date: $OUT_SO"
 		return
 	fi
