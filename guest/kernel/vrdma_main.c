@@ -57,14 +57,14 @@
  * context. stop_mutex is taken alone.
  *
  * Kernel consumers (vrdma_kverbs.c): when the device serves a GSI QP
- * (config device_caps), kernel CQs, the GSI QP and kernel UD QPs, kernel
- * AHs and the DMA MR behind a kernel PD's local_dma_lkey, so that ib_mad,
- * ib_cm and rdma_cm run over the port.
+ * (config device_caps), kernel CQs, the GSI QP, kernel UD and RC QPs with
+ * fast registration, kernel AHs and the DMA MR behind a kernel PD's
+ * local_dma_lkey, so that ib_mad, ib_cm, rdma_cm and the kernel's ULPs
+ * (NVMe over RDMA) run over the port. Memory windows for user space.
  *
- * Not supported: kernel RC QPs, kernel SRQs, fast registration (ULPs
- * such as NFS/RDMA and NVMe-oF), QP types other than RC, UD and GSI, XRC
- * and tag-matching SRQs, SRQ resizing, memory windows, ODP, resize_cq,
- * virtio-mmio, vIOMMU, suspend/resume.
+ * Not supported: kernel SRQs, memory windows of kernel consumers, QP types
+ * other than RC, UD and GSI, XRC and tag-matching SRQs, SRQ resizing, ODP,
+ * resize_cq, virtio-mmio, vIOMMU, suspend/resume.
  */
 #include <linux/etherdevice.h>
 #include <linux/module.h>
