@@ -330,19 +330,28 @@ static bool vrdma_kcqe_to_wc(struct vrdma_dev *dev, struct vrdma_cq *cq,
 {
 	u32 qpn = le32_to_cpu(c->qp_num);
 	u16 flags = le16_to_cpu(c->wc_flags);
+	unsigned long irqflags;
 	struct vrdma_qp *qp;
-	bool ok;
+	bool ok, mine;
 
 	memset(wc, 0, sizeof(*wc));
 	wc->opcode = vrdma_wc_opcode(c->opcode, &ok);
+	/*
+	 * Under the xarray's lock, which destroy_qp takes to erase the QP
+	 * before the core frees it: the QP is looked at only while it lives.
+	 */
+	xa_lock_irqsave(&dev->qp_xa, irqflags);
 	qp = xa_load(&dev->qp_xa, qpn);
+	mine = qp && (wc->opcode & IB_WC_RECV ?
+		      qp->ibqp.recv_cq == &cq->ibcq :
+		      qp->ibqp.send_cq == &cq->ibcq);
+	xa_unlock_irqrestore(&dev->qp_xa, irqflags);
 	if (!qp || !ok) {
 		ibdev_dbg(&dev->ibdev, "CQ %#x: entry for QP %#x opcode %u skipped\n",
 			  cq->cqn, qpn, c->opcode);
 		return false;
 	}
-	if (wc->opcode & IB_WC_RECV ? qp->ibqp.recv_cq != &cq->ibcq :
-				      qp->ibqp.send_cq != &cq->ibcq) {
+	if (!mine) {
 		ibdev_err_ratelimited(&dev->ibdev,
 				      "CQ %#x: entry of QP %#x, which does not use it\n",
 				      cq->cqn, qpn);

@@ -53,6 +53,7 @@
  *
  * Lock order: cmd_mutex -> ctrl_lock; uctx->lock -> (mmap xarray);
  * event_lock -> cq_xa/qp_xa/srq_xa lock -> uverbs' event queue locks;
+ * a kernel CQ's lock -> qp_xa lock (poll_cq finds a CQE's QP);
  * rtnl -> netdev_lock; lock (flags, reprobe) is a leaf taken in any
  * context. stop_mutex is taken alone.
  *
