@@ -106,3 +106,38 @@ func TestStackMPI(t *testing.T) {
 		t.Log(out)
 	}
 }
+
+// TestStackLibfabric (issue 27): libfabric 1.17 (Debian 12's libfabric-bin,
+// unmodified) over vrdma: fi_info -p verbs lists vrdma0 as a verbs domain
+// on both guests, and fabtests' fi_pingpong runs over "verbs;ofi_rxm" (RDM
+// endpoints on RC QPs that rdma_cm connects) between the two guests, every
+// size from 64 B to 6 MiB with 100 round trips each, and both sides report
+// the last size (guest/vrdma-middleware's libfabric suite).
+func TestStackLibfabric(t *testing.T) {
+	vmtest := needStack(t)
+	out, code := vmtestRun(t, vmtest, 6*time.Minute, "exec-pair",
+		"--server", "vrdma-middleware server libfabric",
+		"--client", "vrdma-middleware client libfabric {server}")
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	for _, want := range []string{"client| VRDMA-SUITE ok", "server| VRDMA-SUITE ok"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	for _, role := range []string{"server", "client"} {
+		if !regexp.MustCompile(`(?m)^` + role + `\|\s+domain: vrdma0$`).MatchString(out) {
+			t.Errorf("%s: fi_info -p verbs does not list domain vrdma0", role)
+		}
+		// fi_pingpong's result line for its largest size: size, iterations,
+		// "=100", bytes, time, MB/s, usec/xfer, Mxfers/s.
+		if !regexp.MustCompile(`(?m)^` + role + `\| 6m\s+100\s+=100\s+\S+\s+[0-9.]+s\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+$`).MatchString(out) {
+			t.Errorf("%s: no fi_pingpong result line for 6 MiB", role)
+		}
+	}
+	checkGuestsClean(t, out, 2)
+	if t.Failed() {
+		t.Log(out)
+	}
+}
