@@ -6,8 +6,9 @@
 // it.
 //
 // It does not open sockets, keep QP state, retransmit, or decide what to
-// send: the engine's transport does. It implements the RC opcodes only (no
-// UC, UD, RD, XRC, CNP, SEND_WITH_INVALIDATE, FLUSH or ATOMIC_WRITE).
+// send: the engine's transport does. It implements the RC opcodes
+// (SEND_WITH_INVALIDATE and its IETH included) and the two UD SEND opcodes;
+// no UC, RD, XRC, CNP, FLUSH or ATOMIC_WRITE.
 //
 // # Decoding
 //

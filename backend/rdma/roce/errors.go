@@ -13,8 +13,8 @@ var (
 	// requires plus the 4-byte ICRC.
 	ErrTruncated = errors.New("roce: packet truncated")
 	// ErrOpcode: the BTH opcode is not one of the RC opcodes this codec
-	// implements (UC, UD, RD, CNP, SEND_WITH_INV, FLUSH, ATOMIC_WRITE and
-	// the reserved values are all refused).
+	// implements (UC, RD, CNP, FLUSH, ATOMIC_WRITE and the reserved
+	// values are all refused).
 	ErrOpcode = errors.New("roce: unsupported opcode")
 	// ErrVersion: the BTH transport header version (TVer) is not 0.
 	ErrVersion = errors.New("roce: unsupported transport header version")

@@ -4,8 +4,8 @@ import "fmt"
 
 // Opcode is the 8-bit BTH opcode. The top three bits are the transport
 // (0b000 for RC, 0b011 for UD); this codec implements the RC opcodes below,
-// the set Linux rdma_rxe uses for RC QPs without memory windows, FLUSH or
-// ATOMIC_WRITE, and the two UD opcodes (docs/wire.md § UD).
+// the set Linux rdma_rxe uses for RC QPs without FLUSH or ATOMIC_WRITE, and
+// the two UD opcodes (docs/wire.md § UD).
 type Opcode uint8
 
 // RC opcodes (IBA Vol 1 chapter 9, the BTH OpCode field; the same values
@@ -32,6 +32,10 @@ const (
 	OpAtomicAcknowledge      Opcode = 0x12
 	OpCompareSwap            Opcode = 0x13
 	OpFetchAdd               Opcode = 0x14
+	// SEND with invalidate: the last (or only) packet of a SEND carries
+	// the IETH; the packets before it are plain SEND_FIRST/MIDDLE.
+	OpSendLastWithInvalidate Opcode = 0x16
+	OpSendOnlyWithInvalidate Opcode = 0x17
 )
 
 // UD opcodes (IB_OPCODE_UD_*): a datagram is one packet, BTH then DETH.
@@ -45,10 +49,11 @@ const (
 const transportUD = 0b011
 
 // Ext is a set of extension transport headers. On the wire they follow the
-// BTH in this order: DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt (the
-// order of rxe_opcode.c's offsets: RDMA_WRITE_ONLY_WITH_IMMEDIATE is BTH
-// RETH ImmDt, ATOMIC_ACKNOWLEDGE is BTH AETH AtomicAckETH, UD
-// SEND_ONLY_WITH_IMMEDIATE is BTH DETH ImmDt).
+// BTH in this order: DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH
+// (the order of rxe_opcode.c's offsets: RDMA_WRITE_ONLY_WITH_IMMEDIATE is
+// BTH RETH ImmDt, ATOMIC_ACKNOWLEDGE is BTH AETH AtomicAckETH, UD
+// SEND_ONLY_WITH_IMMEDIATE is BTH DETH ImmDt; the IETH travels alone, after
+// the BTH of SEND_LAST/ONLY_WITH_INVALIDATE).
 type Ext uint8
 
 // Extension headers.
@@ -59,6 +64,7 @@ const (
 	ExtAtomicAckETH                 // atomic ACK extended transport header, 8 bytes
 	ExtImmDt                        // immediate data, 4 bytes
 	ExtDETH                         // datagram extended transport header, 8 bytes (UD)
+	ExtIETH                         // invalidate extended transport header, 4 bytes (the R_Key)
 )
 
 // Header sizes in bytes.
@@ -70,6 +76,7 @@ const (
 	AtomicAckETHLen = 8
 	ImmDtLen        = 4
 	DETHLen         = 8
+	IETHLen         = 4
 	ICRCLen         = 4
 )
 
@@ -127,6 +134,8 @@ var opTable = completeOps([256]opInfo{
 	OpAtomicAcknowledge:      {name: "ATOMIC_ACKNOWLEDGE", ext: ExtAETH | ExtAtomicAckETH, seg: SegmentOnly},
 	OpCompareSwap:            {name: "COMPARE_SWAP", ext: ExtAtomicETH, seg: SegmentOnly},
 	OpFetchAdd:               {name: "FETCH_ADD", ext: ExtAtomicETH, seg: SegmentOnly},
+	OpSendLastWithInvalidate: {name: "SEND_LAST_WITH_INVALIDATE", ext: ExtIETH, payload: true, seg: SegmentLast},
+	OpSendOnlyWithInvalidate: {name: "SEND_ONLY_WITH_INVALIDATE", ext: ExtIETH, payload: true, seg: SegmentOnly},
 
 	OpUDSendOnly:              {name: "UD_SEND_ONLY", ext: ExtDETH, payload: true, seg: SegmentOnly},
 	OpUDSendOnlyWithImmediate: {name: "UD_SEND_ONLY_WITH_IMMEDIATE", ext: ExtDETH | ExtImmDt, payload: true, seg: SegmentOnly},
@@ -165,6 +174,9 @@ func (e Ext) Len() int {
 	}
 	if e&ExtDETH != 0 {
 		n += DETHLen
+	}
+	if e&ExtIETH != 0 {
+		n += IETHLen
 	}
 	return n
 }

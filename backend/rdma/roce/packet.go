@@ -47,6 +47,9 @@ type Packet struct {
 	// wire bytes are opaque to IBA, and verbs hand them to applications in
 	// network byte order.
 	ImmDt uint32
+	// IETH is the R_Key a SEND with invalidate asks the responder to
+	// invalidate (ExtIETH), as a number.
+	IETH uint32
 	// Payload is the payload without pad and ICRC; nil or empty for opcodes
 	// without payload.
 	Payload []byte
@@ -149,6 +152,10 @@ func Parse(b []byte) (Packet, error) {
 	if info.ext&ExtImmDt != 0 {
 		p.ImmDt = binary.BigEndian.Uint32(b[off:])
 		off += ImmDtLen
+	}
+	if info.ext&ExtIETH != 0 {
+		p.IETH = binary.BigEndian.Uint32(b[off:])
+		off += IETHLen
 	}
 	if info.payload {
 		p.Payload = b[off : off+n : off+n]
@@ -268,6 +275,9 @@ func (p *Packet) appendHeaders(dst []byte, pad int) []byte {
 	}
 	if info.ext&ExtImmDt != 0 {
 		dst = binary.BigEndian.AppendUint32(dst, p.ImmDt)
+	}
+	if info.ext&ExtIETH != 0 {
+		dst = binary.BigEndian.AppendUint32(dst, p.IETH)
 	}
 	return dst
 }

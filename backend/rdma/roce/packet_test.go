@@ -42,6 +42,9 @@ func samplePacket(op Opcode, n int) Packet {
 	if ext&ExtDETH != 0 {
 		p.DETH = DETH{QKey: 0x80010203, SrcQP: 0x123456}
 	}
+	if ext&ExtIETH != 0 {
+		p.IETH = 0x00c0ff1e
+	}
 	if op.HasPayload() {
 		p.Payload = payloadBytes(n)
 	}
@@ -136,7 +139,7 @@ func TestOpcodeTable(t *testing.T) {
 		OpWriteLast: 12, OpWriteLastWithImmediate: 16, OpWriteOnly: 28, OpWriteOnlyWithImmediate: 32,
 		OpReadRequest: 28, OpReadResponseFirst: 16, OpReadResponseMiddle: 12, OpReadResponseLast: 16,
 		OpReadResponseOnly: 16, OpAcknowledge: 16, OpAtomicAcknowledge: 24, OpCompareSwap: 40,
-		OpFetchAdd:   40,
+		OpFetchAdd: 40, OpSendLastWithInvalidate: 16, OpSendOnlyWithInvalidate: 16,
 		OpUDSendOnly: 20, OpUDSendOnlyWithImmediate: 24,
 	}
 	for _, op := range testOpcodes {
@@ -149,7 +152,7 @@ func TestOpcodeTable(t *testing.T) {
 			t.Errorf("%v: got HasPayload %t", op, op.HasPayload())
 		}
 	}
-	for _, op := range []Opcode{0x15, 0x16, 0x17, 0x1c, 0x1d, 0x20, 0x24, 0x60, 0x66, 0x81, 0xff} {
+	for _, op := range []Opcode{0x15, 0x18, 0x19, 0x1c, 0x1d, 0x20, 0x24, 0x60, 0x66, 0x81, 0xff} {
 		if op.Valid() || op.HeaderLen() != 0 || op.HasPayload() || op.Ext() != 0 {
 			t.Errorf("%v: got valid", op)
 		}
@@ -159,6 +162,39 @@ func TestOpcodeTable(t *testing.T) {
 	}
 	if got := Opcode(0x81).String(); got != "Opcode(0x81)" {
 		t.Errorf("got %q", got)
+	}
+}
+
+// TestIETHLayout pins the bytes of SEND_ONLY_WITH_INVALIDATE as rxe lays
+// them out (rxe_opcode.c: the IETH at offset 12, the payload at 16): the
+// R_Key big-endian right after the BTH, then the payload and its pad.
+func TestIETHLayout(t *testing.T) {
+	p := Packet{BTH: BTH{Opcode: OpSendOnlyWithInvalidate, PKey: 0xffff, DestQP: 0x11, AckReq: true, PSN: 7},
+		IETH: 0x12345678, Payload: []byte{0xaa, 0xbb, 0xcc}}
+	b := encode(t, p)
+	want := []byte{
+		0x17, 0x10, 0xff, 0xff, 0, 0, 0, 0x11, 0x80, 0, 0, 7, // BTH, pad count 1
+		0x12, 0x34, 0x56, 0x78, // IETH
+		0xaa, 0xbb, 0xcc, 0, // payload, pad
+		0, 0, 0, 0, // ICRC placeholder
+	}
+	if !bytes.Equal(b, want) {
+		t.Fatalf("got  % x\nwant % x", b, want)
+	}
+	got, err := Parse(b)
+	if err != nil || got.IETH != 0x12345678 || !bytes.Equal(got.Payload, p.Payload) {
+		t.Fatalf("Parse: got IETH %#x payload % x, %v", got.IETH, got.Payload, err)
+	}
+	// Without room for the IETH the packet is truncated, not a SEND.
+	if _, err := Parse(b[:BTHLen+ICRCLen]); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("IETH missing: got %v, want ErrTruncated", err)
+	}
+	// Only the SEND opcodes that end a message carry it.
+	for _, op := range testOpcodes {
+		inv := op == OpSendLastWithInvalidate || op == OpSendOnlyWithInvalidate
+		if (op.Ext()&ExtIETH != 0) != inv {
+			t.Errorf("%v: IETH %t", op, !inv)
+		}
 	}
 }
 
@@ -189,7 +225,7 @@ func TestParseErrors(t *testing.T) {
 		{"empty", nil, ErrTruncated},
 		{"15 bytes", send[:15], ErrTruncated},
 		{"reserved RC opcode", mutate(send, func(b []byte) []byte { b[0] = 0x15; return b }), ErrOpcode},
-		{"SEND_ONLY_WITH_INVALIDATE", mutate(send, func(b []byte) []byte { b[0] = 0x17; return b }), ErrOpcode},
+		{"FLUSH", mutate(send, func(b []byte) []byte { b[0] = 0x18; return b }), ErrOpcode},
 		{"UC SEND_ONLY", mutate(send, func(b []byte) []byte { b[0] = 0x24; return b }), ErrOpcode},
 		{"CNP", mutate(send, func(b []byte) []byte { b[0] = 0x81; return b }), ErrOpcode},
 		{"TVer 1", mutate(send, func(b []byte) []byte { b[1] |= 1; return b }), ErrVersion},

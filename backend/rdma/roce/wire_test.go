@@ -209,7 +209,8 @@ func TestTsharkDissection(t *testing.T) {
 	fields := []string{"infiniband.bth.opcode", "infiniband.bth.destqp", "infiniband.bth.psn",
 		"infiniband.bth.padcnt", "infiniband.invariant.crc", "infiniband.reth.va",
 		"infiniband.aeth.syndrome", "infiniband.aeth.msn", "infiniband.atomiceth.swapdt",
-		"infiniband.atomicacketh.origremdt", "infiniband.deth.q_key", "infiniband.deth.srcqp", "_ws.col.Info"}
+		"infiniband.atomicacketh.origremdt", "infiniband.deth.q_key", "infiniband.deth.srcqp", "infiniband.ieth",
+		"_ws.col.Info"}
 	args := append(base, "-T", "fields", "-E", "separator=|")
 	for _, f := range fields {
 		args = append(args, "-e", f)
@@ -241,6 +242,9 @@ func TestTsharkDissection(t *testing.T) {
 			ifExt(ext, ExtAtomicAckETH, fmt.Sprint(p.AtomicAckETH.OrigData)),
 			ifExt(ext, ExtDETH, fmt.Sprintf("0x%016x", p.DETH.QKey)),
 			ifExt(ext, ExtDETH, fmt.Sprintf("0x%08x", p.DETH.SrcQP)),
+			// Wireshark 4.0 names both the IETH subtree and its R_Key
+			// infiniband.ieth: the 4 bytes twice.
+			ifExt(ext, ExtIETH, fmt.Sprintf("%08x,%08x", p.IETH, p.IETH)),
 		}
 		got := strings.Split(line, "|")
 		if len(got) != len(fields) {
@@ -272,7 +276,8 @@ var wiresharkNames = [...]string{
 	"RDMA Write Last Immediate", "RDMA Write Only", "RDMA Write Only Immediate",
 	"RDMA Read Request", "RDMA Read Response First", "RDMA Read Response Middle",
 	"RDMA Read Response Last", "RDMA Read Response Only", "Acknowledge",
-	"Atomic Acknowledge", "Compare Swap", "Fetch Add",
+	"Atomic Acknowledge", "Compare Swap", "Fetch Add", "Resync",
+	"Send Last Invalidate", "Send Only Invalidate",
 }
 
 // wiresharkName is op's name in Wireshark's dissector: the RC names by
