@@ -101,9 +101,9 @@
 // entries stay valid only while it is unchanged (keyCache). A window
 // counts in its MR (MR.windows): DEREG_MR is BUSY and a fast registration
 // is not invalidated while one is bound. remoteKey resolves an rkey for
-// the same-host responder and for netQP.Resolve alike; SEND_WITH_INV is
-// answered by the same-host responder only (the RC transport has no
-// IETH).
+// the same-host responder and for netQP.Resolve alike, and invalidate
+// answers SEND_WITH_INV for both (sendInv; netQP.Invalidate, which the RC
+// transport calls for a SEND_LAST/ONLY_WITH_INVALIDATE's IETH).
 //
 // Non-goals: the control commands and their validation (backend/rdma),
 // doorbell-queue notification suppression and the worker loop (the caller

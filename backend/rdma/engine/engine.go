@@ -348,14 +348,16 @@ func (q *QP) postNet(t *memmap.Table, nq *netQP, w *sendWQE, sc *scratch, ok boo
 			return q.runMem(t, w, sc), false
 		}
 		return outcome{rnr: true}, false
-	case ok && w.opcode == abi.WROpSendWithInv:
-		// The RoCEv2 transport has no IETH (docs/spec.md § Memory
-		// windows and fast registration): refused, not sent as a SEND.
 	case ok:
 		lsge, lmr, total, st = q.checkLocal(t, w, sc)
 	}
-	if st == abi.WCSuccess && !nq.post(w, sc, lsge, lmr, total) {
-		return outcome{n: total}, true
+	if st == abi.WCSuccess {
+		switch nq.post(w, sc, lsge, lmr, total) {
+		case netPosted:
+			return outcome{n: total}, true
+		case netRefused:
+			st = abi.WCLocQPOpErr
+		}
 	}
 	if st == abi.WCSuccess || nq.outstanding() {
 		// Completions keep posting order: a local failure waits for

@@ -295,6 +295,13 @@ func killKeyed(mws []*MW, frs []*FRMR) {
 	}
 }
 
+// Invalidate answers the IETH of a SEND with invalidate from the network
+// (rc.Host): the same-host responder's rule (sendInv), with this QP as the
+// responder.
+func (n *netQP) Invalidate(rkey uint32, commit bool) bool {
+	return n.q.Dev != nil && n.q.Dev.invalidate(rkey, n.q, true, commit)
+}
+
 // invalidate frees what key names for an invalidation from QP q: "the
 // type 2 MW bound to a QP of the same PD, or the registered
 // fast-registration MR of that PD, whose current key is" key (LOCAL_INV);

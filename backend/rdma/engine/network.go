@@ -138,11 +138,18 @@ func rtsConfig(a *abi.QPAttr) rc.Config {
 	}
 }
 
+// postResult is what the transport made of a WQE (netQP.post).
+type postResult uint8
+
+const (
+	netPosted  postResult = iota
+	netHeld               // the transport cannot take it now: it stays at the head; a completion kicks the QP
+	netRefused            // the transport cannot carry it (rc.ErrWR): it fails with LOC_QP_OP_ERR
+)
+
 // post hands the validated WQE w (its local SGEs checked: lsge, lmr, total)
-// to the transport. It returns held when the transport cannot take it now
-// (the WQE stays at the head; a completion kicks the QP), else posted.
-// Precondition: sqMu held.
-func (n *netQP) post(w *sendWQE, sc *scratch, lsge []abi.SGE, lmr []*MR, total uint64) (held bool) {
+// to the transport. Precondition: sqMu held.
+func (n *netQP) post(w *sendWQE, sc *scratch, lsge []abi.SGE, lmr []*MR, total uint64) postResult {
 	// Slot tail is free once the WQE posted len(slots) before it has
 	// completed: SendDone stores done after its last use of the slot.
 	// (sq_ci advanced when that WQE was posted, so the driver may have
@@ -150,7 +157,7 @@ func (n *netQP) post(w *sendWQE, sc *scratch, lsge []abi.SGE, lmr []*MR, total u
 	if n.tail-n.done.Load() >= uint64(len(n.slots)) {
 		n.waiting.Store(true) // before looking again: a completion now kicks
 		if n.tail-n.done.Load() >= uint64(len(n.slots)) {
-			return true
+			return netHeld
 		}
 		n.waiting.Store(false)
 	}
@@ -179,6 +186,8 @@ func (n *netQP) post(w *sendWQE, sc *scratch, lsge []abi.SGE, lmr []*MR, total u
 		wr.Compare, wr.SwapAdd = w.compareAdd, w.swap
 	case abi.WROpAtomicFetchAdd:
 		wr.SwapAdd = w.compareAdd
+	case abi.WROpSendWithInv:
+		wr.Imm, wr.Invalidate = 0, w.imm // imm_data holds the key as a number
 	}
 	if total > 0 {
 		wr.Local = b
@@ -188,18 +197,17 @@ func (n *netQP) post(w *sendWQE, sc *scratch, lsge []abi.SGE, lmr []*MR, total u
 	case err == nil:
 		n.waiting.Store(false)
 		n.tail++
-		return false
+		return netPosted
 	case errors.Is(err, rc.ErrWR):
-		// Validated above: cannot happen; fail the WQE rather than
-		// hold it forever.
+		// A valid WQE the transport cannot carry (SEND_WITH_INV over
+		// the spray extension).
 		n.waiting.Store(false)
-		n.q.toErr(false)
-		return true
+		return netRefused
 	default:
 		// ErrQueueFull, or ErrState: RTS reached before Start (a race
 		// with MODIFY_QP) or the transport failed (its completion moved
 		// the QP to ERR).
-		return true
+		return netHeld
 	}
 }
 
@@ -371,6 +379,9 @@ func (n *netQP) RecvDone(c rc.RecvCompletion) {
 		}
 		if c.Write {
 			e.Opcode = abi.WCOpRecvRDMAWithImm
+		}
+		if c.WithInv {
+			e.WCFlags, e.ImmData = abi.WCFlagWithInv, c.InvRKey // a key: a number
 		}
 	}
 	n.completeOn(q.RecvCQ, &e, c.Solicited, false)

@@ -17,12 +17,13 @@ type discard struct {
 func (d *discard) Resolve(rkey uint32, va uint64, n uint32, a Access) (Region, bool) {
 	return d.mr, true
 }
-func (d *discard) TakeRecv() (Recv, bool)  { return d.recv, true }
-func (d *discard) RecvDone(RecvCompletion) {}
-func (d *discard) SendDone(Completion)     {}
-func (d *discard) Send([]byte)             { d.sent++ }
-func (d *discard) Flush()                  {}
-func (d *discard) Wake()                   {}
+func (d *discard) TakeRecv() (Recv, bool)       { return d.recv, true }
+func (d *discard) RecvDone(RecvCompletion)      {}
+func (d *discard) Invalidate(uint32, bool) bool { return true }
+func (d *discard) SendDone(Completion)          {}
+func (d *discard) Send([]byte)                  { d.sent++ }
+func (d *discard) Flush()                       {}
+func (d *discard) Wake()                        {}
 
 // TestNoAllocations: in steady state, neither the responder placing
 // WRITE and SEND packets and acknowledging them, nor the requester

@@ -25,7 +25,8 @@
 // # The protocol
 //
 //   - Requester: a work request is cut into PMTU packets (FIRST, MIDDLE,
-//     LAST or ONLY; RETH on the first WRITE packet, ImmDt on the last), a
+//     LAST or ONLY; RETH on the first WRITE packet, ImmDt or IETH on the
+//     last), a
 //     READ is one request that takes one PSN per response packet, an
 //     atomic one request. PSNs are 24-bit and wrap (roce.PSN). A packet
 //     asks for an ACK (AckReq) at the end of each message and every
@@ -41,7 +42,10 @@
 //     the expected PSN is dropped and NAKed with a PSN sequence error once
 //     per gap (again when the requester visibly starts over). A SEND, or a
 //     WRITE with immediate, without a posted receive gets an RNR NAK with
-//     Config.MinRNRTimer. Protocol violations (opcode out of order, lengths
+//     Config.MinRNRTimer. A SEND with invalidate has Host.Invalidate free
+//     the IETH's key when its last packet arrives (a one-packet message is
+//     checked before its receive is taken); a key it refuses is an invalid
+//     request. Protocol violations (opcode out of order, lengths
 //     against the RETH or the receive, bad rkey or range or access) are
 //     NAKed (invalid request, remote access, remote operational error) and
 //     put the QP in the error state. READ responses and atomic ACKs leave
@@ -98,7 +102,8 @@
 // that a long run leaves in large batches. Counters are atomics, read
 // without the lock.
 //
-// Non-goals: UC, UD, XRC, memory windows, SEND with invalidate. The
+// Non-goals: UC, UD, XRC; memory windows are the Host's (Resolve and
+// Invalidate see keys, the QP does not). The
 // multipath spray extension (docs/wire.md § 9) is package spray's, which
 // falls back to this package's QP for a peer that does not speak it.
 package rc

@@ -167,6 +167,9 @@ func FuzzReceive(f *testing.F) {
 	f.Add(seed(roce.Packet{BTH: roce.BTH{Opcode: roce.OpSendOnly, PSN: 0}, Payload: []byte{1, 2, 3, 4}},
 		roce.Packet{BTH: roce.BTH{Opcode: roce.OpWriteFirst, PSN: 1}, RETH: roce.RETH{VA: 0x10000, RKey: simRKey, DMALen: 3000}, Payload: make([]byte, 1024)}))
 	f.Add(seed(roce.Packet{BTH: roce.BTH{Opcode: roce.OpAcknowledge, PSN: 1}, AETH: roce.AETH{Syndrome: roce.RNRNAKSyndrome(3)}}))
+	f.Add(seed(roce.Packet{BTH: roce.BTH{Opcode: roce.OpSendFirst, PSN: 0}, Payload: make([]byte, 1024)},
+		roce.Packet{BTH: roce.BTH{Opcode: roce.OpSendLastWithInvalidate, PSN: 1}, IETH: simRKey, Payload: []byte{1}},
+		roce.Packet{BTH: roce.BTH{Opcode: roce.OpSendOnlyWithInvalidate, PSN: 2}, IETH: simRKey + 1}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s := newSim(t, Config{PMTU: roce.MTU1024, SQSize: 8, MaxDestRdAtomic: 4}, 1<<16)
 		a := s.a

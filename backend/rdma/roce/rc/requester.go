@@ -164,7 +164,7 @@ func (r *requester) pump(q *QP, budget int) int {
 			if a.BTH.Opcode.Ext()&roce.ExtRETH != 0 {
 				a.RETH = roce.RETH{VA: w.wr.RemoteAddr, RKey: w.wr.RKey, DMALen: w.wr.Length}
 			}
-			a.ImmDt = w.wr.Imm
+			a.ImmDt, a.IETH = w.wr.Imm, w.wr.Invalidate
 			a.BTH.SE = last && w.wr.Solicited
 			// Ask for an ACK at the end of a message and every
 			// quarter window (at most every ackEvery packets), so that
@@ -217,13 +217,16 @@ func sendOpcode(op WROpcode, length, off, n uint32) roce.Opcode {
 	default:
 		seg = 2
 	}
-	imm := op == WRSendWithImm || op == WRRDMAWriteWithImm
-	if op == WRSend || op == WRSendWithImm {
-		return [2][4]roce.Opcode{
-			{roce.OpSendOnly, roce.OpSendFirst, roce.OpSendMiddle, roce.OpSendLast},
-			{roce.OpSendOnlyWithImmediate, roce.OpSendFirst, roce.OpSendMiddle, roce.OpSendLastWithImmediate},
-		}[b2i(imm)][seg]
+	switch op {
+	case WRSend:
+		return [4]roce.Opcode{roce.OpSendOnly, roce.OpSendFirst, roce.OpSendMiddle, roce.OpSendLast}[seg]
+	case WRSendWithImm:
+		return [4]roce.Opcode{roce.OpSendOnlyWithImmediate, roce.OpSendFirst, roce.OpSendMiddle, roce.OpSendLastWithImmediate}[seg]
+	case WRSendWithInv:
+		// The IETH rides on the last packet only (rxe_opcode.c).
+		return [4]roce.Opcode{roce.OpSendOnlyWithInvalidate, roce.OpSendFirst, roce.OpSendMiddle, roce.OpSendLastWithInvalidate}[seg]
 	}
+	imm := op == WRRDMAWriteWithImm
 	return [2][4]roce.Opcode{
 		{roce.OpWriteOnly, roce.OpWriteFirst, roce.OpWriteMiddle, roce.OpWriteLast},
 		{roce.OpWriteOnlyWithImmediate, roce.OpWriteFirst, roce.OpWriteMiddle, roce.OpWriteLastWithImmediate},

@@ -109,7 +109,7 @@ func npkts(n uint32, pmtu roce.MTU) uint32 {
 
 func opClass(op roce.Opcode) msgKind {
 	switch {
-	case op <= roce.OpSendOnlyWithImmediate:
+	case op <= roce.OpSendOnlyWithImmediate, op == roce.OpSendLastWithInvalidate, op == roce.OpSendOnlyWithInvalidate:
 		return msgSend
 	case op <= roce.OpWriteOnlyWithImmediate:
 		return msgWrite
@@ -197,9 +197,23 @@ func (q *QP) rnr(p *roce.Packet) {
 }
 
 // recvSend places a SEND packet; false when it was refused (NAKed).
+//
+// A SEND with invalidate names its key in the IETH of its last packet, so
+// the responder checks and invalidates it when that packet arrives, before
+// placing that packet's payload (docs/spec.md, the network's form of "before
+// it places any data"). A one-packet message is checked before a receive
+// is taken, as on one host. A key that names nothing this QP may
+// invalidate is an invalid request: the receive is left to the flush of
+// the QP's error state (WR_FLUSH_ERR), whatever earlier packets of the
+// message placed in it.
 func (q *QP) recvSend(p *roce.Packet, seg roce.Segment, starts bool) bool {
 	r := &q.resp
+	inv := p.BTH.Opcode.Ext()&roce.ExtIETH != 0
 	if starts {
+		if inv && !q.host.Invalidate(p.IETH, false) {
+			q.nakFatal(p, roce.NAKInvalidRequest)
+			return false
+		}
 		rv, ok := q.host.TakeRecv()
 		if !ok {
 			q.rnr(p)
@@ -213,6 +227,10 @@ func (q *QP) recvSend(p *roce.Packet, seg roce.Segment, starts bool) bool {
 		q.nakFatal(p, roce.NAKInvalidRequest)
 		return false
 	}
+	if inv && !q.host.Invalidate(p.IETH, true) {
+		q.nakFatal(p, roce.NAKInvalidRequest)
+		return false
+	}
 	if n > 0 {
 		if err := r.recv.Buf.Scatter(r.recvOff, p.Payload); err != nil {
 			q.host.RecvDone(RecvCompletion{ID: r.recv.ID, Status: abi.WCLocProtErr})
@@ -223,7 +241,8 @@ func (q *QP) recvSend(p *roce.Packet, seg roce.Segment, starts bool) bool {
 	r.recvOff += n
 	if seg == roce.SegmentLast || seg == roce.SegmentOnly {
 		imm := p.BTH.Opcode == roce.OpSendLastWithImmediate || p.BTH.Opcode == roce.OpSendOnlyWithImmediate
-		q.host.RecvDone(RecvCompletion{ID: r.recv.ID, Status: abi.WCSuccess, ByteLen: r.recvOff, Imm: p.ImmDt, WithImm: imm, Solicited: p.BTH.SE})
+		q.host.RecvDone(RecvCompletion{ID: r.recv.ID, Status: abi.WCSuccess, ByteLen: r.recvOff, Imm: p.ImmDt, WithImm: imm,
+			Solicited: p.BTH.SE, WithInv: inv, InvRKey: p.IETH})
 		r.recv = Recv{}
 	}
 	return true

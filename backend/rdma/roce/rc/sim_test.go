@@ -110,6 +110,17 @@ func (h *host) TakeRecv() (Recv, bool) {
 	return r, true
 }
 
+// Invalidate frees the region (its rkey resolves nothing from then on).
+func (h *host) Invalidate(rkey uint32, commit bool) bool {
+	if h.mr == nil || rkey != h.mr.rkey {
+		return false
+	}
+	if commit {
+		h.mr = nil
+	}
+	return true
+}
+
 func (h *host) RecvDone(c RecvCompletion) { h.recvDone = append(h.recvDone, c) }
 func (h *host) SendDone(c Completion)     { h.sendDone = append(h.sendDone, c) }
 

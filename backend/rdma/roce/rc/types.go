@@ -44,12 +44,18 @@ const (
 	WRRDMARead         WROpcode = abi.WROpRDMARead
 	WRAtomicCmpSwp     WROpcode = abi.WROpAtomicCmpSwp
 	WRAtomicFetchAdd   WROpcode = abi.WROpAtomicFetchAdd
+	// WRSendWithInv is a SEND whose last packet names an R_Key the
+	// responder invalidates (SendWR.Invalidate, carried in the IETH).
+	WRSendWithInv WROpcode = abi.WROpSendWithInv
 )
 
-var wrNames = [...]string{"SEND", "SEND_WITH_IMM", "RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "RDMA_READ", "ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD"}
+// wrNames by opcode; "" marks the ABI's opcodes that are no transport
+// operation (LOCAL_INV, which the engine runs itself).
+var wrNames = [...]string{"SEND", "SEND_WITH_IMM", "RDMA_WRITE", "RDMA_WRITE_WITH_IMM", "RDMA_READ",
+	"ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD", "", "SEND_WITH_INV"}
 
 // Valid reports whether o is one of the opcodes above.
-func (o WROpcode) Valid() bool { return int(o) < len(wrNames) }
+func (o WROpcode) Valid() bool { return int(o) < len(wrNames) && wrNames[o] != "" }
 
 func (o WROpcode) String() string {
 	if o.Valid() {
@@ -87,6 +93,9 @@ type SendWR struct {
 	RKey       uint32
 	// Imm is the immediate data (big-endian number, as verbs hand it).
 	Imm uint32
+	// Invalidate is the R_Key a SEND_WITH_INV asks the responder to
+	// invalidate (a number, as every key).
+	Invalidate uint32
 	// Compare and SwapAdd are the atomic operands.
 	Compare, SwapAdd uint64
 	// Fence: start only when every earlier READ and atomic has completed.
@@ -156,6 +165,10 @@ type RecvCompletion struct {
 	// Solicited: the message's last packet had the BTH SE bit (a CQ armed
 	// for solicited completions fires).
 	Solicited bool
+	// WithInv: the message was a SEND with invalidate; InvRKey is the
+	// key its IETH named, which Host.Invalidate freed.
+	WithInv bool
+	InvRKey uint32
 }
 
 // Host is what a QP needs from the device it belongs to. Every method is
@@ -170,6 +183,14 @@ type Host interface {
 	TakeRecv() (r Recv, ok bool)
 	// RecvDone reports a receive completion.
 	RecvDone(c RecvCompletion)
+	// Invalidate answers the IETH of a SEND with invalidate: whether
+	// rkey names what a remote invalidation may free for this QP, and
+	// with commit, frees it. false makes the responder NAK with an
+	// invalid request (the requester's REM_INV_REQ_ERR). The responder
+	// checks (commit false) before it takes a receive for a one-packet
+	// message, so that an RNR NAK invalidates nothing, and commits once
+	// the receive is taken.
+	Invalidate(rkey uint32, commit bool) bool
 	// SendDone reports a send work request's completion.
 	SendDone(c Completion)
 }

@@ -316,6 +316,10 @@ func (c *Conn) Post(wr rc.SendWR) error {
 	if c.Mode() == Plain {
 		return c.qp.Post(wr)
 	}
+	if wr.Opcode == rc.WRSendWithInv {
+		// SPRAY_DATA has no op for it (docs/wire.md § 9.3).
+		return &rc.WRError{ID: wr.ID, Reason: "SEND_WITH_INV is not carried by the spray extension"}
+	}
 	if !c.tx.push(wr) {
 		return rc.ErrQueueFull
 	}
@@ -501,6 +505,12 @@ func (l *lockedHost) RecvDone(r rc.RecvCompletion) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.h.RecvDone(r)
+}
+
+func (l *lockedHost) Invalidate(rkey uint32, commit bool) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.h.Invalidate(rkey, commit)
 }
 
 func (l *lockedHost) SendDone(s rc.Completion) {

@@ -1,11 +1,17 @@
 package spray
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/vrdma/vrdma/backend/rdma/roce"
 	"github.com/vrdma/vrdma/backend/rdma/roce/rc"
+	"github.com/vrdma/vrdma/backend/rdma/roce/rc/rctest"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 func lo(a, b byte) netip.Addr { return netip.AddrFrom4([4]byte{127, 0, a, b}) }
@@ -80,5 +86,38 @@ func TestPlainPeerOfSpray(t *testing.T) {
 	}
 	if len(x.spray.Paths()) != 2 {
 		t.Fatalf("%d paths, want max(2, 2)", len(x.spray.Paths()))
+	}
+}
+
+// TestSendWithInvPlainPeer: SPRAY_DATA has no SEND_WITH_INV, so a Conn
+// that is not plain RC refuses one (rc.ErrWR: the engine completes it with
+// LOC_QP_OP_ERR); a plain peer's SEND_WITH_INV reaches a spray Conn as RC,
+// over UDP, and frees the key its IETH names.
+func TestSendWithInvPlainPeer(t *testing.T) {
+	a := listen(t, nil, 47953, lo(7, 1), lo(7, 2))
+	b := listen(t, nil, 47953, lo(8, 1), lo(8, 2))
+	x, y := connect(t, a, b, &Config{}, &Config{Plain: true}, rc.Config{PMTU: roce.MTU1024, RetryCnt: 7, RNRRetry: 7}, 1<<16)
+	err := x.conn.Post(rc.SendWR{ID: 1, Opcode: rc.WRSendWithInv, Invalidate: testRKey})
+	if !errors.Is(err, rc.ErrWR) {
+		t.Fatalf("SEND_WITH_INV on a %v Conn: got %v, want ErrWR", x.spray.Mode(), err)
+	}
+	data := random(3000, 9)
+	rb := make(rctest.Buf, 4096)
+	x.host.PostRecv(rc.Recv{ID: 7, Len: uint32(len(rb)), Buf: rb})
+	if err := y.conn.Post(rc.SendWR{ID: 2, Opcode: rc.WRSendWithInv, Length: 3000, Invalidate: testRKey, Local: rctest.Buf(data)}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s, err := y.host.TakeSends(ctx, 1)
+	if err != nil || s[0].Status != abi.WCSuccess {
+		t.Fatalf("send: %+v, %v", s, err)
+	}
+	r, err := x.host.TakeRecvs(ctx, 1)
+	if err != nil || r[0].Status != abi.WCSuccess || !r[0].WithInv || r[0].InvRKey != testRKey || r[0].ByteLen != 3000 || !bytes.Equal(rb[:3000], data) {
+		t.Fatalf("receive: %+v, %v", r, err)
+	}
+	if _, ok := x.host.Resolve(testRKey, testMRAddr, 8, rc.AccessRemoteRead); ok {
+		t.Fatal("the invalidated rkey still resolves")
 	}
 }

@@ -116,4 +116,5 @@ type nopHost struct{}
 func (nopHost) Resolve(uint32, uint64, uint32, rc.Access) (rc.Region, bool) { return nil, false }
 func (nopHost) TakeRecv() (rc.Recv, bool)                                   { return rc.Recv{}, false }
 func (nopHost) RecvDone(rc.RecvCompletion)                                  {}
+func (nopHost) Invalidate(uint32, bool) bool                                { return false }
 func (nopHost) SendDone(rc.Completion)                                      {}

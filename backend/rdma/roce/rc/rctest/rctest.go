@@ -170,6 +170,20 @@ func (h *Host) Resolve(rkey uint32, va uint64, length uint32, access rc.Access) 
 	return m, true
 }
 
+// Invalidate implements rc.Host: a SEND with invalidate may free any MR
+// the Host holds; a freed rkey resolves nothing from then on.
+func (h *Host) Invalidate(rkey uint32, commit bool) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.mrs[rkey] == nil {
+		return false
+	}
+	if commit {
+		delete(h.mrs, rkey)
+	}
+	return true
+}
+
 // TakeRecv implements rc.Host.
 func (h *Host) TakeRecv() (rc.Recv, bool) {
 	h.mu.Lock()
