@@ -314,6 +314,21 @@ func (r *request) sendInv(minRNR uint32) outcome {
 // gives back (abandon) if the WRITE fails.
 func (r *request) write(qpAccess uint32, rv *recvWQE) outcome {
 	w, sc := r.w, r.sc
+	// A zero-length WRITE names no memory: the responder checks neither
+	// R_Key nor address (InfiniBand, as rxe does; UCX flushes with one),
+	// only that the QP takes remote writes.
+	if r.total == 0 {
+		if qpAccess&abi.AccessRemoteWrite == 0 {
+			if rv != nil {
+				r.abandon(rv)
+			}
+			return r.remoteErr(abi.WCRemAccessErr)
+		}
+		if rv != nil {
+			r.recvDone(rv, abi.WCSuccess)
+		}
+		return succeeded(0)
+	}
 	mr := remoteMR(sc, r.pq, qpAccess, w.rkey, w.remoteAddr, r.total, abi.AccessRemoteWrite)
 	if mr == nil {
 		if rv != nil {
@@ -342,6 +357,13 @@ func (r *request) write(qpAccess uint32, rv *recvWQE) outcome {
 // read copies the remote range into the local SGEs.
 func (r *request) read(qpAccess uint32) outcome {
 	w, sc := r.w, r.sc
+	// As write: a zero-length READ names no memory.
+	if r.total == 0 {
+		if qpAccess&abi.AccessRemoteRead == 0 {
+			return r.remoteErr(abi.WCRemAccessErr)
+		}
+		return succeeded(0)
+	}
 	mr := remoteMR(sc, r.pq, qpAccess, w.rkey, w.remoteAddr, r.total, abi.AccessRemoteRead)
 	if mr == nil {
 		return r.remoteErr(abi.WCRemAccessErr)
