@@ -142,6 +142,14 @@ func (f *Fabric) claimQPN(d *RNIC, num uint32) bool {
 	return true
 }
 
+// qpnReserved reports whether any device holds or reserved QP num.
+func (f *Fabric) qpnReserved(num uint32) bool {
+	f.qpnMu.Lock()
+	defer f.qpnMu.Unlock()
+	_, ok := f.qpns[num]
+	return ok
+}
+
 // qpnTaken reports whether another device than d has a QP num.
 func (f *Fabric) qpnTaken(d *RNIC, num uint32) bool {
 	f.qpnMu.Lock()

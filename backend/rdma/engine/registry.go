@@ -114,6 +114,11 @@ func (d *RNIC) newQPN(bits uint) uint32 {
 		if d.takenLocked(KindQP, h) {
 			continue
 		}
+		// A number reserved and not yet added (by d too) is taken: the
+		// same device must not be handed one twice.
+		if d.fabric != nil && d.fabric.qpnReserved(h) {
+			continue
+		}
 		if d.fabric == nil || d.fabric.claimQPN(d, h) {
 			return h
 		}

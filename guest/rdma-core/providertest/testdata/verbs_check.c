@@ -685,10 +685,11 @@ static void check_qp_ex(void)
 	connect_to(&x, &y);
 	connect_to(&y, &x);
 
-	qattr.send_ops_flags = IBV_QP_EX_WITH_LOCAL_INV;
+	/* TSO is an operation the device does not have. */
+	qattr.send_ops_flags = IBV_QP_EX_WITH_TSO;
 	errno = 0;
 	bad_qp = ibv_create_qp_ex(ctx, &qattr);
-	CHECK(!bad_qp && errno == EOPNOTSUPP, "LOCAL_INV refused: errno %d",
+	CHECK(!bad_qp && errno == EOPNOTSUPP, "TSO refused: errno %d",
 	      errno);
 	if (bad_qp)
 		ibv_destroy_qp(bad_qp);
