@@ -692,7 +692,11 @@ static int vrdma_kwqe_send(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 		if (!ah->kernel)
 			return -EINVAL;
 	}
-	memset(w, 0, 1U << qp->sq_shift);
+	/*
+	 * The header (and AV) are what must hold zeros the WR leaves unset;
+	 * SGEs and inline bytes are written whole below.
+	 */
+	memset(w, 0, sizeof(*h) + (ud ? VRDMA_AV_SIZE : 0));
 	if (qp->sq_sig_all || (wr->send_flags & IB_SEND_SIGNALED))
 		flags |= VRDMA_WQE_SIGNALED;
 	if (wr->send_flags & IB_SEND_SOLICITED)
@@ -747,12 +751,40 @@ static int vrdma_kwqe_send(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 	return 0;
 }
 
+/*
+ * The slot of producer index @pi in a ring of @depth WQEs of 1 << @shift
+ * bytes, or NULL when the ring is full. *@ci is the caller's copy of the
+ * consumer index, read again from the record (@ci_p) only when the copy
+ * says full; an index the device moved past @pi reads as full, never as
+ * room to overwrite.
+ */
+static void *vrdma_kslot(void *ring, u32 depth, u8 shift, u32 pi, u32 *ci,
+			 const __le32 *ci_p)
+{
+	if (pi - *ci >= depth) {
+		*ci = le32_to_cpu(READ_ONCE(*ci_p));
+		if (pi - *ci >= depth)
+			return NULL;
+	}
+	return ring + ((size_t)(pi & (depth - 1)) << shift);
+}
+
+/* Publish a queue's producer index, then the doorbell step. */
+static void vrdma_kpublish(struct vrdma_dev *dev, struct vrdma_qp *qp,
+			   __le32 *pi_p, u32 pi)
+{
+	/* The WQEs before the index that makes them the device's. */
+	smp_store_release(pi_p, cpu_to_le32(pi));
+	vrdma_kdoorbell(dev, qp->dbq);
+}
+
 int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 			const struct ib_send_wr **bad_wr)
 {
 	struct vrdma_dev *dev = to_vdev(qp->ibqp.device);
 	unsigned long flags;
-	u32 ci, posted = 0;
+	u32 ci, pi;
+	void *w;
 	int err = 0;
 
 	if (vrdma_dead(dev)) {
@@ -761,26 +793,16 @@ int vrdma_kqp_post_send(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 	}
 	spin_lock_irqsave(&qp->sq_lock, flags);
 	ci = le32_to_cpu(READ_ONCE(qp->rec->sq_ci));
-	for (; wr; wr = wr->next) {
-		if (qp->sq_pi - ci >= qp->sq_depth) {
-			ci = le32_to_cpu(READ_ONCE(qp->rec->sq_ci));
-			if (qp->sq_pi - ci >= qp->sq_depth) {
-				err = -ENOMEM;
-				break;
-			}
-		}
-		err = vrdma_kwqe_send(qp, wr, qp->sq +
-				      ((size_t)(qp->sq_pi & (qp->sq_depth - 1))
-				       << qp->sq_shift));
+	for (pi = qp->sq_pi; wr; wr = wr->next, pi++) {
+		w = vrdma_kslot(qp->sq, qp->sq_depth, qp->sq_shift, pi, &ci,
+				&qp->rec->sq_ci);
+		err = w ? vrdma_kwqe_send(qp, wr, w) : -ENOMEM;
 		if (err)
 			break;
-		qp->sq_pi++;
-		posted++;
 	}
-	if (posted) {
-		/* The WQEs before the index that makes them the device's. */
-		smp_store_release(&qp->rec->sq_pi, cpu_to_le32(qp->sq_pi));
-		vrdma_kdoorbell(dev, qp->dbq);
+	if (pi != qp->sq_pi) {
+		qp->sq_pi = pi;
+		vrdma_kpublish(dev, qp, &qp->rec->sq_pi, pi);
 	}
 	spin_unlock_irqrestore(&qp->sq_lock, flags);
 	if (err)
@@ -792,8 +814,9 @@ int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr,
 			const struct ib_recv_wr **bad_wr)
 {
 	struct vrdma_dev *dev = to_vdev(qp->ibqp.device);
+	struct vrdma_recv_wqe *h;
 	unsigned long flags;
-	u32 ci, posted = 0;
+	u32 ci, pi;
 	int err = 0;
 
 	if (vrdma_dead(dev)) {
@@ -802,33 +825,25 @@ int vrdma_kqp_post_recv(struct vrdma_qp *qp, const struct ib_recv_wr *wr,
 	}
 	spin_lock_irqsave(&qp->rq_lock, flags);
 	ci = le32_to_cpu(READ_ONCE(qp->rec->rq_ci));
-	for (; wr; wr = wr->next) {
-		struct vrdma_recv_wqe *h;
-
+	for (pi = qp->rq_pi; wr; wr = wr->next, pi++) {
 		if (wr->num_sge < 0 || wr->num_sge > qp->cap.max_recv_sge) {
 			err = -EINVAL;
 			break;
 		}
-		if (qp->rq_pi - ci >= qp->rq_depth) {
-			ci = le32_to_cpu(READ_ONCE(qp->rec->rq_ci));
-			if (qp->rq_pi - ci >= qp->rq_depth) {
-				err = -ENOMEM;
-				break;
-			}
+		h = vrdma_kslot(qp->rq, qp->rq_depth, qp->rq_shift, pi, &ci,
+				&qp->rec->rq_ci);
+		if (!h) {
+			err = -ENOMEM;
+			break;
 		}
-		h = qp->rq + ((size_t)(qp->rq_pi & (qp->rq_depth - 1)) <<
-			      qp->rq_shift);
-		memset(h, 0, 1U << qp->rq_shift);
+		memset(h, 0, sizeof(*h));
 		h->wr_id = cpu_to_le64(wr->wr_id);
 		h->num_sge = cpu_to_le16(wr->num_sge);
 		vrdma_put_sges((void *)(h + 1), wr->sg_list, wr->num_sge);
-		qp->rq_pi++;
-		posted++;
 	}
-	if (posted) {
-		/* The WQEs before the index that makes them the device's. */
-		smp_store_release(&qp->rec->rq_pi, cpu_to_le32(qp->rq_pi));
-		vrdma_kdoorbell(dev, qp->dbq);
+	if (pi != qp->rq_pi) {
+		qp->rq_pi = pi;
+		vrdma_kpublish(dev, qp, &qp->rec->rq_pi, pi);
 	}
 	spin_unlock_irqrestore(&qp->rq_lock, flags);
 	if (err)
