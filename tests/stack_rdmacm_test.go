@@ -18,17 +18,10 @@ import (
 func TestStackRDMACM(t *testing.T) {
 	vmtest := needStack(t)
 	res := "rdma resource show qp link vrdma0/1 | sed 's/^/RES /' && "
-	out, code := vmtestRun(t, vmtest, 12*time.Minute, "exec-pair",
-		"--server", res+"vrdma-perftest server rdmacm",
-		"--client", res+"vrdma-perftest client rdmacm {server}")
-	if code != 0 {
-		t.Fatalf("exit %d:\n%s", code, out)
-	}
-	for _, want := range []string{"client| VRDMA-SUITE ok", "server| VRDMA-SUITE ok"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	out := execPair(t, vmtest, 12*time.Minute,
+		res+"vrdma-perftest server rdmacm",
+		res+"vrdma-perftest client rdmacm {server}")
+	wantAll(t, out, suiteOK...)
 	// The GSI QP is the kernel's QP 1 on both sides.
 	for _, side := range []string{"server", "client"} {
 		if !regexp.MustCompile(`(?m)^` + side + `\| RES .*lqpn 1 .*type GSI`).MatchString(out) {
@@ -48,8 +41,5 @@ func TestStackRDMACM(t *testing.T) {
 	if n := len(regexp.MustCompile(`(?m)^client\| \s*65536\s+\d+\s+[0-9.]+\s+[0-9.]+`).FindAllString(out, -1)); n < 2 {
 		t.Errorf("perftest -R: %d bandwidth rows, want 2", n)
 	}
-	checkGuestsClean(t, out, 2)
-	if t.Failed() {
-		t.Log(out)
-	}
+	endPair(t, out, 2)
 }

@@ -64,6 +64,41 @@ func vmtestRun(t *testing.T, vmtest string, timeout time.Duration, args ...strin
 	return string(out), code
 }
 
+// execPair runs exec-pair with the server's and the client's commands
+// and ends the test unless both exited 0; it returns the output.
+func execPair(t *testing.T, vmtest string, timeout time.Duration, server, client string) string {
+	t.Helper()
+	out, code := vmtestRun(t, vmtest, timeout, "exec-pair", "--server", server, "--client", client)
+	if code != 0 {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	return out
+}
+
+// wantAll reports each of wants that out lacks.
+func wantAll(t *testing.T, out string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q", w)
+		}
+	}
+}
+
+// suiteOK is what both sides of a vrdma-perftest or vrdma-middleware
+// suite print when every job of theirs exited 0.
+var suiteOK = []string{"client| VRDMA-SUITE ok", "server| VRDMA-SUITE ok"}
+
+// endPair checks the guests as checkGuestsClean does and, when anything
+// failed, logs the whole output.
+func endPair(t *testing.T, out string, guests int) {
+	t.Helper()
+	checkGuestsClean(t, out, guests)
+	if t.Failed() {
+		t.Log(out)
+	}
+}
+
 // checkGuestsClean asserts what init reports after every command: no
 // kernel warning in any guest's log, and the driver unloaded (rmmod vrdma
 // succeeded: nothing leaked a reference).

@@ -25,17 +25,10 @@ var ucxFinal = regexp.MustCompile(`(?m)^client\| Final:\s+(\d+)\s+[0-9.]+\s+[0-9
 func TestStackUCX(t *testing.T) {
 	vmtest := needStack(t)
 	info := "ucx_info -d | grep -E '^#\\s+(Transport|Device):' | sed 's/^/UCXINFO /' && "
-	out, code := vmtestRun(t, vmtest, 12*time.Minute, "exec-pair",
-		"--server", info+"vrdma-middleware server ucx",
-		"--client", "vrdma-middleware client ucx {server}")
-	if code != 0 {
-		t.Fatalf("exit %d:\n%s", code, out)
-	}
-	for _, want := range []string{"client| VRDMA-SUITE ok", "server| VRDMA-SUITE ok"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	out := execPair(t, vmtest, 12*time.Minute,
+		info+"vrdma-middleware server ucx",
+		"vrdma-middleware client ucx {server}")
+	wantAll(t, out, suiteOK...)
 	// ucx_info -d: the device under each verbs transport.
 	for _, tl := range []string{"rc_verbs", "ud_verbs"} {
 		re := regexp.MustCompile(`UCXINFO #\s+Transport: ` + tl + `\s*\n[^\n]*UCXINFO #\s+Device: vrdma0:1`)
@@ -64,10 +57,7 @@ func TestStackUCX(t *testing.T) {
 			}
 		}
 	}
-	checkGuestsClean(t, out, 2)
-	if t.Failed() {
-		t.Log(out)
-	}
+	endPair(t, out, 2)
 }
 
 // TestStackMPI (issue 27): Open MPI 4.1 (Debian 12's openmpi-bin, unmodified)
@@ -81,30 +71,20 @@ func TestStackUCX(t *testing.T) {
 // differ.
 func TestStackMPI(t *testing.T) {
 	vmtest := needStack(t)
-	out, code := vmtestRun(t, vmtest, 8*time.Minute, "exec-pair",
-		"--server", "vrdma-middleware server mpi {client}",
-		"--client", "vrdma-middleware client mpi {server}")
-	if code != 0 {
-		t.Fatalf("exit %d:\n%s", code, out)
-	}
-	for _, want := range []string{"client| VRDMA-SUITE ok", "server| VRDMA-SUITE ok",
+	out := execPair(t, vmtest, 8*time.Minute,
+		"vrdma-middleware server mpi {client}",
+		"vrdma-middleware client mpi {server}")
+	wantAll(t, out, "client| VRDMA-SUITE ok", "server| VRDMA-SUITE ok",
 		// Rank output comes back to mpirun, on the client.
 		"client| vrdma-mpi-check: rank 0 on client: pingpong with rank 1 on server: 11 sizes 1..1048576 B x 8 verified",
 		"client| vrdma-mpi-check: rank 1 on server: pingpong with rank 0 on client: 11 sizes 1..1048576 B x 8 verified",
 		"client| vrdma-mpi-check: rank 0 on client: allreduce of 2 ranks verified",
 		"client| vrdma-mpi-check: rank 1 on server: allreduce of 2 ranks verified",
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	)
 	if strings.Contains(out, "FAILED") {
 		t.Errorf("the MPI program reported a failure:\n%s", grepLines(out, "FAILED"))
 	}
-	checkGuestsClean(t, out, 2)
-	if t.Failed() {
-		t.Log(out)
-	}
+	endPair(t, out, 2)
 }
 
 // TestStackLibfabric (issue 27): libfabric 1.17 (Debian 12's libfabric-bin,
@@ -115,17 +95,10 @@ func TestStackMPI(t *testing.T) {
 // the last size (guest/vrdma-middleware's libfabric suite).
 func TestStackLibfabric(t *testing.T) {
 	vmtest := needStack(t)
-	out, code := vmtestRun(t, vmtest, 6*time.Minute, "exec-pair",
-		"--server", "vrdma-middleware server libfabric",
-		"--client", "vrdma-middleware client libfabric {server}")
-	if code != 0 {
-		t.Fatalf("exit %d:\n%s", code, out)
-	}
-	for _, want := range []string{"client| VRDMA-SUITE ok", "server| VRDMA-SUITE ok"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("output lacks %q", want)
-		}
-	}
+	out := execPair(t, vmtest, 6*time.Minute,
+		"vrdma-middleware server libfabric",
+		"vrdma-middleware client libfabric {server}")
+	wantAll(t, out, suiteOK...)
 	for _, role := range []string{"server", "client"} {
 		if !regexp.MustCompile(`(?m)^` + role + `\|\s+domain: vrdma0$`).MatchString(out) {
 			t.Errorf("%s: fi_info -p verbs does not list domain vrdma0", role)
@@ -136,8 +109,5 @@ func TestStackLibfabric(t *testing.T) {
 			t.Errorf("%s: no fi_pingpong result line for 6 MiB", role)
 		}
 	}
-	checkGuestsClean(t, out, 2)
-	if t.Failed() {
-		t.Log(out)
-	}
+	endPair(t, out, 2)
 }
