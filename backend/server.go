@@ -216,25 +216,34 @@ func (s *Server) Serve(ctx context.Context) error {
 // front-end on a device that stays connected is refused after it.
 const handoverWait = 2 * time.Second
 
-// peerAllowed checks the connecting process's uid (SO_PEERCRED) against
-// Config.AllowUIDs.
-func (s *Server) peerAllowed(c *net.UnixConn) error {
-	if len(s.cfg.AllowUIDs) == 0 {
-		return nil
-	}
+// PeerCredentials are the pid, uid and gid of the process that connected
+// c (SO_PEERCRED: as they were when it called connect).
+func PeerCredentials(c *net.UnixConn) (*unix.Ucred, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := rc.Control(func(fd uintptr) {
 		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	if cerr != nil {
-		return fmt.Errorf("SO_PEERCRED: %w", cerr)
+		return nil, fmt.Errorf("SO_PEERCRED: %w", cerr)
+	}
+	return cred, nil
+}
+
+// peerAllowed checks the connecting process's uid (cred, nil when it
+// could not be read) against Config.AllowUIDs.
+func (s *Server) peerAllowed(cred *unix.Ucred, credErr error) error {
+	if len(s.cfg.AllowUIDs) == 0 {
+		return nil
+	}
+	if credErr != nil {
+		return credErr
 	}
 	for _, u := range s.cfg.AllowUIDs {
 		if cred.Uid == u {
@@ -244,12 +253,21 @@ func (s *Server) peerAllowed(c *net.UnixConn) error {
 	return fmt.Errorf("peer uid %d (pid %d) is not allowed", cred.Uid, cred.Pid)
 }
 
-// admit serves c once no other session is active, or refuses it.
+// admit serves c once no other session is active, or refuses it. Every
+// outcome is logged with the peer's pid and uid: which QEMU held the
+// device, and when.
 func (s *Server) admit(c *net.UnixConn) {
 	defer s.wg.Done()
-	if err := s.peerAllowed(c); err != nil {
+	cred, credErr := PeerCredentials(c)
+	log := s.log
+	if credErr == nil {
+		log = log.WithFields(logrus.Fields{"pid": cred.Pid, "uid": cred.Uid, "gid": cred.Gid})
+	} else {
+		log = log.WithField("peer_error", credErr.Error())
+	}
+	if err := s.peerAllowed(cred, credErr); err != nil {
 		s.stats.refused.Add(1)
-		s.log.WithError(err).Warn("refused a front-end")
+		log.WithError(err).Warn("refused a front-end")
 		c.Close()
 		return
 	}
@@ -272,19 +290,20 @@ func (s *Server) admit(c *net.UnixConn) {
 			continue
 		case <-deadline.C:
 			s.stats.refused.Add(1)
-			s.log.Warn("refused a second front-end: the device is connected")
+			log.Warn("refused a second front-end: the device is connected")
 			c.Close()
 			return
 		}
 	}
-	sess := newSession(c, s.cfg.Device, s.log.WithField("session", s.stats.sessions.Add(1)), &s.stats)
+	log = log.WithField("session", s.stats.sessions.Add(1))
+	sess := newSession(c, s.cfg.Device, log, &s.stats)
 	s.active = sess
 	s.mu.Unlock()
-	s.log.Info("front-end connected")
+	log.Info("front-end connected")
 	if err := sess.serve(); err != nil {
-		s.log.WithError(err).Warn("front-end session ended with an error")
+		log.WithError(err).Warn("front-end disconnected: session ended with an error")
 	} else {
-		s.log.Info("front-end disconnected")
+		log.Info("front-end disconnected")
 	}
 	s.mu.Lock()
 	s.active = nil

@@ -234,21 +234,9 @@ stage_elfs "${progs[@]}"
 # UCX's plugins link each other (libuct_rdmacm needs libuct_ib) through
 # their RUNPATH, the plugin directory: the closure looks there too.
 LIBDIRS="$LIBDIRS usr/lib/x86_64-linux-gnu/ucx"
-plugins=()
-for d in usr/lib/x86_64-linux-gnu/ucx usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3 \
-	usr/lib/x86_64-linux-gnu/pmix2/lib/pmix usr/lib/x86_64-linux-gnu/libfabric; do
-	[ -d "$POOL/$d" ] || continue
-	for f in "$POOL/$d"/*.so "$POOL/$d"/*.so.*; do
-		[ -e "$f" ] || continue
-		if [ -L "$f" ]; then
-			copy_file "${f#"$POOL"/}"
-		else
-			plugins+=("${f#"$POOL"/}")
-		fi
-	done
-done
-[ "${#plugins[@]}" -gt 0 ] || die "the pool has no UCX or Open MPI plugins"
-stage_elfs "${plugins[@]}"
+stage_plugin_dirs usr/lib/x86_64-linux-gnu/ucx usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3 \
+	usr/lib/x86_64-linux-gnu/pmix2/lib/pmix usr/lib/x86_64-linux-gnu/libfabric
+plugins=("${PLUGINS[@]}")
 for p in ucx/libuct_ib.so.0 openmpi/lib/openmpi3/mca_pml_ucx.so openmpi/lib/openmpi3/mca_plm_rsh.so; do
 	[ -e "$STAGE/usr/lib/x86_64-linux-gnu/$p" ] || die "image lacks /usr/lib/x86_64-linux-gnu/$p"
 done

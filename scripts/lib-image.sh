@@ -242,6 +242,29 @@ stage_elfs() {
 # stage_closure: the dynamic loader and, by DT_NEEDED, every shared library
 # the files given to stage_elfs need, recursively, from the pool.
 declare -A LIB_DONE=()
+# stage_plugin_dirs DIR...: every shared object in the pool's plugin
+# directories DIR (relative to the pool) into the stage, symlinks as
+# symlinks; PLUGINS lists the real files (staged by DT_NEEDED closure with
+# the rest). Middleware loads its plugins with dlopen, so no DT_NEEDED
+# names them. A directory the pool lacks is skipped.
+stage_plugin_dirs() {
+	PLUGINS=()
+	local d f
+	for d in "$@"; do
+		[ -d "$POOL/$d" ] || continue
+		for f in "$POOL/$d"/*.so "$POOL/$d"/*.so.*; do
+			[ -e "$f" ] || continue
+			if [ -L "$f" ]; then
+				copy_file "${f#"$POOL"/}"
+			else
+				PLUGINS+=("${f#"$POOL"/}")
+			fi
+		done
+	done
+	[ "${#PLUGINS[@]}" -gt 0 ] || die "the pool has no plugins in $*"
+	stage_elfs "${PLUGINS[@]}"
+}
+
 stage_closure() {
 	local ldso steps=0 rel elf so lib
 	ldso=$(find_lib ld-linux-x86-64.so.2) || die "the pool has no ld-linux-x86-64.so.2 (libc6)"

@@ -2,9 +2,10 @@
 # Guest image for the soft-RoCE comparison (cmd/vrdma-compare, make
 # compare-rxe): bin/rxe/vmlinux (Debian's *generic* 6.1 kernel, which has
 # rdma_rxe; the cloud kernel does not) and bin/rxe/initramfs.img (busybox,
-# guest/rxe-init, the modules rdma_rxe needs, virtio-net, perftest, the job
-# runner guest/perftest-jobs and the `rdma` tool with every shared library
-# they load). Built from Debian packages only, as root.
+# guest/rxe-init, the modules rdma_rxe and rdma_cm need, virtio-net,
+# perftest, UCX's ucx_perftest with its verbs transports, librdmacm's
+# rping/ucmatose/udaddy, the job runner guest/perftest-jobs and the `rdma`
+# tool with every shared library they load). Built from Debian packages only, as root.
 #
 # internal/hostniclab (vrdma-vmtest hostnic) boots this image with
 # vrdma.run=exec and a second initramfs archive appended at run time
@@ -53,7 +54,7 @@ BUSYBOX="$CACHE/busybox/bin/busybox"
 # (apt's dependency closure, library packages only), extracted into one pool.
 # What goes into the image is picked from the pool by DT_NEEDED below.
 fill_pool "$CACHE/debs" "$CACHE/packages.txt" "$CACHE/pool" \
-	perftest libibverbs1 ibverbs-providers librdmacm1 iproute2
+	perftest libibverbs1 ibverbs-providers librdmacm1 iproute2 rdmacm-utils libucx0 ucx-utils
 pool_key=$POOL_KEY
 
 # --- 2. vmlinux (uncompressed, for PVH boot) ---------------------------------
@@ -111,13 +112,26 @@ stage_modules
 # write_lat and send_lat, tests/rxe_capture_test.go also send_bw and the
 # atomics.
 PERFTEST=(ib_write_bw ib_read_bw ib_send_bw ib_atomic_bw ib_write_lat ib_read_lat ib_send_lat)
-stage_elfs "${PERFTEST[@]/#/usr/bin/}" \
+# The middleware rows of make compare-rxe (UCX's ucx_perftest; ib_send_lat
+# -R connects through rdma_cm, whose modules come with rdma_ucm) and
+# librdmacm's example programs (tests/roce_cm_interop_test.go: rping,
+# ucmatose, udaddy against a vrdma guest).
+MIDDLEWARE=(ucx_perftest ucx_info rping ucmatose udaddy)
+stage_elfs "${PERFTEST[@]/#/usr/bin/}" "${MIDDLEWARE[@]/#/usr/bin/}" \
 	usr/bin/rdma usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so \
 	usr/lib/x86_64-linux-gnu/libibverbs.so.1
+# UCX's transports are plugins (libuct_ib: rc_verbs, ud_verbs), linked to
+# each other through their RUNPATH, the plugin directory.
+LIBDIRS="$LIBDIRS usr/lib/x86_64-linux-gnu/ucx"
+stage_plugin_dirs usr/lib/x86_64-linux-gnu/ucx
+[ -e "$STAGE/usr/lib/x86_64-linux-gnu/ucx/libuct_ib.so.0" ] || die "image lacks UCX's libuct_ib"
+# glibc dlopens libgcc_s.so.1 for pthread_exit and thread cancellation
+# (rping's threads exit that way): no DT_NEEDED names it.
+stage_elfs lib/x86_64-linux-gnu/libgcc_s.so.1
 stage_closure
 mkdir -p "$STAGE/etc/libibverbs.d"
 cp "$POOL/etc/libibverbs.d/rxe.driver" "$STAGE/etc/libibverbs.d/"
-for f in "${PERFTEST[@]}" rdma; do
+for f in "${PERFTEST[@]}" "${MIDDLEWARE[@]}" rdma; do
 	[ -x "$STAGE/usr/bin/$f" ] || die "image lacks $f"
 done
 
@@ -127,4 +141,4 @@ install -m 0755 "$ROOT/guest/perftest-jobs" "$STAGE/usr/bin/perftest-jobs"
 stage_base "$ROOT/guest/rxe-init"
 printf '127.0.0.1 localhost\n' >"$STAGE/etc/hosts"
 pack_initramfs "$OUT/initramfs.img" "$STAMP" "$inputs"
-say "bin/rxe/initramfs.img ($(du -h "$OUT/initramfs.img" | cut -f1)): busybox, /init, ${#ORDER[@]} modules, perftest, rdma; kernel $KVER"
+say "bin/rxe/initramfs.img ($(du -h "$OUT/initramfs.img" | cut -f1)): busybox, /init, ${#ORDER[@]} modules, perftest, UCX, librdmacm's tools, rdma; kernel $KVER"

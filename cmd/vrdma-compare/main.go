@@ -20,13 +20,15 @@
 // column against perftest over rxe; the Go-guest column beside the
 // perftest one shows what the standard stack costs.
 //
-//	vrdma-compare [--short] [--runs N] [--doc docs/benchmarks.md] [--log bin/compare-rxe.log]
+//	vrdma-compare [--short | --only WORDS] [--runs N] [--doc docs/benchmarks.md] [--log bin/compare-rxe.log]
 //
 // The full form writes its table into docs/benchmarks.md between
 // "<!-- BEGIN compare-rxe -->" and "<!-- END compare-rxe -->" (replacing
 // the block, or appending it). --short (make test) runs one bandwidth and
 // one latency workload once on each pair and writes no document unless
-// --doc is given. Every guest console, perftest's own output lines
+// --doc is given; --only runs the rows whose names contain one of the
+// comma-separated WORDS (case-insensitive), to look at a few rows, and
+// writes no document either unless --doc is given. Every guest console, perftest's own output lines
 // included, goes to the log file. Exit status: 0 success, 1 failure, 2 bad
 // usage.
 //
@@ -59,6 +61,7 @@ type options struct {
 	rxeKernel, rxeInitrd            string
 	memory, runs                    int
 	short                           bool
+	only                            string
 	doc, logPath                    string
 	timeout                         time.Duration
 }
@@ -88,6 +91,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.memory, "memory", guestvm.DefaultMemoryMiB, "RAM of every guest in `MiB`")
 	fs.IntVar(&o.runs, "runs", 5, "runs of every workload on each pair (the median is reported)")
 	fs.BoolVar(&o.short, "short", false, "one run of a bandwidth and a latency workload (make test)")
+	fs.StringVar(&o.only, "only", "", "run only the rows whose names contain one of these comma-separated `WORDS` (case-insensitive)")
 	fs.StringVar(&o.doc, "doc", "", "document to write the compare-rxe block into (default: docs/benchmarks.md, none with --short)")
 	fs.StringVar(&o.logPath, "log", filepath.Join(binDir, "compare-rxe.log"), "log `file` for every guest console")
 	fs.DurationVar(&o.timeout, "timeout", 0, "bound on the whole run (default 10m with --short, 90m otherwise)")
@@ -104,12 +108,21 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	setRuns := false
 	fs.Visit(func(f *flag.Flag) { setRuns = setRuns || f.Name == "runs" })
 	ws := Workloads
-	if o.short {
+	switch {
+	case o.short && o.only != "":
+		fmt.Fprintln(stderr, "vrdma-compare: --short and --only exclude each other")
+		return 2
+	case o.short:
 		ws = ShortWorkloads
 		if !setRuns {
 			o.runs = 1
 		}
-	} else if o.doc == "" {
+	case o.only != "":
+		if ws = Select(Workloads, o.only); len(ws) == 0 {
+			fmt.Fprintf(stderr, "vrdma-compare: --only %q names no row\n", o.only)
+			return 2
+		}
+	case o.doc == "":
 		o.doc = filepath.Join(root, "docs", "benchmarks.md")
 	}
 	if o.runs < 1 || o.runs > 100 {
@@ -130,11 +143,19 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		}
 		o.qemuBin = p
 	}
-	for _, f := range []struct{ what, path string }{
-		{"vrdmad", o.vrdmad}, {"qemu", o.qemuBin}, {"vrdma guest kernel", o.kernel}, {"vrdma guest initramfs", o.initrd},
+	files := []struct{ what, path string }{
+		{"vrdmad", o.vrdmad}, {"qemu", o.qemuBin},
 		{"stack guest kernel", o.stackKernel}, {"stack guest initramfs", o.stackInitrd},
 		{"rxe guest kernel", o.rxeKernel}, {"rxe guest initramfs", o.rxeInitrd},
-	} {
+	}
+	for _, w := range ws {
+		if w.Runs(GoGuest) {
+			files = append(files, struct{ what, path string }{"vrdma guest kernel", o.kernel},
+				struct{ what, path string }{"vrdma guest initramfs", o.initrd})
+			break
+		}
+	}
+	for _, f := range files {
 		if _, err := os.Stat(f.path); err != nil {
 			fmt.Fprintf(stderr, "vrdma-compare: %s: %v (make build qemu guest-image guest-stack-image rxe-image)\n", f.what, err)
 			return 1
@@ -167,7 +188,9 @@ func run(argv []string, stdout, stderr io.Writer) int {
 			"eth0 on a private virtio-net link for perftest's TCP exchange, RoCE v2 GID of eth0's IPv4 address. "+
 			"rxe perftest: Debian's generic 6.1 kernel, rdma_rxe on virtio-net over -netdev dgram on 127.0.0.1, RoCE v2 GID index %d. "+
 			"Both perftest pairs run Debian's perftest 4.5 through guest/perftest-jobs with the same flags "+
-			"(ib_write_bw, ib_read_bw with --report_gbits; ib_write_lat, ib_send_lat; -i 1 -F -s SIZE -n ITERS).",
+			"(ib_write_bw, ib_read_bw with --report_gbits; ib_write_lat, ib_send_lat; -i 1 -F -s SIZE -n ITERS; "+
+			"ib_send_lat -R connects through rdma_cm), and Debian's UCX 1.13 ucx_perftest -t tag_bw/tag_lat -s SIZE -n ITERS "+
+			"with UCX_TLS=rc_verbs,ud_verbs:aux (every message of the test over RC QPs; UD only wires them up).",
 			filepath.Base(o.qemuBin), o.memory, rxeGID)
 		block := Block(rows, o.runs, setup, time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 		if err := writeDoc(o.doc, block); err != nil {
@@ -263,6 +286,9 @@ func compare(ctx context.Context, o options, ws []Workload, stdout, logw io.Writ
 	// vrdma Go guests: vrdma-guest runs one workload per boot.
 	for run := 1; run <= o.runs; run++ {
 		for i, w := range ws {
+			if !w.Runs(GoGuest) {
+				continue
+			}
 			t := time.Now()
 			res, log, err := runVrdma(ctx, o, w)
 			fmt.Fprintf(logw, "===== vrdma Go guest pair: %s, run %d =====\n%s\n", w.Name, run, log)
@@ -286,8 +312,12 @@ func compare(ctx context.Context, o options, ws []Workload, stdout, logw io.Writ
 		rows[i].W = w
 		for p := Pair(0); p < NumPairs; p++ {
 			rows[i].S[p], _ = Summarize(vals[p][i])
-			if n := rows[i].S[p].N; n != o.runs {
-				return nil, fmt.Errorf("%s: %d %s runs, want %d", w.Name, n, p, o.runs)
+			want := o.runs
+			if !w.Runs(p) {
+				want = 0
+			}
+			if n := rows[i].S[p].N; n != want {
+				return nil, fmt.Errorf("%s: %d %s runs, want %d", w.Name, n, p, want)
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/vrdma/vrdma/internal/guestresult"
 )
@@ -69,7 +70,10 @@ func (p Pair) Transport() string {
 type Workload struct {
 	Name   string // row label, e.g. "WRITE bandwidth 64 KiB"
 	Metric Metric
-	// VrdmaOp is vrdma-guest's --op; PerftestOp is perftest's ib_<PerftestOp>.
+	// VrdmaOp is vrdma-guest's --op ("": the Go guest has no such
+	// workload, e.g. UCX's, and its column stays empty); PerftestOp is
+	// guest/perftest-jobs' job operation (perftest's ib_<PerftestOp>, or
+	// send_lat_cm, ucx_tag_bw, ucx_tag_lat).
 	VrdmaOp, PerftestOp string
 	Size                int
 	// Iters for every pair (vrdma-guest --iters / --lat-iters, perftest -n).
@@ -87,6 +91,34 @@ var Workloads = []Workload{
 	{Name: "WRITE latency 64 B", Metric: Latency, VrdmaOp: "write", PerftestOp: "write_lat", Size: 64, Iters: 1000},
 	{Name: "SEND latency 64 B", Metric: Latency, VrdmaOp: "send", PerftestOp: "send_lat", Size: 64, Iters: 1000},
 	{Name: "READ bandwidth 64 KiB", Metric: Bandwidth, VrdmaOp: "read", PerftestOp: "read_bw", Size: 64 << 10, Iters: 200},
+	// What middleware sees (issue 27): UCP tag matching over UCX's
+	// rc_verbs, and perftest connected through rdma_cm. Both perftest
+	// pairs run them; the Go guest has neither.
+	{Name: "UCX tag bandwidth 64 KiB (rc_verbs)", Metric: Bandwidth, PerftestOp: "ucx_tag_bw", Size: 64 << 10, Iters: 200},
+	{Name: "UCX tag latency 8 B (rc_verbs)", Metric: Latency, PerftestOp: "ucx_tag_lat", Size: 8, Iters: 1000},
+	{Name: "SEND latency 64 B, rdma_cm (-R)", Metric: Latency, PerftestOp: "send_lat_cm", Size: 64, Iters: 1000},
+}
+
+// Runs reports whether pair p runs w: the Go guest only runs workloads
+// vrdma-guest has.
+func (w Workload) Runs(p Pair) bool {
+	return p != GoGuest || w.VrdmaOp != ""
+}
+
+// Select returns the workloads of ws whose names contain one of the
+// comma-separated words, ignoring case (empty words match nothing).
+func Select(ws []Workload, words string) []Workload {
+	var out []Workload
+	for _, w := range ws {
+		name := strings.ToLower(w.Name)
+		for _, word := range strings.Split(words, ",") {
+			if word = strings.ToLower(strings.TrimSpace(word)); word != "" && strings.Contains(name, word) {
+				out = append(out, w)
+				break
+			}
+		}
+	}
+	return out
 }
 
 // ShortWorkloads is the subset --short runs (make test): one bandwidth and
@@ -161,6 +193,9 @@ func (w Workload) Figure(r guestresult.Result, p Pair) (float64, error) {
 			v = r.LatP50
 		}
 	case GoGuest:
+		if w.VrdmaOp == "" {
+			return bad("the Go guest has no %s workload", w.PerftestOp)
+		}
 		if r.Op != w.VrdmaOp {
 			return bad("vrdma result for op %q, want %q", r.Op, w.VrdmaOp)
 		}

@@ -183,7 +183,9 @@ func (c *Client) SetShare(ctx context.Context, id string, p SharePatch) (DeviceI
 
 // RemoveDevice removes a device (DELETE /v1/devices/{id}); ErrNotFound
 // when there is none of that ID. A 500 answer means the device is gone
-// but its server stopped with an error, which the StatusError holds.
+// but its server stopped with an error, which the StatusError holds. A
+// device removed whose removal could not be saved is a success with
+// StillListed and Warning set.
 func (c *Client) RemoveDevice(ctx context.Context, id string) (Removed, error) {
 	var out Removed
 	if err := c.do(ctx, http.MethodDelete, DevicePath(id), nil, &out); err != nil {
@@ -197,6 +199,18 @@ func (c *Client) Health(ctx context.Context) (Health, error) {
 	var out Health
 	if err := c.do(ctx, http.MethodGet, PathHealth, nil, &out); err != nil {
 		return Health{}, err
+	}
+	return out, nil
+}
+
+// Ack acknowledges the problem id of the daemon's health (POST
+// /v1/health/ack), or every problem that needs it when id is "". It
+// returns what was cleared and the health afterwards. ErrNotFound when
+// there is no problem id, ErrConflict when it clears by itself instead.
+func (c *Client) Ack(ctx context.Context, id string) (AckAnswer, error) {
+	var out AckAnswer
+	if err := c.do(ctx, http.MethodPost, PathHealthAck, AckRequest{ID: id}, &out); err != nil {
+		return AckAnswer{}, err
 	}
 	return out, nil
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -224,7 +225,7 @@ func TestAnswers(t *testing.T) {
 	if !errors.As(err, &se) || se.Code != http.StatusBadGateway || se.Message != "gateway says no" {
 		t.Errorf("got %v, want a 502 with the body's text", err)
 	}
-	if h, err := c.Health(context.Background()); err == nil || errors.As(err, &se) || h != (controlapi.Health{}) {
+	if h, err := c.Health(context.Background()); err == nil || errors.As(err, &se) || !reflect.DeepEqual(h, controlapi.Health{}) {
 		t.Errorf("got %+v, %v; want a decode error and a zero Health", h, err)
 	}
 }
@@ -237,7 +238,11 @@ func TestWireFormat(t *testing.T) {
 		asMap any
 	}{
 		{controlapi.Removed{ID: "vm1", Removed: true}, map[string]any{"id": "vm1", "removed": true}},
-		{controlapi.Health{Status: "ok", Devices: 2, EngineThreads: 4, PinnedBytes: 1 << 21}, map[string]any{"status": "ok", "devices": 2, "engine_threads": 4, "pinned_bytes": 1 << 21}},
+		{controlapi.Removed{ID: "vm1", Removed: true, StillListed: true, Warning: "w"}, map[string]any{"id": "vm1", "removed": true, "still_listed": true, "warning": "w"}},
+		{controlapi.Health{Status: "ok", Devices: 2, EngineThreads: 4, PinnedBytes: 1 << 21, Problems: []controlapi.Problem{},
+			Revision: "abc", Started: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), UptimeSeconds: 7, Version: "1.2"},
+			map[string]any{"status": "ok", "devices": 2, "engine_threads": 4, "pinned_bytes": 1 << 21, "problems": []any{},
+				"revision": "abc", "started": "2026-01-02T03:04:05Z", "uptime_seconds": 7, "version": "1.2"}},
 		// A field set to 0 is sent (weight 0 means 1), an absent one is not.
 		{controlapi.PatchRequest{Share: &controlapi.SharePatch{Weight: new(uint32)}}, map[string]any{"share": map[string]int{"weight": 0}}},
 		{controlapi.ErrorAnswer{Error: "no such device: x"}, map[string]string{"error": "no such device: x"}},

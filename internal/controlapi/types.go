@@ -1,6 +1,9 @@
 package controlapi
 
-import "net/url"
+import (
+	"net/url"
+	"time"
+)
 
 // Paths of the control API.
 const (
@@ -8,6 +11,9 @@ const (
 	PathDevices = "/v1/devices"
 	// PathHealth is the daemon's health (GET).
 	PathHealth = "/v1/health"
+	// PathHealthAck acknowledges problems that stay until an operator
+	// has seen them (POST, AckRequest).
+	PathHealthAck = "/v1/health/ack"
 )
 
 // DevicePath is the path of one device (GET, PATCH, DELETE). The ID is escaped,
@@ -179,7 +185,33 @@ type AddRequest struct {
 type Removed struct {
 	ID      string `json:"id"`
 	Removed bool   `json:"removed"`
+	// StillListed is true when the device is gone but the state file
+	// could not be rewritten without it: it comes back at the next start
+	// unless a later change is saved. Warning then says so, for a person.
+	StillListed bool   `json:"still_listed,omitempty"`
+	Warning     string `json:"warning,omitempty"`
 }
+
+// Health statuses.
+const (
+	// StatusOK: no problem.
+	StatusOK = "ok"
+	// StatusDegraded: the daemon serves, but Problems lists something an
+	// operator must look at.
+	StatusDegraded = "degraded"
+)
+
+// Problem kinds.
+const (
+	// ProblemStateSave: the last write of the state file failed, so it
+	// may not list the devices served. Cleared by the next write that
+	// succeeds (any saved change, or SIGHUP).
+	ProblemStateSave = "state_save_failed"
+	// ProblemStateSetAside: a state file that could not be used was moved
+	// aside (File) and its devices are not served. Cleared by an
+	// acknowledgement (POST /v1/health/ack).
+	ProblemStateSetAside = "state_file_set_aside"
+)
 
 // Health is the answer of GET /v1/health. (The fields are in key order,
 // as above.)
@@ -191,8 +223,53 @@ type Health struct {
 	EngineThreads int `json:"engine_threads"`
 	// PinnedBytes is the guest memory pinned over all devices.
 	PinnedBytes uint64 `json:"pinned_bytes"`
-	// Status is "ok".
+	// Problems are why Status is degraded, oldest first; never null.
+	Problems []Problem `json:"problems"`
+	// Revision is the source revision vrdmad was built from ("" when the
+	// build recorded none).
+	Revision string `json:"revision"`
+	// Started is when the daemon started (RFC 3339, UTC).
+	Started time.Time `json:"started"`
+	// Status is StatusOK, or StatusDegraded while Problems is not empty.
 	Status string `json:"status"`
+	// UptimeSeconds is the time since Started, in whole seconds.
+	UptimeSeconds int64 `json:"uptime_seconds"`
+	// Version is vrdmad's release version ("devel" for a build from a
+	// checkout).
+	Version string `json:"version"`
+}
+
+// Problem is one reason a daemon is degraded.
+type Problem struct {
+	// ID names the problem in POST /v1/health/ack.
+	ID string `json:"id"`
+	// Kind is ProblemStateSave or ProblemStateSetAside; a client should
+	// show an unknown kind as it shows the others.
+	Kind string `json:"kind"`
+	// Since is when the daemon found the problem (RFC 3339, UTC).
+	Since time.Time `json:"since"`
+	// Message says what is wrong and what to do.
+	Message string `json:"message"`
+	// File is the file concerned: the state file that could not be
+	// written, or the copy an unusable one was moved to.
+	File string `json:"file,omitempty"`
+	// NeedsAck: only an acknowledgement clears the problem. Otherwise it
+	// clears when its cause is gone.
+	NeedsAck bool `json:"needs_ack"`
+}
+
+// AckRequest is the body of POST /v1/health/ack. An empty ID (or an
+// empty body) acknowledges every problem that needs it.
+type AckRequest struct {
+	ID string `json:"id,omitempty"`
+}
+
+// AckAnswer is the answer of POST /v1/health/ack.
+type AckAnswer struct {
+	// Acknowledged are the IDs of the problems cleared; never null.
+	Acknowledged []string `json:"acknowledged"`
+	// Health is the daemon's health afterwards.
+	Health Health `json:"health"`
 }
 
 // ErrorAnswer is the body of every answer that is not 2xx.

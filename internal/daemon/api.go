@@ -365,28 +365,16 @@ func (d *Daemon) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, dv.Info())
 	})
 	mux.HandleFunc("PATCH /v1/devices/{id}", d.patchDevice)
-	mux.HandleFunc("DELETE /v1/devices/{id}", func(w http.ResponseWriter, r *http.Request) {
-		id := r.PathValue("id")
-		if err := d.RemoveDevice(id); err != nil {
-			if errors.Is(err, ErrNotFound) {
-				writeError(w, http.StatusNotFound, "no such device: "+id)
-				return
-			}
-			// The device is gone from the set either way; report how its
-			// server stopped.
-			writeError(w, http.StatusInternalServerError, err.Error())
-			return
-		}
-		writeJSON(w, http.StatusOK, controlapi.Removed{ID: id, Removed: true})
-	})
+	mux.HandleFunc("DELETE /v1/devices/{id}", d.deleteDevice)
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, controlapi.Health{Status: "ok", Devices: len(d.Devices()),
-			EngineThreads: d.EngineThreads(), PinnedBytes: d.PinnedBytes()})
+		writeJSON(w, http.StatusOK, d.Health())
 	})
+	mux.HandleFunc("POST /v1/health/ack", d.postAck)
 	for _, p := range []struct{ pattern, allow string }{
 		{"/v1/devices", "GET, HEAD, POST"},
 		{"/v1/devices/{id}", "GET, HEAD, PATCH, DELETE"},
 		{"/v1/health", "GET, HEAD"},
+		{"/v1/health/ack", "POST"},
 	} {
 		mux.HandleFunc(p.pattern, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", p.allow)
@@ -396,7 +384,31 @@ func (d *Daemon) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
 	})
-	return mux
+	return d.audit(mux)
+}
+
+// deleteDevice is DELETE /v1/devices/{id}. A device whose removal could
+// not be saved is gone all the same: the answer is a success that says
+// the state file still lists it (Removed.StillListed).
+func (d *Daemon) deleteDevice(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	stopErr, saveErr := d.removeDevice(id, false)
+	switch {
+	case errors.Is(stopErr, ErrNotFound):
+		writeError(w, http.StatusNotFound, "no such device: "+id)
+		return
+	case stopErr != nil:
+		// The device is gone from the set either way; report how its
+		// server stopped.
+		writeError(w, http.StatusInternalServerError, errors.Join(stopErr, saveErr).Error())
+		return
+	}
+	out := controlapi.Removed{ID: id, Removed: true}
+	if saveErr != nil {
+		out.StillListed, out.Warning = true, saveErr.Error()
+		noteError(w, saveErr.Error())
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // readBody reads a request body of at most maxRequestBody bytes. When it
@@ -425,6 +437,7 @@ func (d *Daemon) postDevice(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	noteDevice(w, spec.ID)
 	spec.Persist = true // back after a restart (with a state directory)
 	dv, err := d.AddDevice(spec)
 	switch {
@@ -453,5 +466,6 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 func writeError(w http.ResponseWriter, code int, msg string) {
+	noteError(w, msg)
 	writeJSON(w, code, controlapi.ErrorAnswer{Error: msg})
 }

@@ -3,13 +3,15 @@
 // the state file that brings the API's devices back after a restart.
 // cmd/vrdmad is a thin flag parser around it, and tests run it in-process.
 //
-// Control API (api.go, share.go; docs/operations.md has curl examples): GET
-// and POST /v1/devices, GET, PATCH and DELETE /v1/devices/{id}, GET
-// /v1/health. PATCH changes a device's share of the engine (the one thing
-// that changes while a device runs). A request is decoded once into a
-// DeviceSpec and checked whole before anything is created; AddDevice then
-// creates the device and its listener under Daemon.mu, so a failed add
-// leaves nothing behind. Deleting a connected device closes its server:
+// Control API (api.go, share.go, health.go; docs/operations.md has curl
+// examples): GET and POST /v1/devices, GET, PATCH and DELETE
+// /v1/devices/{id}, GET /v1/health, POST /v1/health/ack. Every request
+// that changes something, and every refusal, is logged with the caller's
+// uid and pid (audit.go). PATCH changes a device's share of the engine
+// (the one thing that changes while a device runs). A request is
+// decoded once into a DeviceSpec and checked whole before anything is
+// created; AddDevice then creates the device and its listener under
+// Daemon.mu, so a failed add leaves nothing behind. Deleting a connected device closes its server:
 // the front-end is disconnected and every pin and object is released.
 //
 // Sockets: a device's socket is created by AddDevice (DeviceSpec.Socket)
@@ -24,11 +26,13 @@
 // from the device set itself, so the file always lists exactly the
 // persisted devices of the last successful change. An add that cannot be
 // saved is undone; a removal that cannot be saved still removes the
-// device and says so; a share change that cannot be saved is not made.
-// Restore brings the saved devices back without rewriting the file;
-// Close stops every device without touching it, so they come back at the
-// next start. The state directory is flock'ed for the daemon's lifetime:
-// two daemons on one directory would overwrite each other's devices.
+// device and says so; a share change that cannot be saved is not made;
+// each failure makes the daemon degraded until a write succeeds
+// (health.go). Restore brings the saved devices back without rewriting
+// the file; Close stops every device without touching it, so they come
+// back at the next start. The state directory is flock'ed for the
+// daemon's lifetime: two daemons on one directory would overwrite each
+// other's devices.
 //
 // Lock order: Daemon.mu → (backend locks). Device servers run in their own
 // goroutines; Close waits for all of them. The state file is written with
@@ -45,6 +49,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -57,6 +62,7 @@ import (
 	"github.com/vrdma/vrdma/backend/rdma/roce/hostnet"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/backend/rdma/sched"
+	"github.com/vrdma/vrdma/internal/controlapi"
 	"github.com/vrdma/vrdma/memmap"
 )
 
@@ -169,13 +175,18 @@ type Daemon struct {
 	fabric *engine.Fabric     // immutable
 	acct   *memmap.Accounting // immutable
 
-	mu      sync.Mutex
-	devices map[string]*ServedDevice // protected by mu
-	closed  bool                     // protected by mu
-	http    *http.Server             // protected by mu
-	httpLn  net.Listener             // protected by mu
-	state   *stateStore              // protected by mu; nil: nothing persisted
-	wg      sync.WaitGroup
+	started time.Time     // immutable
+	changed chan struct{} // immutable; capacity 1 (Changed)
+
+	mu           sync.Mutex
+	devices      map[string]*ServedDevice // protected by mu
+	closed       bool                     // protected by mu
+	http         *http.Server             // protected by mu
+	httpLn       net.Listener             // protected by mu
+	state        *stateStore              // protected by mu; nil: nothing persisted
+	problems     []controlapi.Problem     // protected by mu; oldest first (health.go)
+	saveFailures atomic.Uint64            // writes of the state file that failed
+	wg           sync.WaitGroup
 }
 
 // New creates a daemon with no devices.
@@ -186,7 +197,8 @@ func New(log *logrus.Entry, cfg Config) *Daemon {
 	if cfg.RoCE != nil {
 		f.SetNetwork(cfg.RoCE, addrGIDs(cfg.RoCEAddrs))
 	}
-	return &Daemon{log: log, cfg: cfg, fabric: f, acct: acct, devices: map[string]*ServedDevice{}}
+	return &Daemon{log: log, cfg: cfg, fabric: f, acct: acct, devices: map[string]*ServedDevice{},
+		started: time.Now(), changed: make(chan struct{}, 1)}
 }
 
 // addrGIDs are the GIDs of host addresses (udp.GID).
@@ -318,7 +330,7 @@ func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *ServedDevice, err er
 		persist: spec.Persist && d.state != nil, record: rec, done: make(chan struct{}), roceBind: spec.RoCEBind}
 	d.devices[spec.ID] = dv
 	if dv.persist && save {
-		if err := d.saveLocked(); err != nil {
+		if err := d.saveLocked("the addition of device " + spec.ID + " (not added)"); err != nil {
 			delete(d.devices, spec.ID)
 			srv.Close()
 			dev.Close()
@@ -334,13 +346,15 @@ func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *ServedDevice, err er
 		}
 	}()
 	log.WithFields(logrus.Fields{"socket": spec.Socket, "persisted": dv.persist}).Info("device added")
+	d.notifyChanged()
 	return dv, nil
 }
 
-// saveLocked writes the state file from the persisted devices. d.mu is
-// held and d.state is not nil.
-func (d *Daemon) saveLocked() error {
-	return d.state.save(d.recordsLocked("", rdma.Share{}))
+// saveLocked writes the state file from the persisted devices; change
+// says what is lost if it fails (persistLocked). d.mu is held and d.state
+// is not nil.
+func (d *Daemon) saveLocked(change string) error {
+	return d.persistLocked(d.recordsLocked("", rdma.Share{}), change)
 }
 
 // recordsLocked are the state-file records of the persisted devices, each
@@ -391,32 +405,42 @@ func checkSocketFree(path string) error {
 // removed all the same and the error (ErrState) says the file still
 // lists it.
 func (d *Daemon) RemoveDevice(id string) error {
-	return d.removeDevice(id, true)
+	stopErr, saveErr := d.removeDevice(id, false)
+	return errors.Join(stopErr, saveErr)
 }
 
-func (d *Daemon) removeDevice(id string, save bool) error {
-	var saveErr error
+// removeDevice stops device id and, unless the daemon is shutting down,
+// drops it from the state file. stopErr is ErrNotFound or how its server
+// stopped; saveErr (ErrState) says the state file still lists the
+// device, which is gone all the same. At shutdown a device is "stopped",
+// not "removed": the next start serves it again.
+func (d *Daemon) removeDevice(id string, shutdown bool) (stopErr, saveErr error) {
 	d.mu.Lock()
 	dv, ok := d.devices[id]
 	if ok {
 		delete(d.devices, id)
-		if dv.persist && save && d.state != nil {
-			saveErr = d.saveLocked()
+		if dv.persist && !shutdown && d.state != nil {
+			if err := d.saveLocked("the removal of device " + id + " (removed all the same)"); err != nil {
+				saveErr = fmt.Errorf("%w: device %s removed, but the state file still lists it "+
+					"(it comes back at the next start unless a later change is saved): %w", ErrState, id, err)
+			}
 		}
 	}
 	d.mu.Unlock()
 	if !ok {
-		return fmt.Errorf("%w: %s", ErrNotFound, id)
+		return fmt.Errorf("%w: %s", ErrNotFound, id), nil
 	}
-	err := dv.Server.Close()
+	stopErr = dv.Server.Close()
 	<-dv.done
 	dv.Dev.Close()
-	d.log.WithField("device", id).Info("device removed")
-	if saveErr != nil {
-		err = errors.Join(err, fmt.Errorf("%w: device %s removed, but the state file still lists it "+
-			"(it comes back at the next start unless a later change is saved): %w", ErrState, id, saveErr))
+	log := d.log.WithField("device", id)
+	if shutdown {
+		log.WithField("persisted", dv.persist).Info("device stopped")
+	} else {
+		log.Info("device removed")
 	}
-	return err
+	d.notifyChanged()
+	return stopErr, saveErr
 }
 
 // Device returns a device by ID.
@@ -468,7 +492,7 @@ func (d *Daemon) ServeControl(path string) error {
 // owner are left as they are). The daemon owns ln from the call on.
 func (d *Daemon) ServeControlListener(ln net.Listener) error {
 	path := ln.Addr().String()
-	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: d.Handler(), ReadHeaderTimeout: 5 * time.Second, ConnContext: peerContext}
 	d.mu.Lock()
 	if d.closed || d.http != nil {
 		closed := d.closed
@@ -515,7 +539,8 @@ func (d *Daemon) Close() error {
 		cancel()
 	}
 	for _, id := range ids {
-		errs = append(errs, d.removeDevice(id, false))
+		stopErr, _ := d.removeDevice(id, true)
+		errs = append(errs, stopErr)
 	}
 	d.wg.Wait()
 	d.mu.Lock()
@@ -533,8 +558,12 @@ func (d *Daemon) Close() error {
 // write there. A state file that cannot be read or fails validation (the
 // same checks as POST /v1/devices, plus bounded sizes, a known version,
 // unique ids and sockets and a saved uuid) is moved to
-// devices.json.corrupt-<UTC time>; the error (*StateError, ErrState)
-// names the file and the copy. A daemon whose OpenState failed keeps no
+// devices.json.corrupt-<UTC time>, and OpenState succeeds without its
+// devices: the daemon is degraded (ProblemStateSetAside, naming the copy)
+// until the problem is acknowledged, and so it is for each copy an
+// earlier start left. A file of an unknown version, one that could not be
+// moved aside and a directory that cannot be used are errors
+// (*StateError, ErrState); a daemon whose OpenState failed keeps no
 // state. OpenState is called once, before devices are added.
 func (d *Daemon) OpenState(dir string) ([]DeviceSpec, error) {
 	d.mu.Lock()
@@ -551,8 +580,19 @@ func (d *Daemon) OpenState(dir string) ([]DeviceSpec, error) {
 	}
 	for _, c := range s.corruptCopies() {
 		d.log.WithField("file", c).Warn("a state file set aside by an earlier start is still here: its devices were not restored")
+		d.raiseLocked(setAsideProblem(c, ""))
 	}
 	specs, err := s.load()
+	var se *StateError
+	if errors.As(err, &se) && se.Kept != "" {
+		// Serve without its devices rather than not at all: the VMs of
+		// the devices given otherwise, and the control API to add them
+		// again, are worth more than a daemon that refuses to start.
+		d.log.WithError(err).WithField("file", se.Kept).Error("device state file set aside: serving without its devices")
+		d.raiseLocked(setAsideProblem(se.Kept, err.Error()))
+		d.state = s
+		return nil, nil
+	}
 	if err != nil {
 		s.close()
 		return nil, err

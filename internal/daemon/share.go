@@ -109,7 +109,7 @@ func (d *Daemon) SetShare(id string, p SharePatch) (*ServedDevice, error) {
 		return nil, err
 	}
 	if dv.persist && d.state != nil {
-		if err := d.state.save(d.recordsLocked(dv.ID, s)); err != nil {
+		if err := d.persistLocked(d.recordsLocked(dv.ID, s), "the share change of device "+id+" (not made)"); err != nil {
 			return nil, fmt.Errorf("%w: save: %w (the share is unchanged)", ErrState, err)
 		}
 	}

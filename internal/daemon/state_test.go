@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/sirupsen/logrus"
 
+	"github.com/vrdma/vrdma/internal/controlapi"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
@@ -149,9 +150,12 @@ func TestStateRoundTrip(t *testing.T) {
 	}
 }
 
-// TestCorruptState: a state file that fails any check stops OpenState
-// with an error naming it and the copy it was moved to; the copy holds
-// the bytes as they were. A file of another version is not moved.
+// TestCorruptState: a state file that fails any check is moved aside and
+// OpenState goes on without its devices; the daemon is degraded with a
+// problem naming the file, the copy and the cause until it is
+// acknowledged, and the copy holds the bytes as they were. The next
+// start is degraded again while the copy is there. A file of another
+// version is not moved and stops OpenState.
 func TestCorruptState(t *testing.T) {
 	valid := func(extra string) string {
 		return `{"version":1,"devices":[{"id":"vm1","socket":"/run/vrdma/vm1.sock","uuid":"0211abcd-0000-4000-8000-000000000001"` + extra + `}]}`
@@ -195,37 +199,43 @@ func TestCorruptState(t *testing.T) {
 				t.Fatal(err)
 			}
 			d, specs, err := openStateDaemon(dir)
-			if err == nil {
-				d.Close()
-				t.Fatalf("OpenState: got %d devices and no error, want an error with %q", len(specs), tt.wantErr)
-			}
-			var se *StateError
-			if !errors.As(err, &se) || !errors.Is(err, ErrState) {
-				t.Fatalf("got %T %v, want a *StateError", err, err)
-			}
-			if !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), path) {
-				t.Errorf("error %q: want it to name %s and say %q", err, path, tt.wantErr)
-			}
 			if !tt.wantKept {
-				if se.Kept != "" {
-					t.Errorf("kept as %s, want the file left in place", se.Kept)
+				if err == nil {
+					d.Close()
+					t.Fatalf("OpenState: got %d devices and no error, want an error with %q", len(specs), tt.wantErr)
+				}
+				var se *StateError
+				if !errors.As(err, &se) || !errors.Is(err, ErrState) {
+					t.Fatalf("got %T %v, want a *StateError", err, err)
+				}
+				if !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), path) || se.Kept != "" {
+					t.Errorf("error %q (kept %q): want it to name %s, say %q, and the file left in place", err, se.Kept, path, tt.wantErr)
 				}
 				if b, err := os.ReadFile(path); err != nil || string(b) != tt.content {
 					t.Errorf("state file: got %v, want it unchanged", err)
 				}
 				return
 			}
-			if se.Kept == "" || !strings.HasPrefix(se.Kept, path+".corrupt-") || !strings.Contains(err.Error(), se.Kept) {
-				t.Fatalf("kept %q (error %q), want %s.corrupt-<time> named in the error", se.Kept, err, path)
+			if err != nil {
+				t.Fatalf("OpenState: %v; want it to set the file aside and go on", err)
 			}
-			if b, err := os.ReadFile(se.Kept); err != nil || !bytes.Equal(b, []byte(tt.content)) {
+			if len(specs) != 0 {
+				t.Errorf("OpenState: got %d devices, want none", len(specs))
+			}
+			p := setAsideProblem1(t, d)
+			if !strings.HasPrefix(p.File, path+".corrupt-") || !strings.Contains(p.Message, tt.wantErr) ||
+				!strings.Contains(p.Message, path) || !strings.Contains(p.Message, p.File) {
+				t.Errorf("problem %+v: want a copy %s.corrupt-<time>, named in the message with %s and %q", p, path, path, tt.wantErr)
+			}
+			if b, err := os.ReadFile(p.File); err != nil || !bytes.Equal(b, []byte(tt.content)) {
 				t.Errorf("kept copy: got %d bytes, %v; want the original %d bytes", len(b), err, len(tt.content))
 			}
 			if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
-				t.Errorf("state file after the error: %v, want it moved", err)
+				t.Errorf("state file after the set-aside: %v, want it moved", err)
 			}
-			// The next start runs without the bad file's devices, and the
-			// directory is not locked by the failed daemon.
+			d.Close()
+			// The next start runs without the bad file's devices, and is
+			// degraded again while the copy is there.
 			d, specs, err = openStateDaemon(dir)
 			if err != nil {
 				t.Fatalf("second start: %v", err)
@@ -234,24 +244,46 @@ func TestCorruptState(t *testing.T) {
 			if len(specs) != 0 {
 				t.Errorf("second start: got %d devices, want 0", len(specs))
 			}
+			if p2 := setAsideProblem1(t, d); p2.File != p.File || p2.ID != p.ID || !strings.Contains(p2.Message, "earlier start") {
+				t.Errorf("second start: problem %+v, want the same copy %s, from an earlier start", p2, p.File)
+			}
 		})
 	}
 }
 
+// setAsideProblem1 is the daemon's one problem, which must be a set-aside
+// state file that needs an acknowledgement.
+func setAsideProblem1(t *testing.T, d *Daemon) controlapi.Problem {
+	t.Helper()
+	h := d.Health()
+	if h.Status != controlapi.StatusDegraded || len(h.Problems) != 1 {
+		t.Fatalf("health: got %s with %d problems %+v, want degraded with one", h.Status, len(h.Problems), h.Problems)
+	}
+	p := h.Problems[0]
+	if p.Kind != controlapi.ProblemStateSetAside || !p.NeedsAck || p.ID == "" || p.Since.IsZero() {
+		t.Fatalf("problem %+v: want kind %s needing an acknowledgement, with an id and a time", p, controlapi.ProblemStateSetAside)
+	}
+	return p
+}
+
 // TestStateUnreadable: a state file that cannot be read (here a
-// directory in its place) is an error too, and moved aside.
+// directory in its place) is moved aside too.
 func TestStateUnreadable(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.Mkdir(filepath.Join(dir, StateFile), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := openStateDaemon(dir)
-	var se *StateError
-	if !errors.As(err, &se) || se.Kept == "" || !strings.Contains(err.Error(), "not a regular file") {
-		t.Fatalf("got %v, want a *StateError saying not a regular file, with a kept copy", err)
+	d, _, err := openStateDaemon(dir)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if fi, err := os.Stat(se.Kept); err != nil || !fi.IsDir() {
-		t.Errorf("kept copy %s: %v", se.Kept, err)
+	defer d.Close()
+	p := setAsideProblem1(t, d)
+	if !strings.Contains(p.Message, "not a regular file") {
+		t.Errorf("problem %+v: want it to say not a regular file", p)
+	}
+	if fi, err := os.Stat(p.File); err != nil || !fi.IsDir() {
+		t.Errorf("kept copy %s: %v", p.File, err)
 	}
 }
 
@@ -266,13 +298,14 @@ func TestStateSymlink(t *testing.T) {
 	if err := os.Symlink(target, filepath.Join(dir, StateFile)); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := openStateDaemon(dir)
-	var se *StateError
-	if !errors.As(err, &se) || se.Kept == "" {
-		t.Fatalf("got %v, want a *StateError with a kept copy", err)
+	d, _, err := openStateDaemon(dir)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if fi, err := os.Lstat(se.Kept); err != nil || fi.Mode()&os.ModeSymlink == 0 {
-		t.Errorf("kept copy %s: %v, want the link itself", se.Kept, err)
+	defer d.Close()
+	p := setAsideProblem1(t, d)
+	if fi, err := os.Lstat(p.File); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Errorf("kept copy %s: %v, want the link itself", p.File, err)
 	}
 	if _, err := os.Stat(target); err != nil {
 		t.Errorf("link target: %v, want it untouched", err)
@@ -340,8 +373,9 @@ func TestStateDirUnwritable(t *testing.T) {
 			t.Errorf("socket of the failed add: %v, want it removed", err)
 		}
 		code, out = call(t, h, "DELETE", "/v1/devices/kept", "")
-		if msg, _ := out["error"].(string); code != http.StatusInternalServerError || !strings.Contains(msg, "still lists it") {
-			t.Errorf("DELETE with the state directory gone: got %d %v, want 500 saying the file still lists it", code, out)
+		if msg, _ := out["warning"].(string); code != http.StatusOK || out["removed"] != true || out["still_listed"] != true ||
+			!strings.Contains(msg, "still lists it") {
+			t.Errorf("DELETE with the state directory gone: got %d %v, want 200, removed, still listed, a warning saying so", code, out)
 		}
 		if _, ok := d.Device("kept"); ok {
 			t.Error("device kept still served after DELETE")

@@ -52,6 +52,11 @@ type Snapshot struct {
 	// HostNICs are the host RDMA NICs the daemon's verbs devices run on
 	// (vrdmad --rnic verbs:DEVICE[:PORT]), one per host port.
 	HostNICs []HostNIC
+	// Degraded is the daemon's health (GET /v1/health): true while it
+	// lists a problem.
+	Degraded bool
+	// StateSaveFailures counts the writes of the state file that failed.
+	StateSaveFailures uint64
 }
 
 // HostNIC is one host NIC's counters; Name (verbs:DEVICE:PORT) is the
@@ -119,7 +124,7 @@ func (s DaemonSource) Snapshot() Snapshot {
 		nics = append(nics, HostNIC{Name: n.Name(), Stats: n.Stats()})
 	}
 	return Snapshot{Devices: out, PinnedBytes: s.D.PinnedBytes(), PinnedLimitBytes: s.GlobalMaxPinned, EngineThreads: s.D.EngineThreads(),
-		RoCE: roce, HostNICs: nics}
+		RoCE: roce, HostNICs: nics, Degraded: s.D.Degraded(), StateSaveFailures: s.D.StateSaveFailures()}
 }
 
 // Opcodes names the send opcodes, indexed as rdma.Stats.Engine.Ops is
@@ -199,7 +204,7 @@ type Collector struct {
 	resourceLimit, pinnedLimit                                              *prometheus.Desc
 	shareWeight, rateLimitBytes, rateLimitOps                               *prometheus.Desc
 	devices, globalPinned, globalPinnedLimit, buildInfo                     *prometheus.Desc
-	engineThreads                                                           *prometheus.Desc
+	engineThreads, degraded, saveFailures                                   *prometheus.Desc
 	build                                                                   BuildInfo
 	roceRx, roceDelivered, roceDropped, roceRecovered, roceTx, roceTxErrors *prometheus.Desc
 	nicPosted, nicPostSeconds, nicCompletions, nicCQEvents, nicAsyncEvents  *prometheus.Desc
@@ -258,6 +263,10 @@ func NewCollector(src Source, bi BuildInfo) *Collector {
 		globalPinnedLimit: prometheus.NewDesc("vrdma_global_pinned_limit_bytes",
 			"Bound on the bytes pinned by all devices together (--global-max-pinned); absent when there is none.", nil, nil),
 		engineThreads: prometheus.NewDesc("vrdma_engine_threads", "Engine workers serving the doorbell queues of all devices (--engine-threads).", nil, nil),
+		degraded: prometheus.NewDesc("vrdma_health_degraded",
+			"1 while the daemon is degraded (GET /v1/health lists a problem: the state file could not be written, or an unusable one was set aside), else 0.", nil, nil),
+		saveFailures: prometheus.NewDesc("vrdma_state_save_failures_total",
+			"Writes of the device state file that failed (the change was undone, or a removed device is still listed).", nil, nil),
 		roceRx: prometheus.NewDesc("vrdma_roce_rx_datagrams_total", "UDP datagrams received by a RoCEv2 endpoint (one per host address).",
 			[]string{"address"}, nil),
 		roceDelivered: prometheus.NewDesc("vrdma_roce_rx_delivered_total", "Received RoCEv2 packets handed to a QP.",
@@ -305,7 +314,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		c.commands, c.commandErrors, c.eventsLost, c.eventsDropped, c.wrongPeer, c.udDropped,
 		c.resourceLimit, c.pinnedLimit,
 		c.shareWeight, c.rateLimitBytes, c.rateLimitOps,
-		c.devices, c.globalPinned, c.globalPinnedLimit, c.buildInfo, c.engineThreads,
+		c.devices, c.globalPinned, c.globalPinnedLimit, c.buildInfo, c.engineThreads, c.degraded, c.saveFailures,
 		c.roceRx, c.roceDelivered, c.roceDropped, c.roceRecovered, c.roceTx, c.roceTxErrors,
 		c.nicPosted, c.nicPostSeconds, c.nicCompletions, c.nicCQEvents, c.nicAsyncEvents,
 	} {
@@ -335,6 +344,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	if snap.EngineThreads != 0 {
 		ch <- prometheus.MustNewConstMetric(c.engineThreads, prometheus.GaugeValue, float64(snap.EngineThreads))
 	}
+	degraded := 0.0
+	if snap.Degraded {
+		degraded = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.degraded, prometheus.GaugeValue, degraded)
+	ch <- prometheus.MustNewConstMetric(c.saveFailures, prometheus.CounterValue, float64(snap.StateSaveFailures))
 	for i := range snap.RoCE {
 		e := &snap.RoCE[i]
 		k := &e.Counters

@@ -124,6 +124,8 @@ func TestPromtool(t *testing.T) {
 		`vrdma_rate_limit_bytes_per_second{device="vm2"} 1.073741824e+09`,
 		`vrdma_rate_limit_operations_per_second{device="vm2"} 250000`,
 		`vrdma_engine_threads `,
+		"\nvrdma_health_degraded 0\n",
+		"\nvrdma_state_save_failures_total 0\n",
 	} {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("scrape lacks %q", want)

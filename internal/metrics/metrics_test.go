@@ -40,13 +40,16 @@ type fakeSource struct {
 	threads int
 	roce    []RoCEEndpoint
 	nics    []HostNIC
+	// degraded and saveFailures are the daemon's health.
+	degraded     bool
+	saveFailures uint64
 }
 
 func (f *fakeSource) Snapshot() Snapshot {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return Snapshot{Devices: append([]DeviceStats(nil), f.devs...), PinnedBytes: f.pinned, PinnedLimitBytes: f.limit, EngineThreads: f.threads,
-		RoCE: f.roce, HostNICs: f.nics}
+		RoCE: f.roce, HostNICs: f.nics, Degraded: f.degraded, StateSaveFailures: f.saveFailures}
 }
 
 // scrape serves h with httptest and returns the parsed families.
@@ -141,7 +144,7 @@ func TestCollectorValues(t *testing.T) {
 		Share:  rdma.Share{Weight: 4, MaxBytesPerSec: 1 << 30, MaxOpsPerSec: 100000},
 	}
 	b := DeviceStats{ID: "vm2"}
-	src := &fakeSource{devs: []DeviceStats{a, b, a}, pinned: 9 << 20, limit: 1 << 30, threads: 2}
+	src := &fakeSource{devs: []DeviceStats{a, b, a}, pinned: 9 << 20, limit: 1 << 30, threads: 2, degraded: true, saveFailures: 3}
 	h, err := Handler(src, WithVersion("1.2.3"))
 	if err != nil {
 		t.Fatal(err)
@@ -206,6 +209,8 @@ func TestCollectorValues(t *testing.T) {
 		{"vrdma_devices", nil, 2, dto.MetricType_GAUGE},
 		{"vrdma_global_pinned_bytes", nil, 9 << 20, dto.MetricType_GAUGE},
 		{"vrdma_global_pinned_limit_bytes", nil, 1 << 30, dto.MetricType_GAUGE},
+		{"vrdma_health_degraded", nil, 1, dto.MetricType_GAUGE},
+		{"vrdma_state_save_failures_total", nil, 3, dto.MetricType_COUNTER},
 		{"vrdma_build_info", map[string]string{"version": "1.2.3", "revision": "unknown", "goversion": runtime.Version(),
 			"goos": runtime.GOOS, "goarch": runtime.GOARCH}, 1, dto.MetricType_GAUGE},
 	}

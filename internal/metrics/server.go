@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/sirupsen/logrus"
+
+	"github.com/vrdma/vrdma/internal/version"
 )
 
 // Errors of Listen; a *ListenError matches one of them with errors.Is.
@@ -103,24 +105,20 @@ type options struct {
 	build BuildInfo
 }
 
-// WithVersion sets the version label of vrdma_build_info (the program's
-// version, as --version prints it). Without it the label is the main
-// module's version from the binary's build information (set by go
-// install MODULE@VERSION), else "devel".
+// WithVersion sets the version label of vrdma_build_info. Without it the
+// label is internal/version's Version (linked in by scripts/deb.sh), or,
+// for a build from a checkout, the main module's version from the
+// binary's build information (set by go install MODULE@VERSION), else
+// "devel". The revision label is internal/version's Revision.
 func WithVersion(v string) Option {
 	return func(o *options) { o.build.Version = v }
 }
 
 func buildOptions(opts []Option) options {
-	var o options
-	if bi, ok := debug.ReadBuildInfo(); ok {
+	o := options{build: BuildInfo{Version: version.Version, Revision: version.Revision()}}
+	if bi, ok := debug.ReadBuildInfo(); ok && o.build.Version == "devel" {
 		if v := bi.Main.Version; v != "" && v != "(devel)" {
 			o.build.Version = v
-		}
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				o.build.Revision = s.Value
-			}
 		}
 	}
 	for _, opt := range opts {

@@ -160,10 +160,13 @@ func Run(ctx context.Context, c Config) ([]guestresult.Result, string, error) {
 		return nil, "", fmt.Errorf("boot rxe server: %w", err)
 	}
 	defer srv.Close()
-	// perftest's server prints this just before it listens; the client
-	// also retries a refused connection (guest/perftest-jobs).
+	// perftest's server prints "Waiting for client" just before it
+	// listens; ucx_perftest's server says nothing, so for a UCX job the
+	// job runner's announcement of the server's first job counts (it
+	// starts listening within a moment). The client retries a refused
+	// connection anyway (guest/perftest-jobs).
 	wctx, cancel := context.WithTimeout(ctx, ServerListenTimeout)
-	err = waitLine(wctx, srv, "Waiting for client")
+	err = waitLine(wctx, srv, "Waiting for client", `PERFTEST-JOB {"role":"server"`)
 	cancel()
 	if err != nil {
 		return nil, srv.Log(), err
