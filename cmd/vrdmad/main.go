@@ -84,6 +84,7 @@ import (
 	"github.com/vrdma/vrdma/backend/rdma/roce/hostnet"
 	"github.com/vrdma/vrdma/backend/rdma/roce/udp"
 	"github.com/vrdma/vrdma/backend/rdma/sched"
+	"github.com/vrdma/vrdma/internal/cli"
 	"github.com/vrdma/vrdma/internal/daemon"
 	"github.com/vrdma/vrdma/internal/metrics"
 	"github.com/vrdma/vrdma/internal/units"
@@ -101,8 +102,17 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 func main() {
 	if err := run(os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "vrdmad:", err)
-		os.Exit(1)
+		os.Exit(exitCode(err))
 	}
+}
+
+// exitCode is vrdmad's exit status for err: 2 for a command line it
+// cannot run (a bad flag or value), 1 for a failure to serve.
+func exitCode(err error) int {
+	if errors.Is(err, cli.ErrUsage) {
+		return cli.ExitUsage
+	}
+	return 1
 }
 
 // capabilitiesType is the vhost-user backend type --print-capabilities
@@ -155,6 +165,7 @@ type flags struct {
 	metricsAddr  string
 	showVersion  bool
 	printCaps    bool
+	worldSocket  bool
 	maxQPs       uint
 	maxCQs       uint
 	maxMRs       uint
@@ -168,13 +179,17 @@ type flags struct {
 	addresses    stringList
 	rocePaths    int
 	rnic         string
+
+	// cmdSockets are the devices of --socket and --socket-path, checked
+	// (check).
+	cmdSockets []cmdSocket
 }
 
 // defaultStateDir is --state-dir's default.
 const defaultStateDir = "/var/lib/vrdma"
 
 func newFlags() *flags {
-	f := &flags{fs: flag.NewFlagSet("vrdmad", flag.ContinueOnError)}
+	f := &flags{fs: cli.New("vrdmad")}
 	fs := f.fs
 	fs.Var(&f.sockets, "socket", "serve a device on this unix socket `PATH` (repeatable: one device per socket; \"ID=PATH\" names the device)")
 	fs.StringVar(&f.socketPath, "socket-path", "", "serve one device on the unix socket `PATH`, as --socket PATH does (vhost-user backend convention; not with --fd)")
@@ -182,26 +197,27 @@ func newFlags() *flags {
 	fs.BoolVar(&f.printCaps, "print-capabilities", false, "print the vhost-user backend capabilities as JSON and exit")
 	fs.StringVar(&f.control, "control", "", "serve the HTTP/JSON control API on this unix socket `PATH` (with socket activation: the socket named \"control\")")
 	fs.StringVar(&f.stateDir, "state-dir", defaultStateDir, "keep the devices added through the control API in `DIR`/devices.json so that they come back after a restart (\"\": keep none)")
-	fs.StringVar(&f.level, "log-level", "info", "log level: debug, info, warn, error")
-	fs.StringVar(&f.format, "log-format", "text", "log format: text or json")
-	fs.IntVar(&f.doorbells, "doorbell-queues", 1, "doorbell queues per device (one per guest vCPU)")
-	fs.StringVar(&f.pin, "pin", "on-demand", "guest memory pinning: on-demand (PVDMA: pin what the guest registers) or all (pin all guest memory at start, the VFIO/SR-IOV baseline)")
-	fs.StringVar(&f.mapCache, "map-cache", "256M", "bytes of released pins kept per device (map cache) so re-registration is cheap")
-	fs.StringVar(&f.maxPinned, "max-pinned", "0", "per-device quota of pinned bytes (0: none)")
-	fs.StringVar(&f.globalPinned, "global-max-pinned", "0", "bound on the pinned bytes of all devices together (0: none)")
+	fs.StringVar(&f.level, "log-level", "info", "the `LEVEL` of the log: debug, info, warn, error")
+	fs.StringVar(&f.format, "log-format", "text", "the `FORMAT` of the log: text or json")
+	fs.IntVar(&f.doorbells, "doorbell-queues", 1, "doorbell queues per device, one per guest vCPU (0 … 256; 0: 1)")
+	fs.StringVar(&f.pin, "pin", "on-demand", "guest memory pinning `MODE`: on-demand (PVDMA: pin what the guest registers) or all (pin all guest memory at start, the VFIO/SR-IOV baseline)")
+	fs.StringVar(&f.mapCache, "map-cache", "256M", "`SIZE` of the released pins kept per device (map cache) so that re-registration is cheap")
+	fs.StringVar(&f.maxPinned, "max-pinned", "0", "per-device quota of pinned bytes, `SIZE` such as 8G (0: none; else 2M … 256T)")
+	fs.StringVar(&f.globalPinned, "global-max-pinned", "0", "bound on the pinned bytes of all devices together, `SIZE` (0: none; else 2M … 256T)")
 	fs.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics on /metrics at `ADDR`: host:port (TCP; bind to loopback or a management network) or unix:PATH")
 	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")
-	fs.UintVar(&f.maxQPs, "max-qps", 0, "per-device limit of QPs (0: the built-in default, 1024)")
-	fs.UintVar(&f.maxCQs, "max-cqs", 0, "per-device limit of CQs (0: the built-in default, 1024)")
-	fs.UintVar(&f.maxMRs, "max-mrs", 0, "per-device limit of MRs (0: the built-in default, 4096)")
+	fs.UintVar(&f.maxQPs, "max-qps", 0, "per-device limit of QPs, 1 … 65536 (0: the built-in default, 1024)")
+	fs.UintVar(&f.maxCQs, "max-cqs", 0, "per-device limit of CQs, 1 … 65536 (0: the built-in default, 1024)")
+	fs.UintVar(&f.maxMRs, "max-mrs", 0, "per-device limit of MRs, 1 … 1048576 (0: the built-in default, 4096)")
 	fs.IntVar(&f.cmdRate, "max-commands-per-sec", 0, "per-device bound on control commands per second; beyond it commands answer QUOTA (0: none)")
 	fs.StringVar(&f.sockOwner, "socket-owner", "", "owner of the device sockets, `USER[:GROUP]` or :GROUP (QEMU's user or group, e.g. libvirt-qemu:kvm or :kvm)")
-	fs.StringVar(&f.sockMode, "socket-mode", "0600", "permission bits of the device sockets (octal)")
-	fs.StringVar(&f.allowUIDs, "allow-uid", "", "comma-separated uids allowed to connect to device sockets (SO_PEERCRED); empty: anyone who can open them")
+	fs.StringVar(&f.sockMode, "socket-mode", "0600", "permission bits of the device sockets, an octal `MODE` (at least 0600; 0660 gives them to --socket-owner's group; any bit for others needs --allow-world-socket)")
+	fs.BoolVar(&f.worldSocket, "allow-world-socket", false, "let --socket-mode give others (every local user) access to the device sockets: whoever connects first gets the device and the guest memory QEMU shares with it")
+	fs.StringVar(&f.allowUIDs, "allow-uid", "", "comma-separated `UIDS` allowed to connect to device sockets (SO_PEERCRED); empty: anyone who can open them")
 	fs.Var(&f.addresses, "address", "assign the command-line devices (--socket, --socket-path, --fd, socket activation) this IP `ADDR`ess or PREFIX, whose GIDs their guests' drivers may then add (repeatable; \"ID=ADDR\" assigns it to device ID alone; without any a device holds only its port GID)")
 	fs.Var(&f.roceBind, "roce-bind", "carry RDMA traffic to other hosts as RoCEv2 on UDP port 4791 of this host `ADDR`ess (repeatable, IPv4 or IPv6; each address's GID joins every device's GID table)")
 	fs.IntVar(&f.rocePaths, "roce-paths", 1, "spray each QP to another host over `N` paths (1 … 64; the multipath extension, negotiated with the peer: rxe peers get plain RoCEv2) unless the QP says otherwise; paths go between the device's --roce-bind addresses and the peer's")
-	fs.StringVar(&f.rnic, "rnic", "soft", "what executes the devices' work unless one says otherwise (the control API's rnic): soft (the embedded software RNIC) or verbs:`DEVICE[:PORT]` (the host's RDMA NIC through rdma-core's libibverbs, e.g. verbs:mlx5_0 or verbs:rxe0:1: guest memory is registered with the NIC at the guest's addresses and the NIC moves the data)")
+	fs.StringVar(&f.rnic, "rnic", "soft", "the `RNIC` that executes the devices' work unless one says otherwise (the control API's rnic): soft (the embedded software RNIC) or verbs:DEVICE[:PORT] (the host's RDMA NIC through rdma-core's libibverbs, e.g. verbs:mlx5_0 or verbs:rxe0:1: guest memory is registered with the NIC at the guest's addresses and the NIC moves the data)")
 	fs.IntVar(&f.engineThr, "engine-threads", 0, "engine workers serving the doorbell queues of all devices (0: one per CPU of --engine-cpus, else one per CPU vrdmad may use)")
 	fs.StringVar(&f.engineCPUs, "engine-cpus", "", "pin the engine workers to these CPUs, a `LIST` such as 2,3 or 2-5 (worker i on the i-th CPU, round robin); each must be in vrdmad's affinity mask (default: not pinned)")
 	return f
@@ -233,9 +249,9 @@ func (f *flags) usage(w io.Writer) {
 		"Attach one to a VM with:\n"+
 		"  -chardev socket,id=vrdma0,path=PATH -device vhost-user-device-pci,chardev=vrdma0,\n"+
 		"     virtio-id=42,num_vqs=3,vq_size=256,config_size=96\n\nOptions:\n")
-	f.fs.SetOutput(w)
-	f.fs.PrintDefaults()
-	f.fs.SetOutput(io.Discard)
+	cli.PrintDefaults(w, f.fs)
+	fmt.Fprintf(w, "\nExit status: 0 after a clean stop (SIGTERM, SIGINT), 1 when it cannot serve,\n"+
+		"2 for a command line it cannot run.\n")
 	fmt.Fprintf(w, "\nExamples:\n"+
 		"  vrdmad --control /run/vrdma/control.sock --socket vm1=/run/vrdma/vm1.sock\n"+
 		"  vrdmad --control /run/vrdma/control.sock --metrics 127.0.0.1:9464\n"+
@@ -256,37 +272,29 @@ func run(args []string, stdout io.Writer) error {
 	}
 	// Parse errors are returned (and printed once by main); --help goes to
 	// standard output.
-	f.fs.SetOutput(io.Discard)
-	f.fs.Usage = func() {}
-	if err := f.fs.Parse(args); err != nil {
+	if err := cli.Parse(f.fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			f.usage(stdout)
 			return nil
 		}
-		return fmt.Errorf("%w (see vrdmad --help)", err)
+		return cli.Usagef("%v (see vrdmad --help)", err)
 	}
 	if f.showVersion {
-		fmt.Fprintln(stdout, "vrdmad", version)
+		fmt.Fprintln(stdout, cli.VersionLine("vrdmad"))
 		return nil
 	}
-	if f.fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %q", f.fs.Args())
+	if err := f.check(); err != nil {
+		return err
 	}
-	set := map[string]bool{}
-	f.fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	if set["socket-path"] && set["fd"] {
-		return errors.New("--socket-path and --fd are incompatible (one names the socket, the other hands it over)")
-	}
-	if set["socket-path"] && f.socketPath == "" {
-		return errors.New("--socket-path: empty path")
-	}
-	if set["fd"] && f.fd < 0 {
-		return fmt.Errorf("--fd %d: want a file descriptor number", f.fd)
+	dcfg, err := f.daemonConfig()
+	if err != nil {
+		return cli.Usagef("%w", err)
 	}
 	log := logrus.New()
 	lv, err := logrus.ParseLevel(f.level)
+
 	if err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+		return cli.Usagef("--log-level: %w", err)
 	}
 	log.SetLevel(lv)
 	switch f.format {
@@ -295,7 +303,7 @@ func run(args []string, stdout io.Writer) error {
 	case "json":
 		log.SetFormatter(&logrus.JSONFormatter{})
 	default:
-		return fmt.Errorf("--log-format %q: want text or json", f.format)
+		return cli.Usagef("--log-format %q: want text or json", f.format)
 	}
 	entry := logrus.NewEntry(log)
 	// SIGTERM and SIGINT are ours before any socket serves: a supervisor
@@ -305,17 +313,13 @@ func run(args []string, stdout io.Writer) error {
 	defer stop()
 	raiseNofile(entry)
 
-	dcfg, err := f.daemonConfig()
-	if err != nil {
-		return err
-	}
 	allowed, err := affinity()
 	if err != nil {
 		return err
 	}
 	ecfg, err := engineConfig(f.engineThr, f.engineCPUs, allowed)
 	if err != nil {
-		return err
+		return cli.Usagef("%w", err)
 	}
 
 	// Inherited sockets first: nothing else may take their descriptor
@@ -326,7 +330,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 	defer inh.closeRest()
 	if len(f.sockets) == 0 && f.socketPath == "" && f.control == "" && len(inh.devices) == 0 && inh.control == nil && inh.fd == nil {
-		return errors.New("nothing to serve: give --socket, --socket-path, --fd or --control (or start vrdmad by socket activation)")
+		return cli.Usagef("nothing to serve: give --socket, --socket-path, --fd or --control (or start vrdmad by socket activation)")
 	}
 	if inh.control != nil && f.control != "" && f.control != inh.control.Addr().String() {
 		return fmt.Errorf("--control %s: the socket-activated control socket is %s; give neither or the same path", f.control, inh.control.Addr())
@@ -334,7 +338,7 @@ func run(args []string, stdout io.Writer) error {
 
 	roceAddrs, err := udp.ParseHostAddrs(f.roceBind)
 	if err != nil {
-		return fmt.Errorf("--roce-bind: %w", err)
+		return cli.Usagef("--roce-bind: %w", err)
 	}
 	checkMemlock(entry, dcfg)
 	// The RoCE network: its endpoints close after the devices.
@@ -355,7 +359,7 @@ func run(args []string, stdout io.Writer) error {
 	// naming what is missing, not at the first device.
 	rs, err := hostnic.ParseSpec(f.rnic)
 	if err != nil {
-		return fmt.Errorf("--rnic: %w", err)
+		return cli.Usagef("--rnic: %w", err)
 	}
 	if rs.Verbs {
 		if _, err := hostnic.Open(rs, entry); err != nil {
@@ -405,23 +409,17 @@ func run(args []string, stdout io.Writer) error {
 		used[id] = true
 		return rdma.Config{ID: id, DoorbellQueues: f.doorbells, AllowedGIDs: assigned.of(id)}
 	}
-	for i, s := range f.sockets {
-		id, path, ok := strings.Cut(s, "=")
-		if !ok {
-			path, id = s, socketID(s, i)
-		}
-		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: path, Device: devCfg(id)}); err != nil {
-			return fail(fmt.Errorf("--socket %s: %w", s, err))
-		}
-	}
-	if f.socketPath != "" {
-		id := socketID(f.socketPath, len(f.sockets))
-		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Socket: f.socketPath, Device: devCfg(id)}); err != nil {
-			return fail(fmt.Errorf("--socket-path %s: %w", f.socketPath, err))
+	for _, cs := range f.cmdSockets {
+		if _, err := d.AddDevice(daemon.DeviceSpec{ID: cs.id, Socket: cs.path, Device: devCfg(cs.id)}); err != nil {
+			return fail(fmt.Errorf("%s: %w", cs.flag, err))
 		}
 	}
 	if ln := inh.takeFD(); ln != nil {
-		id := socketID(ln.Addr().String(), len(f.sockets)+1)
+		id := socketID(ln.Addr().String(), len(f.cmdSockets))
+		if used[id] {
+			ln.Close()
+			return fail(cli.Usagef("--fd %d: device ID %q, taken from the socket's name %s, is a --socket device's too", f.fd, id, ln.Addr()))
+		}
 		if _, err := d.AddDevice(daemon.DeviceSpec{ID: id, Listener: ln, Device: devCfg(id)}); err != nil {
 			return fail(fmt.Errorf("--fd %d: %w", f.fd, err))
 		}
@@ -481,16 +479,6 @@ func run(args []string, stdout io.Writer) error {
 	return errors.Join(append(errs, d.Close())...)
 }
 
-// socketID names the device of a socket given without an ID: the file
-// name without its extension, else vrdma<i>.
-func socketID(path string, i int) string {
-	id := strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
-	if id == "" || id == "." || id == "/" || strings.HasPrefix(path, "@") {
-		id = fmt.Sprintf("vrdma%d", i)
-	}
-	return id
-}
-
 // daemonConfig turns the flags into the daemon's configuration.
 func (f *flags) daemonConfig() (daemon.Config, error) {
 	var dcfg daemon.Config
@@ -512,12 +500,15 @@ func (f *flags) daemonConfig() (daemon.Config, error) {
 		}
 		*b.dst = n
 	}
-	dcfg.Limits = rdma.Limits{MaxQP: uint32(f.maxQPs), MaxCQ: uint32(f.maxCQs), MaxMR: uint32(f.maxMRs)}
-	if f.cmdRate < 0 {
-		return dcfg, fmt.Errorf("--max-commands-per-sec %d: want 0 or more", f.cmdRate)
+	// The API's limits rule, one function for both (daemon.CheckLimits).
+	var err error
+	if dcfg.Limits, dcfg.Pin.MaxPinned, err = daemon.CheckLimits(uint64(f.maxQPs), uint64(f.maxCQs), uint64(f.maxMRs), dcfg.Pin.MaxPinned); err != nil {
+		return dcfg, flagError(err)
+	}
+	if err := daemon.CheckPinnedBytes("global_max_pinned", dcfg.GlobalMaxPinned); err != nil {
+		return dcfg, cli.Usagef("--global-max-pinned: %s", reason(err))
 	}
 	dcfg.MaxCommandsPerSec = f.cmdRate
-	var err error
-	dcfg.Socket, err = socketConfig(f.sockMode, f.sockOwner, f.allowUIDs)
+	dcfg.Socket, err = socketConfig(f.sockMode, f.sockOwner, f.allowUIDs, f.worldSocket)
 	return dcfg, err
 }

@@ -211,12 +211,17 @@ func raiseNofile(log *logrus.Entry) {
 
 var _ backend.Device = (*rdma.Device)(nil)
 
-// socketConfig parses the socket flags.
-func socketConfig(mode, owner, allow string) (daemon.SocketConfig, error) {
+// socketConfig parses the socket flags. A mode with any bit for others
+// needs world (--allow-world-socket): a device socket is the device, and
+// its first front-end gets the guest memory QEMU shares with it.
+func socketConfig(mode, owner, allow string, world bool) (daemon.SocketConfig, error) {
 	var sc daemon.SocketConfig
 	m, err := strconv.ParseUint(mode, 8, 32)
 	if err != nil || m > 0o777 || m&0o600 != 0o600 {
 		return sc, fmt.Errorf("--socket-mode %q: want octal permission bits including 0600", mode)
+	}
+	if m&0o007 != 0 && !world {
+		return sc, fmt.Errorf("--socket-mode %s lets every local user connect to the device sockets (a front-end that connects first gets the device); use 0660 with --socket-owner :GROUP, or add --allow-world-socket to mean it", mode)
 	}
 	sc.Mode = os.FileMode(m)
 	if owner != "" {
@@ -257,22 +262,55 @@ func socketConfig(mode, owner, allow string) (daemon.SocketConfig, error) {
 
 // checkMemlock warns when RLIMIT_MEMLOCK is below what the configured pins
 // may need: pinning then fails with a QUOTA status at REG_MR time, which
-// is hard to trace back to a systemd unit's LimitMEMLOCK.
+// is hard to trace back to a systemd unit's LimitMEMLOCK. A process with
+// CAP_IPC_LOCK in its effective set is not bound by the limit (mlock(2)),
+// so it gets no warning: vrdmad.service grants the capability.
 func checkMemlock(log *logrus.Entry, cfg daemon.Config) {
 	var lim unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim); err != nil || lim.Cur == unix.RLIM_INFINITY {
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &lim); err != nil {
 		return
+	}
+	capable, err := hasCapIPCLock()
+	if err != nil {
+		log.WithError(err).Debug("capget: assuming no CAP_IPC_LOCK")
+	}
+	if msg := memlockWarning(lim.Cur, cfg, capable); msg != "" {
+		log.Warn(msg)
+	}
+}
+
+// memlockWarning is checkMemlock's message for a soft RLIMIT_MEMLOCK of
+// limit bytes, or "" when there is nothing to warn about: the limit is
+// infinite, the process has CAP_IPC_LOCK (capable), or the configured pin
+// bounds fit under it.
+func memlockWarning(limit uint64, cfg daemon.Config, capable bool) string {
+	if limit == unix.RLIM_INFINITY || capable {
+		return ""
 	}
 	need := cfg.GlobalMaxPinned
 	if need == 0 {
 		need = cfg.Pin.MaxPinned
 	}
 	switch {
-	case cfg.Pin.All && os.Geteuid() != 0:
-		log.Warnf("--pin=all with RLIMIT_MEMLOCK of %d bytes: guests larger than that cannot start; raise LimitMEMLOCK (systemd) or ulimit -l", lim.Cur)
-	case need == 0 && os.Geteuid() != 0:
-		log.Warnf("RLIMIT_MEMLOCK is %d bytes and pins are unbounded: registrations beyond it will fail; raise LimitMEMLOCK or set --max-pinned", lim.Cur)
-	case need > lim.Cur && os.Geteuid() != 0:
-		log.Warnf("RLIMIT_MEMLOCK (%d bytes) is below the configured pin bound (%d bytes)", lim.Cur, need)
+	case cfg.Pin.All:
+		return fmt.Sprintf("--pin=all with RLIMIT_MEMLOCK of %d bytes and no CAP_IPC_LOCK: guests larger than that cannot start; raise LimitMEMLOCK (systemd) or ulimit -l, or grant CAP_IPC_LOCK", limit)
+	case need == 0:
+		return fmt.Sprintf("RLIMIT_MEMLOCK is %d bytes, pins are unbounded and vrdmad lacks CAP_IPC_LOCK: registrations beyond it will fail; raise LimitMEMLOCK, grant CAP_IPC_LOCK or set --max-pinned", limit)
+	case need > limit:
+		return fmt.Sprintf("RLIMIT_MEMLOCK (%d bytes) is below the configured pin bound (%d bytes) and vrdmad lacks CAP_IPC_LOCK", limit, need)
 	}
+	return ""
+}
+
+// hasCapIPCLock reports whether CAP_IPC_LOCK is in this process's
+// effective capability set (capget(2); root without it is bound by
+// RLIMIT_MEMLOCK like anyone else).
+func hasCapIPCLock() (bool, error) {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false, err
+	}
+	const c = unix.CAP_IPC_LOCK
+	return data[c/32].Effective&(1<<(c%32)) != 0, nil
 }

@@ -168,8 +168,8 @@ func requestSpec(r AddRequest) (DeviceSpec, error) {
 	if err := checkSocket(r.Socket); err != nil {
 		return DeviceSpec{}, err
 	}
-	if r.DoorbellQueues < 0 || r.DoorbellQueues > maxDoorbellQueues {
-		return DeviceSpec{}, reqErr("doorbell_queues", "%d out of range [0, %d]", r.DoorbellQueues, maxDoorbellQueues)
+	if err := CheckDoorbellQueues(r.DoorbellQueues); err != nil {
+		return DeviceSpec{}, err
 	}
 	u, err := requestIdentity(r)
 	if err != nil {
@@ -178,23 +178,9 @@ func requestSpec(r AddRequest) (DeviceSpec, error) {
 	var lim rdma.Limits // zero fields: the daemon's defaults (AddDevice)
 	var maxPinned uint64
 	if l := r.Limits; l != nil {
-		for _, c := range []struct {
-			name   string
-			v, max uint32
-			dst    *uint32
-		}{{"limits.max_qps", l.MaxQPs, maxQPs, &lim.MaxQP}, {"limits.max_cqs", l.MaxCQs, maxCQs, &lim.MaxCQ}, {"limits.max_mrs", l.MaxMRs, maxMRs, &lim.MaxMR}} {
-			if c.v == 0 {
-				continue
-			}
-			if c.v > c.max {
-				return DeviceSpec{}, reqErr(c.name, "%d out of range [1, %d] (0: default)", c.v, c.max)
-			}
-			*c.dst = c.v
+		if lim, maxPinned, err = CheckLimits(uint64(l.MaxQPs), uint64(l.MaxCQs), uint64(l.MaxMRs), l.MaxPinnedBytes); err != nil {
+			return DeviceSpec{}, err
 		}
-		if p := l.MaxPinnedBytes; p != 0 && (p < minPinnedBytes || p > maxPinnedBytes) {
-			return DeviceSpec{}, reqErr("limits.max_pinned_bytes", "%d out of range [%d, %d] (0: the daemon's default)", p, uint64(minPinnedBytes), uint64(maxPinnedBytes))
-		}
-		maxPinned = l.MaxPinnedBytes
 	}
 	var share rdma.Share
 	if r.Share != nil {
