@@ -1,6 +1,7 @@
 # vrdma — para-virtual RDMA for QEMU VMs over vhost-user.
 #
-#   make run     build what is missing and run the main job
+#   make run     build what is missing and run the main job (scripts/run.sh: perftest between
+#                two VMs, the container path, RoCEv2 between two network namespaces)
 #   make test    set up what is missing (Go modules, patched QEMU) and run every test
 #   make build   every binary into bin/
 #   make qemu    the patched QEMU into bin/qemu-system-x86_64 (cached in ~/.cache/vrdma)
@@ -145,7 +146,7 @@ soak: deps
 	VRDMA_SOAK=$(SOAK) $(GO) test -count=1 -timeout 0 -run '^TestSoak$$' -v ./tests | grep -E '^(---|\s+soak|soak:|ok|FAIL|PASS)'
 	@cat $(BIN)/soak-summary.txt
 
-run: build qemu guest-image
+run: build qemu guest-stack-image
 	bash scripts/run.sh
 
 bench: deps build
