@@ -28,8 +28,16 @@
 // Devices added through the control API are saved in --state-dir
 // (devices.json) and come back with the same id, socket, uuid and GUID at
 // the next start; devices given on the command line are not saved. An
-// unusable state file stops the start with an error naming it and the
-// copy it was moved to.
+// unusable state file is moved aside and vrdmad serves without its
+// devices, degraded (GET /v1/health, vrdma_health_degraded, STATUS=)
+// until an operator acknowledges it (vrdmactl daemon ack); a failed write
+// of the state file makes it degraded until a write succeeds.
+//
+// Every control API request that changes something, and every refusal,
+// is logged with the caller's uid and pid; each front-end connection with
+// its peer's. Under systemd (JOURNAL_STREAM) each log line carries its
+// journal priority. SIGHUP rewrites the state file from the devices
+// served (nothing else is reloaded); SIGTERM and SIGINT stop vrdmad.
 //
 // Every device's doorbell queues are served by one pool of engine workers
 // (package backend/rdma/sched): --engine-threads of them (default: one
@@ -90,10 +98,6 @@ import (
 	"github.com/vrdma/vrdma/internal/units"
 )
 
-// version is set at link time (-ldflags "-X main.version=…") by
-// scripts/deb.sh.
-var version = "devel"
-
 type stringList []string
 
 func (s *stringList) String() string     { return strings.Join(*s, ",") }
@@ -101,8 +105,9 @@ func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "vrdmad:", err)
-		os.Exit(exitCode(err))
+		code := exitCode(err)
+		reportFatal(os.Stderr, os.Args[1:], err, code, underJournal())
+		os.Exit(code)
 	}
 }
 
@@ -305,12 +310,20 @@ func run(args []string, stdout io.Writer) error {
 	default:
 		return cli.Usagef("--log-format %q: want text or json", f.format)
 	}
+	if underJournal() {
+		log.SetFormatter(priorityFormatter{log.Formatter})
+	}
 	entry := logrus.NewEntry(log)
 	// SIGTERM and SIGINT are ours before any socket serves: a supervisor
 	// that stops vrdmad as soon as the control API answers must get a
 	// clean shutdown, not the default action.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// SIGHUP too: its default action would end vrdmad without a clean
+	// stop (serveUntilStopped answers it).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	raiseNofile(entry)
 
 	allowed, err := affinity()
@@ -450,7 +463,7 @@ func run(args []string, stdout io.Writer) error {
 	}
 	var ms *metrics.Server
 	if f.metricsAddr != "" {
-		ms, err = metrics.Listen(f.metricsAddr, metrics.DaemonSource{D: d, GlobalMaxPinned: dcfg.GlobalMaxPinned}, entry, metrics.WithVersion(version))
+		ms, err = metrics.Listen(f.metricsAddr, metrics.DaemonSource{D: d, GlobalMaxPinned: dcfg.GlobalMaxPinned}, entry)
 		if err != nil {
 			return fail(fmt.Errorf("--metrics: %w", err))
 		}
@@ -459,14 +472,15 @@ func run(args []string, stdout io.Writer) error {
 	// service manager (Type=notify) that vrdmad is ready.
 	n := len(d.Devices())
 	log.WithFields(logrus.Fields{"devices": n, "restored": len(saved)}).Info("vrdmad serving")
-	notify(entry, fmt.Sprintf("%s\nSTATUS=serving %d devices", sddaemon.SdNotifyReady, n))
+	status := statusLine(d.Health())
+	notify(entry, sddaemon.SdNotifyReady+"\nSTATUS="+status)
 	wdDone := make(chan struct{})
 	go func() {
 		defer close(wdDone)
 		watchdog(ctx, entry, d)
 	}()
 
-	<-ctx.Done()
+	serveUntilStopped(ctx, entry, d, hup, status)
 	log.Info("shutting down")
 	notify(entry, sddaemon.SdNotifyStopping+"\nSTATUS=stopping")
 	<-wdDone

@@ -206,6 +206,17 @@ func (d *Daemon) SaveState() error {
 	return nil
 }
 
+// StateFile is the path of the state file, or "" without a state
+// directory.
+func (d *Daemon) StateFile() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.state == nil {
+		return ""
+	}
+	return d.state.path
+}
+
 // setAsideProblem is the problem of the copy an unusable state file was
 // moved to; why is what was wrong with it, or "" when an earlier start
 // moved it.
