@@ -272,12 +272,16 @@ func (n *netQP) completeOn(c *CQ, e *abi.CQE, solicited, send bool) {
 
 // Resolve checks an incoming request's rkey (rc.Host): the MR, or the
 // bound window, must be of this QP's PD, hold the whole range and allow
-// the access, and so must the QP's access flags.
+// the access, and so must the QP's access flags. A zero-length request
+// checks the QP's access flags only, as on this host (respond.go).
 func (n *netQP) Resolve(rkey uint32, va uint64, length uint32, access rc.Access) (rc.Region, bool) {
 	q := n.q
 	q.mu.Lock()
 	acc := q.attr.QPAccessFlags
 	q.mu.Unlock()
+	if length == 0 {
+		return nil, acc&uint32(access) == uint32(access)
+	}
 	// An MR's rkey or a bound window's, as on this host (remoteKey): a
 	// type 2 window answers only this QP.
 	mr := remoteKey(nil, q, acc, rkey, va, uint64(length), uint32(access))

@@ -260,13 +260,10 @@ func (q *QP) recvWrite(p *roce.Packet, seg roce.Segment, starts bool) bool {
 			q.nakFatal(p, roce.NAKInvalidRequest)
 			return false
 		}
-		var reg Region
-		if l > 0 {
-			var ok bool
-			if reg, ok = q.host.Resolve(p.RETH.RKey, p.RETH.VA, l, AccessRemoteWrite); !ok {
-				q.nakFatal(p, roce.NAKRemoteAccessError)
-				return false
-			}
+		reg, ok := q.host.Resolve(p.RETH.RKey, p.RETH.VA, l, AccessRemoteWrite)
+		if !ok {
+			q.nakFatal(p, roce.NAKRemoteAccessError)
+			return false
 		}
 		r.wRegion, r.wVA, r.wLeft, r.wTotal = reg, p.RETH.VA, l, l
 	}
@@ -312,13 +309,10 @@ func (q *QP) recvRead(p *roce.Packet) {
 		q.nakFatal(p, roce.NAKInvalidRequest)
 		return
 	}
-	var reg Region
-	if l > 0 {
-		var ok bool
-		if reg, ok = q.host.Resolve(p.RETH.RKey, p.RETH.VA, l, AccessRemoteRead); !ok {
-			q.nakFatal(p, roce.NAKRemoteAccessError)
-			return
-		}
+	reg, ok := q.host.Resolve(p.RETH.RKey, p.RETH.VA, l, AccessRemoteRead)
+	if !ok {
+		q.nakFatal(p, roce.NAKRemoteAccessError)
+		return
 	}
 	r.remember(replayEntry{read: true, psn: p.BTH.PSN, va: p.RETH.VA, rkey: p.RETH.RKey, len: l})
 	r.nakSent = false
@@ -421,13 +415,10 @@ func (q *QP) duplicate(p *roce.Packet) {
 			q.ctr.dropStale.Add(1)
 			return
 		}
-		var reg Region
-		if l > 0 {
-			var ok bool
-			if reg, ok = q.host.Resolve(p.RETH.RKey, p.RETH.VA, l, AccessRemoteRead); !ok {
-				q.ctr.dropInvalid.Add(1)
-				return
-			}
+		reg, ok := q.host.Resolve(p.RETH.RKey, p.RETH.VA, l, AccessRemoteRead)
+		if !ok {
+			q.ctr.dropInvalid.Add(1)
+			return
 		}
 		q.ctr.duplicates.Add(1)
 		q.pushJob(respJob{region: reg, va: p.RETH.VA, left: l, first: true, psn: p.BTH.PSN, msn: r.msn})

@@ -92,6 +92,9 @@ type host struct {
 }
 
 func (h *host) Resolve(rkey uint32, va uint64, n uint32, access Access) (Region, bool) {
+	if n == 0 {
+		return nil, true
+	}
 	if h.mr == nil || rkey != h.mr.rkey || h.mr.access&access != access {
 		return nil, false
 	}

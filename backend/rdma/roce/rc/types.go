@@ -176,7 +176,9 @@ type RecvCompletion struct {
 type Host interface {
 	// Resolve checks that rkey grants access to [va, va+length) and
 	// returns the region; ok false makes the responder NAK with a remote
-	// access error (length 0 is never resolved).
+	// access error. A zero-length request names no memory: for length 0
+	// only the QP's own access flags are checked (InfiniBand; rkey and va
+	// are not looked at) and the region is nil.
 	Resolve(rkey uint32, va uint64, length uint32, access Access) (r Region, ok bool)
 	// TakeRecv consumes the next posted receive; ok false makes the
 	// responder send an RNR NAK and leave the request for a retry.
