@@ -95,6 +95,7 @@ func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited bool, lazy *QP) (fire b
 	}
 	putCQE(slot, e)
 	c.pi++
+	c.written++
 	qualifies := solicited || e.Status != abi.WCSuccess
 	c.pendAny = true
 	c.pendSolicited = c.pendSolicited || qualifies
@@ -217,8 +218,11 @@ func (cd *RNIC) complete(c *CQ, t *memmap.Table, e *abi.CQE, solicited bool) {
 // completeLazy is complete with push's lazy publication of pi for the QP
 // lazy, if not nil (see push).
 func (cd *RNIC) completeLazy(c *CQ, t *memmap.Table, e *abi.CQE, solicited bool, lazy *QP) {
-	if e.Status != abi.WCSuccess && int(e.Status) < maxWCStatus {
-		cd.wcErrors[e.Status].Add(1)
+	if e.Status != abi.WCSuccess {
+		if int(e.Status) < maxWCStatus {
+			cd.wcErrors[e.Status].Add(1)
+		}
+		cd.countCompletionError(c, e)
 	}
 	if c == nil {
 		return
@@ -226,6 +230,9 @@ func (cd *RNIC) completeLazy(c *CQ, t *memmap.Table, e *abi.CQE, solicited bool,
 	fire, outcome := c.push(t, e, solicited, lazy)
 	if fire {
 		cd.postEvent(abi.EventCQCompletion, c.Num)
+	}
+	if outcome != pushOK {
+		c.lostCQEs.Add(1)
 	}
 	if outcome != pushOverrun {
 		return

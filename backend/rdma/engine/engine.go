@@ -240,6 +240,9 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64, nq *netQP) (moved uint
 		}
 		n := copy(sc.wqe[:], slot)
 		sc.w, ok = decodeSend(sc.wqe[:n], q.UD, min(q.MaxSendSGE, maxSendSGEs), q.MaxInline, sc.lsge[:])
+		if !ok {
+			q.counters().malformed.Add(1)
+		}
 	}
 	w := &sc.w
 	o := outcome{status: abi.WCLocQPOpErr}
@@ -456,6 +459,7 @@ func (q *QP) gather(t *memmap.Table, w *sendWQE, sc *scratch, lsge []abi.SGE, lm
 // receive: kickWaiter), up to rnr_retry times (7: forever), then completes
 // with RNR_RETRY_EXC_ERR. Precondition: sqMu held.
 func (q *QP) rnr(rnrRetry, minRNR uint32, now int64) outcome {
+	q.counters().rnrRecv.Add(1)
 	if rnrRetry != 7 && q.rnrTries >= rnrRetry {
 		return failed(abi.WCRNRRetryExcErr)
 	}

@@ -141,7 +141,7 @@ func (u *udNet) receive(t *memmap.Table, a *ud.Arrival) {
 	st, dead, qkey := q.attr.QPState, q.dead, q.attr.QKey
 	q.mu.Unlock()
 	if dead || (st != abi.QPSRTR && st != abi.QPSRTS) || qkey != a.QKey {
-		d.udDropped.Add(1)
+		q.countUDDrop()
 		return
 	}
 	rec, err := t.Slice(q.Record, QPRecordSize(q.RQNotify))
@@ -152,7 +152,7 @@ func (u *udNet) receive(t *memmap.Table, a *ud.Arrival) {
 	wrID, nr, res := q.takeRecvWQE(t, rec, u.wqe[:], u.sges[:], nil)
 	switch res {
 	case takeEmpty, takeStopped:
-		d.udDropped.Add(1)
+		q.countUDDrop()
 		return
 	case takeBroken:
 		q.toErr(false)

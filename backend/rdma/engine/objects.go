@@ -222,12 +222,18 @@ type CQ struct {
 
 	Users atomic.Int32 // QPs using the CQ (control path: DESTROY_CQ is BUSY while > 0)
 
+	// Counted on error paths only (counters.go): error CQEs pushed to the
+	// CQ (written or lost), and CQEs lost (overrun, or the CQ's memory
+	// gone).
+	errCQEs, lostCQEs atomic.Uint64
+
 	mu            sync.Mutex
 	pi            uint32 // next CQE index (protected by mu)
 	armed         bool   // REQ_NOTIFY_CQ pending (protected by mu)
 	solicitedOnly bool   // protected by mu
 	overrun       bool   // protected by mu
 	dead          bool   // destroyed (protected by mu)
+	written       uint64 // CQEs written since creation (protected by mu; pi wraps)
 	unpublished   bool   // pi advanced past the record's (lazy push; protected by mu)
 	ciSeen        uint32 // the record's ci as last read (protected by mu)
 	// lazy lists the QPs whose completions were pushed lazily since pi
@@ -328,6 +334,10 @@ type QP struct {
 
 	// The record's consumer indices (ci.go).
 	ciState
+
+	// ctr: the QP's error counters, made by its first error
+	// (counters.go).
+	ctr atomic.Pointer[qpCounters]
 
 	// Responder side: the receive queue is consumed by peers' engines, and
 	// every remote operation targeting this QP runs under rqMu, so that

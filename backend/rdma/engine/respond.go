@@ -78,6 +78,7 @@ func (r *request) respond() outcome {
 		if pq.Dev != nil {
 			pq.Dev.wrongPeer.Add(1)
 		}
+		pq.counters().wrongPeer.Add(1)
 		return failed(abi.WCRetryExcErr)
 	}
 	switch r.w.opcode {
@@ -134,9 +135,10 @@ func (r *request) takeRecv(minRNR uint32) (*recvWQE, outcome) {
 	switch res {
 	case takeEmpty, takeStopped:
 		if r.ud {
-			pq.Dev.udDropped.Add(1)
+			pq.countUDDrop()
 			return nil, succeeded(r.total)
 		}
+		pq.counters().rnrSent.Add(1)
 		return nil, r.q.rnr(r.rnrRetry, minRNR, r.now)
 	case takeBroken:
 		return nil, r.peerErr(abi.WCRemOpErr)
@@ -195,6 +197,7 @@ func (q *QP) takeRecvWQE(t *memmap.Table, rec, buf []byte, sges []abi.SGE, w *QP
 	k := copy(buf, slot)
 	wrID, n, ok := decodeRecv(buf[:k], min(q.MaxRecvSGE, maxRecvSGEs), sges)
 	if !ok {
+		q.counters().malformed.Add(1)
 		return wrID, 0, takeBad
 	}
 	return wrID, n, takeOK
@@ -404,6 +407,9 @@ func (r *request) atomic(qpAccess uint32) outcome {
 // remoteErr is an error the responder detected: the responder QP moves to
 // ERR with a QP_FATAL event, and the requester completes with st.
 func (r *request) remoteErr(st abi.WCStatus) outcome {
+	if int(st) < maxWCStatus {
+		r.pq.counters().responder[st].Add(1)
+	}
 	r.pq.toErr(true)
 	return failed(st)
 }

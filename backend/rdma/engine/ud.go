@@ -160,7 +160,7 @@ func (r *request) deliver() outcome {
 	st, dead, qkey := pq.attr.QPState, pq.dead, pq.attr.QKey
 	pq.mu.Unlock()
 	if dead || !pq.UD || (st != abi.QPSRTR && st != abi.QPSRTS) || qkey != r.qkey {
-		pq.Dev.udDropped.Add(1)
+		pq.countUDDrop()
 		return succeeded(r.total)
 	}
 	rv, o := r.takeRecv(0)
