@@ -8,11 +8,13 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/digitalocean/go-qemu/qmp"
 
+	cmdline "github.com/vrdma/vrdma/internal/cli"
 	"github.com/vrdma/vrdma/internal/controlapi"
 	"github.com/vrdma/vrdma/internal/units"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
@@ -26,11 +28,16 @@ func (c *cli) api() *controlapi.Client { return controlapi.New(c.control) }
 // apiErr maps a control API error to vrdmactl's: a 404 answer matches
 // errNotFound, 409 errConflict, 400 errUsage, no answer errUnreachable.
 // The message stays the API's ("GET /v1/devices/x: 404 Not Found: no such
-// device: x").
+// device: x"), except that a control socket the caller may not connect to
+// says which group to join ("/run/vrdma/control.sock: permission denied
+// (join group vrdma: …)").
 func apiErr(err error) error {
+	var ue *controlapi.UnreachableError
 	switch {
 	case err == nil:
 		return nil
+	case errors.As(err, &ue) && (errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM)):
+		return kindError{err: cmdline.SocketAccess(ue.Socket, err), kind: errUnreachable}
 	case errors.Is(err, controlapi.ErrUnreachable):
 		return fmt.Errorf("%w: %w", errUnreachable, err)
 	case errors.Is(err, controlapi.ErrNotFound):
@@ -43,15 +50,21 @@ func apiErr(err error) error {
 	return err
 }
 
+// kindError is err, read as it is, whose exit status is kind's.
+type kindError struct{ err, kind error }
+
+func (e kindError) Error() string   { return e.err.Error() }
+func (e kindError) Unwrap() []error { return []error{e.err, e.kind} }
+
 func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 	sock := fs.String("socket", "", "vhost-user socket `PATH` the device is served on (default: ID.sock beside the control socket)")
 	maxQPs := fs.Uint("max-qps", 0, "most QPs (0: the daemon's default)")
 	maxCQs := fs.Uint("max-cqs", 0, "most CQs (0: the daemon's default)")
 	maxMRs := fs.Uint("max-mrs", 0, "most MRs (0: the daemon's default)")
-	maxPinned := fs.String("max-pinned", "0", "pin quota in bytes, e.g. 1G (0: the daemon's --max-pinned)")
-	guid := fs.String("guid", "", "node GUID xxxx:xxxx:xxxx:xxxx (default: from a random UUID)")
+	maxPinned := fs.String("max-pinned", "0", "pin quota, a `SIZE` such as 1G (0: the daemon's --max-pinned)")
+	guid := fs.String("guid", "", "node `GUID` xxxx:xxxx:xxxx:xxxx (default: from a random UUID)")
 	mac := fs.String("mac", "", "pair the device with the guest NIC of this MAC `address` (the node GUID becomes its EUI-64)")
-	gid := fs.String("gid", "", "port GID 0, fe80::/64 with the GUID (default: from the GUID)")
+	gid := fs.String("gid", "", "port `GID` 0, fe80::/64 with the GUID (default: from the GUID)")
 	doorbells := fs.Int("doorbell-queues", 0, "doorbell queues, one per guest vCPU (0: 1)")
 	var roceBind addrList
 	fs.Var(&roceBind, "roce-bind", "the host `ADDR`ess the device's RoCEv2 traffic to other hosts leaves from, instead of vrdmad's --roce-bind (repeatable)")

@@ -16,13 +16,15 @@
 //	vrdmactl [--json] vm pci (--qmp SOCKET | --libvirt DOMAIN)
 //	vrdmactl completion bash|zsh
 //
-// Every command that prints takes --json (before or after the command):
-// its output is then one JSON document, and an error is {"error": MSG,
-// "exit_code": N} on standard error. Exit statuses: 0 success, 1 failure,
-// 2 bad usage (including a request vrdmad rejects as invalid), 3 no such
-// device, 4 conflict (the device ID or socket is in use, or the daemon
-// holds all the devices it may), 5 vrdmad unreachable (no control socket,
-// or nobody answers on it).
+// The global flags (--control, --json) go anywhere on the command line,
+// before or after the command. With --json a command's output is one JSON
+// document, and an error is {"error": MSG, "exit_code": N} on standard
+// error. Exit statuses: 0 success, 1 failure, 2 bad usage (including a
+// request vrdmad rejects as invalid), 3 no such device, 4 conflict (the
+// device ID or socket is in use, or the daemon holds all the devices it
+// may), 5 vrdmad unreachable (no control socket, nobody answers on it, or
+// its permissions keep the caller out: the error names the group to
+// join).
 //
 // device set changes a running device's share of the engine (PATCH
 // /v1/devices/{id}): only the flags given are sent, the rest is kept;
@@ -46,6 +48,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	cmdline "github.com/vrdma/vrdma/internal/cli"
 )
 
 const defaultControl = "/run/vrdma/control.sock"
@@ -61,16 +65,14 @@ const (
 
 // Errors that choose the exit status; errors.Is matches them.
 var (
-	errUsage       = errors.New("bad usage")
+	errUsage       = cmdline.ErrUsage
 	errNotFound    = errors.New("not found")
 	errConflict    = errors.New("conflict")
 	errUnreachable = errors.New("vrdmad unreachable")
 )
 
 // usageErr is a command line vrdmactl cannot run.
-func usageErr(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{errUsage}, args...)...)
-}
+func usageErr(format string, args ...any) error { return cmdline.Usagef(format, args...) }
 
 // exitCode is the exit status for err.
 func exitCode(err error) int {
@@ -154,10 +156,14 @@ Options:
   --control PATH
       vrdmad's control socket (default $VRDMA_CONTROL, else `+defaultControl+`)
   --json
-      print JSON: every command that prints takes it, before or after the
-      command; errors are then {"error": MSG, "exit_code": N} on standard error
+      print JSON: every command that prints takes it; errors are then
+      {"error": MSG, "exit_code": N} on standard error
   -h, --help
       print this help and exit
+  --version
+      print vrdmactl's version and exit
+
+The options go anywhere on the command line, before or after the command.
 
 Exit status:
   0  success
@@ -167,7 +173,8 @@ Exit status:
   3  no such device
   4  conflict: the device ID or socket is in use, or vrdmad holds all the
      devices it may
-  5  vrdmad unreachable: no control socket, or nobody answers on it
+  5  vrdmad unreachable: no control socket, nobody answers on it, or its
+     permissions keep you out (the error names the group to join)
 
 Shell completion:
   source <(vrdmactl completion bash)      # bash; the .deb installs it
@@ -196,10 +203,10 @@ func commandUsage(w io.Writer, cmd *command, fs *flag.FlagSet) {
 	fs.VisitAll(func(*flag.Flag) { n++ })
 	if n > 0 {
 		fmt.Fprint(w, "\nOptions:\n")
-		fs.SetOutput(w)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
+		cmdline.PrintDefaults(w, fs)
 	}
+	fmt.Fprint(w, "\nGlobal options (anywhere on the command line): --control PATH, --json;\n"+
+		"vrdmactl --help says more.\n")
 }
 
 func findCommand(path string) *command {
@@ -228,7 +235,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	} else {
 		fmt.Fprintln(stderr, "vrdmactl:", err)
 		if code == exitUsage {
-			fmt.Fprintln(stderr, "vrdmactl: see vrdmactl --help")
+			fmt.Fprintln(stderr, "Try 'vrdmactl --help' for more information.")
 		}
 	}
 	return code
@@ -245,17 +252,30 @@ func jsonRequested(args []string) bool {
 	return false
 }
 
-func dispatch(c *cli, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("vrdmactl", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+// globalFlags defines the flags that go anywhere on the command line.
+func globalFlags(c *cli, version *bool) *flag.FlagSet {
+	fs := cmdline.New("vrdmactl")
 	fs.StringVar(&c.control, "control", envOr("VRDMA_CONTROL", defaultControl), "vrdmad's control socket `PATH`")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
+	fs.BoolVar(version, "version", false, "print vrdmactl's version and exit")
+	return fs
+}
+
+func dispatch(c *cli, args []string, stdout io.Writer) error {
+	var version bool
+	fs := globalFlags(c, &version)
+	// Global flags after the command ("device ls --control X") count as
+	// if they came before it; "__ids" and "completion" take theirs too.
+	if err := cmdline.Parse(fs, cmdline.Hoist(fs, args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			usage(stdout)
 			return nil
 		}
-		return usageErr("%v", err)
+		return err
+	}
+	if version {
+		_, err := fmt.Fprintln(stdout, cmdline.VersionLine("vrdmactl"))
+		return err
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
@@ -295,7 +315,7 @@ func dispatch(c *cli, args []string, stdout io.Writer) error {
 	if cmd.prints {
 		cfs.BoolVar(&c.json, "json", c.json, "print JSON")
 	}
-	pos, err := interleaved(cfs, rest[n:])
+	pos, err := cmdline.Interleaved(cfs, rest[n:])
 	if errors.Is(err, flag.ErrHelp) {
 		commandUsage(stdout, cmd, cfs)
 		return nil
@@ -331,24 +351,6 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
-}
-
-// interleaved parses args whose flags may come before or after the
-// positional ones ("device add vm1 --socket S" and "device add --socket S
-// vm1").
-func interleaved(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return pos, nil
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
-	}
 }
 
 // wantArgs checks the number of positional arguments.

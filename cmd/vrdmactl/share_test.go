@@ -105,10 +105,10 @@ func TestDeviceShareErrors(t *testing.T) {
 		{control, []string{"device", "set", "vm1", "vm2", "--weight", "1"}, exitUsage, "needs ID"},
 		{control, []string{"device", "set", "nope", "--weight", "1"}, exitNotFound, "no such device: nope"},
 		{control, []string{"device", "set", "vm1", "--weight", "1001"}, exitUsage, "share.weight"},
-		{control, []string{"device", "set", "vm1", "--weight", "-1"}, exitUsage, "invalid value \"-1\" for flag -weight"},
+		{control, []string{"device", "set", "vm1", "--weight", "-1"}, exitUsage, "--weight: invalid value \"-1\""},
 		{control, []string{"device", "set", "vm1", "--max-bytes-per-s", "100"}, exitUsage, "share.max_bytes_per_s"},
 		{control, []string{"device", "set", "vm1", "--max-bytes-per-s", "lots"}, exitUsage, "--max-bytes-per-s"},
-		{control, []string{"device", "set", "vm1", "--max-ops-per-s", "x"}, exitUsage, "flag -max-ops-per-s"},
+		{control, []string{"device", "set", "vm1", "--max-ops-per-s", "x"}, exitUsage, "--max-ops-per-s: invalid value \"x\""},
 		{control, []string{"device", "add", "vm2", "--weight", "5000"}, exitUsage, "share.weight"},
 		{missing, []string{"device", "set", "vm1", "--weight", "1"}, exitUnreachable, "nobody.sock"},
 	} {
