@@ -121,6 +121,11 @@ func defineDeviceRm(_ *flag.FlagSet, c *cli) func([]string) error {
 		if err != nil {
 			return apiErr(err)
 		}
+		if res.StillListed {
+			// Removed all the same: a success, but the operator must know
+			// that the device comes back at the next start.
+			fmt.Fprintf(c.errOut, "vrdmactl: warning: %s\n", res.Warning)
+		}
 		if c.json {
 			return printJSON(c.out, res) // the API's answer
 		}

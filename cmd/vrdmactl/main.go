@@ -14,6 +14,9 @@
 //	vrdmactl [--control PATH] [--json] vm attach (--qmp SOCKET | --libvirt DOMAIN) --device ID [--bus PORT]
 //	vrdmactl [--json] vm detach (--qmp SOCKET | --libvirt DOMAIN) --device ID
 //	vrdmactl [--json] vm pci (--qmp SOCKET | --libvirt DOMAIN)
+//	vrdmactl [--control PATH] [--json] daemon status
+//	vrdmactl [--control PATH] [--json] daemon ack [PROBLEM]
+//	vrdmactl [--control PATH] [--json] version
 //	vrdmactl completion bash|zsh
 //
 // The global flags (--control, --json) go anywhere on the command line,
@@ -100,6 +103,7 @@ type cli struct {
 	control string
 	json    bool
 	out     io.Writer
+	errOut  io.Writer // warnings of a command that succeeded
 }
 
 // command is one vrdmactl command.
@@ -135,12 +139,15 @@ func init() {
 		{"vm detach", "(--qmp SOCKET | --libvirt DOMAIN [--connect URI]) --device ID",
 			"hot-unplug a device from a running QEMU", false, true, defineVMDetach},
 		{"vm pci", "(--qmp SOCKET | --libvirt DOMAIN [--connect URI])", "list a running QEMU's PCI functions", false, true, defineVMPCI},
+		{"daemon status", "", "show vrdmad's health: status, version, uptime, devices and, while degraded, its problems (exit status 1 while degraded)", true, true, defineDaemonStatus},
+		{"daemon ack", "[PROBLEM]", "acknowledge a problem that stays until an operator has seen it (a state file set aside), or all of them", true, true, defineDaemonAck},
+		{"version", "", "print vrdmactl's version and the running vrdmad's (exit status 5 when vrdmad does not answer)", true, true, defineVersion},
 		{"completion", "bash|zsh", "print a shell completion script (see below)", false, false, defineCompletion},
 	}
 }
 
 // groups are the first words of two-word commands.
-var groups = []string{"device", "vm"}
+var groups = []string{"daemon", "device", "vm"}
 
 func usage(w io.Writer) {
 	fmt.Fprint(w, "Usage: vrdmactl [--control PATH] [--json] COMMAND [ARGS]\n\n"+
@@ -220,7 +227,7 @@ func findCommand(path string) *command {
 
 // run is vrdmactl; it returns the exit status.
 func run(args []string, stdout, stderr io.Writer) int {
-	c := &cli{out: stdout}
+	c := &cli{out: stdout, errOut: stderr}
 	err := dispatch(c, args, stdout)
 	if err == nil {
 		return 0

@@ -301,8 +301,10 @@ func TestCompletion(t *testing.T) {
 		words []string
 		want  string
 	}{
-		{[]string{"vrdmactl", ""}, "completion device help vm"},
-		{[]string{"vrdmactl", "d"}, "device"},
+		{[]string{"vrdmactl", ""}, "completion daemon device help version vm"},
+		{[]string{"vrdmactl", "d"}, "daemon device"},
+		{[]string{"vrdmactl", "daemon", ""}, "status ack"},
+		{[]string{"vrdmactl", "v"}, "version vm"},
 		{[]string{"vrdmactl", "device", ""}, "add set rm ls show"},
 		{[]string{"vrdmactl", "device", "set", "x", "--w"}, "--weight"},
 		{[]string{"vrdmactl", "device", "add", "x", "--max-b"}, "--max-bytes-per-s"},

@@ -218,24 +218,31 @@ func (c *Client) Ack(ctx context.Context, id string) (AckAnswer, error) {
 // do sends one request with body as JSON (nil: none) and decodes a 2xx
 // answer into out.
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	_, err := c.exchange(ctx, method, path, body, out)
+	return err
+}
+
+// exchange is do, returning the answer's header as well (a listing's
+// Link to its next page).
+func (c *Client) exchange(ctx context.Context, method, path string, body, out any) (http.Header, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return fmt.Errorf("%s %s: %w", method, path, err)
+			return nil, fmt.Errorf("%s %s: %w", method, path, err)
 		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, baseURL+path, rd)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return &UnreachableError{Socket: c.socket, Err: err}
+		return nil, &UnreachableError{Socket: c.socket, Err: err}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
@@ -244,10 +251,10 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		if json.Unmarshal(b, &e) != nil || e.Error == "" {
 			e.Error = strings.TrimSpace(string(b))
 		}
-		return &StatusError{Method: method, Path: path, Code: resp.StatusCode, Status: resp.Status, Message: e.Error}
+		return nil, &StatusError{Method: method, Path: path, Code: resp.StatusCode, Status: resp.Status, Message: e.Error}
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxAnswer)).Decode(out); err != nil {
-		return fmt.Errorf("%s %s: decode the answer: %w", method, path, err)
+		return nil, fmt.Errorf("%s %s: decode the answer: %w", method, path, err)
 	}
-	return nil
+	return resp.Header, nil
 }

@@ -367,6 +367,7 @@ func (d *Daemon) Handler() http.Handler {
 			writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed on "+r.URL.Path+" (allowed: "+p.allow+")")
 		})
 	}
+	d.resourceRoutes(mux) // resources.go
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path)
 	})
