@@ -129,6 +129,9 @@ _vrdmactl() {
 	completion)
 		((npos == 0)) && COMPREPLY=($(compgen -W "bash zsh" -- "$cur"))
 		;;
+	"resource show")
+		((npos == 0)) && COMPREPLY=($(compgen -W "` + strings.Join(resourceKindNames(), " ") + `" -- "$cur"))
+		;;
 	*)
 		if ((ids && npos == 0)); then
 			COMPREPLY=($(compgen -W "$(_vrdmactl_ids "$control")" -- "$cur"))

@@ -373,49 +373,6 @@ func defineCompletion(_ *flag.FlagSet, c *cli) func([]string) error {
 	}
 }
 
-// showInfo prints one device as a two-column table.
-func showInfo(out io.Writer, d controlapi.DeviceInfo) error {
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	rows := [][2]string{
-		{"id", d.ID}, {"socket", d.Socket}, {"uuid", d.UUID}, {"guid", d.GUID}, {"gid", d.GID}, {"mac", d.MAC},
-		{"connected", fmt.Sprint(d.Connected)}, {"num_queues", fmt.Sprint(d.NumQueues)},
-		{"max_qps", fmt.Sprint(d.Limits.MaxQPs)}, {"max_cqs", fmt.Sprint(d.Limits.MaxCQs)}, {"max_mrs", fmt.Sprint(d.Limits.MaxMRs)},
-		{"max_pinned", pinnedLimit(d.Limits.MaxPinnedBytes)},
-	}
-	for _, g := range d.GIDs {
-		if g.Index != 0 { // entry 0 is the "gid" row
-			rows = append(rows, [2]string{fmt.Sprintf("gid[%d]", g.Index), g.GID})
-		}
-	}
-	if len(d.RoCEBind) > 0 {
-		rows = append(rows, [2]string{"roce_bind", strings.Join(d.RoCEBind, ",")})
-	}
-	addrs := "none (port GID only)"
-	if len(d.Addresses) > 0 {
-		addrs = strings.Join(d.Addresses, ",")
-	}
-	rows = append(rows, [2]string{"addresses", addrs})
-	rows = append(rows, [2]string{"rnic", d.RNIC})
-	rows = append(rows, shareRows(d.Share)...)
-	rows = append(rows, [][2]string{
-		{"pinned", units.FormatBytes(d.PinnedBytes)}, {"map_cache", units.FormatBytes(d.CachedBytes)},
-		{"pds", fmt.Sprint(d.PDs)}, {"mrs", fmt.Sprint(d.MRs)}, {"cqs", fmt.Sprint(d.CQs)}, {"qps", fmt.Sprint(d.QPs)}, {"ahs", fmt.Sprint(d.AHs)},
-		{"bytes_moved", units.FormatBytes(d.BytesMoved)}, {"commands", fmt.Sprint(d.Commands)},
-		{"errors", fmt.Sprint(d.Errors)}, {"ring_errors", fmt.Sprint(d.RingErrors)}, {"sessions", fmt.Sprint(d.Sessions)},
-	}...)
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\n", r[0], r[1])
-	}
-	return tw.Flush()
-}
-
-func pinnedLimit(n uint64) string {
-	if n == 0 {
-		return "none"
-	}
-	return units.FormatBytes(n)
-}
-
 // addrList is a repeatable flag of addresses, kept as given: vrdmad checks
 // them (its answer names what is wrong).
 // addressList is --address: each value checked as the daemon checks it.

@@ -11,6 +11,8 @@
 //	vrdmactl [--control PATH] [--json] device rm ID
 //	vrdmactl [--control PATH] [--json] device ls
 //	vrdmactl [--control PATH] [--json] device show ID
+//	vrdmactl [--control PATH] [--json] device qps|cqs|mrs|pds|srqs|mws ID
+//	vrdmactl [--control PATH] [--json] resource show [qp|cq|mr|pd|srq|mw]
 //	vrdmactl [--control PATH] [--json] vm attach (--qmp SOCKET | --libvirt DOMAIN) --device ID [--bus PORT]
 //	vrdmactl [--json] vm detach (--qmp SOCKET | --libvirt DOMAIN) --device ID
 //	vrdmactl [--json] vm pci (--qmp SOCKET | --libvirt DOMAIN)
@@ -133,7 +135,14 @@ func init() {
 			"change a device's share of the engine (only the flags given; a max of 0 removes that bound)", true, true, defineDeviceSet},
 		{"device rm", "ID", "remove a device (a connected front-end is disconnected)", true, true, defineDeviceRm},
 		{"device ls", "", "list the devices", true, true, defineDeviceLs},
-		{"device show", "ID", "show one device", true, true, defineDeviceShow},
+		{"device show", "ID", "show one device: every field of its JSON, sizes in binary units", true, true, defineDeviceShow},
+		{"device qps", "ID", "list a device's QPs: number, type, state, peer, PSNs, error counters", true, true, defineDeviceObjects("qps")},
+		{"device cqs", "ID", "list a device's CQs: depth, armed, overrun, completions written, in error and lost", true, true, defineDeviceObjects("cqs")},
+		{"device mrs", "ID", "list a device's MRs: keys, PD, type, address, length, access, pinned bytes", true, true, defineDeviceObjects("mrs")},
+		{"device pds", "ID", "list a device's PDs and the objects naming each", true, true, defineDeviceObjects("pds")},
+		{"device srqs", "ID", "list a device's shared receive queues", true, true, defineDeviceObjects("srqs")},
+		{"device mws", "ID", "list a device's memory windows", true, true, defineDeviceObjects("mws")},
+		{"resource show", "[qp|cq|mr|pd|srq|mw]", "list every device's objects of a kind, one line each (without a kind: each device's counts), as rdma resource show does", true, true, defineResourceShow},
 		{"vm attach", "(--qmp SOCKET | --libvirt DOMAIN [--connect URI]) --device ID [--bus PORT] [--vq-size N]",
 			"hot-plug a device into a running QEMU", true, true, defineVMAttach},
 		{"vm detach", "(--qmp SOCKET | --libvirt DOMAIN [--connect URI]) --device ID",
@@ -147,7 +156,7 @@ func init() {
 }
 
 // groups are the first words of two-word commands.
-var groups = []string{"daemon", "device", "vm"}
+var groups = []string{"daemon", "device", "resource", "vm"}
 
 func usage(w io.Writer) {
 	fmt.Fprint(w, "Usage: vrdmactl [--control PATH] [--json] COMMAND [ARGS]\n\n"+

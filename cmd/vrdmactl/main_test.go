@@ -301,11 +301,15 @@ func TestCompletion(t *testing.T) {
 		words []string
 		want  string
 	}{
-		{[]string{"vrdmactl", ""}, "completion daemon device help version vm"},
+		{[]string{"vrdmactl", ""}, "completion daemon device help resource version vm"},
 		{[]string{"vrdmactl", "d"}, "daemon device"},
 		{[]string{"vrdmactl", "daemon", ""}, "status ack"},
 		{[]string{"vrdmactl", "v"}, "version vm"},
-		{[]string{"vrdmactl", "device", ""}, "add set rm ls show"},
+		{[]string{"vrdmactl", "device", ""}, "add set rm ls show qps cqs mrs pds srqs mws"},
+		{[]string{"vrdmactl", "resource", ""}, "show"},
+		{[]string{"vrdmactl", "resource", "show", ""}, "qp cq mr pd srq mw"},
+		{[]string{"vrdmactl", "resource", "show", "s"}, "srq"},
+		{[]string{"vrdmactl", "--control", control, "device", "qps", "a"}, "alpha"},
 		{[]string{"vrdmactl", "device", "set", "x", "--w"}, "--weight"},
 		{[]string{"vrdmactl", "device", "add", "x", "--max-b"}, "--max-bytes-per-s"},
 		{[]string{"vrdmactl", "--control", control, "device", "set", "b"}, "beta"},

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"strconv"
 
 	"github.com/vrdma/vrdma/internal/controlapi"
@@ -111,13 +110,4 @@ func rateLimit(n uint64, bytes bool) string {
 		return units.FormatBytes(n) + "/s"
 	}
 	return strconv.FormatUint(n, 10) + "/s"
-}
-
-// shareRows are the rows of device show for a share.
-func shareRows(s controlapi.Share) [][2]string {
-	return [][2]string{
-		{"weight", fmt.Sprint(s.Weight)},
-		{"max_bytes_per_s", rateLimit(s.MaxBytesPerSec, true)},
-		{"max_ops_per_s", rateLimit(s.MaxOpsPerSec, false)},
-	}
 }

@@ -58,7 +58,7 @@ func TestDeviceShare(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("device show: exit %d", code)
 	}
-	for key, want := range map[string]string{"weight": "1", "max_bytes_per_s": "64MiB/s", "max_ops_per_s": "none"} {
+	for key, want := range map[string]string{"share.weight": "1", "share.max_bytes_per_s": "64MiB/s", "share.max_ops_per_s": "none"} {
 		if got := rowOf(out, key); got != want {
 			t.Errorf("device show: %s row %q, want %q", key, got, want)
 		}
