@@ -367,7 +367,7 @@ func TestLibvirtd(t *testing.T) {
 		// No device from boot: the guest's hotplug program takes the
 		// first vrdma device it finds.
 		hx = cut(t, hx, "<qemu:arg value='-chardev'/>", `"config_size":96}'/>`)
-		hx = edit(t, hx, "<boot dev='hd'/>", fmt.Sprintf("<kernel>%s</kernel><initrd>%s</initrd><cmdline>console=ttyS0 quiet panic=-1 vrdma.console=ttyS1 vrdma.hugepages=%d vrdma.run=hotplug vrdma.args=--rounds,2</cmdline>",
+		hx = edit(t, hx, "<boot dev='hd'/>", fmt.Sprintf("<kernel>%s</kernel><initrd>%s</initrd><cmdline>console=ttyS0 quiet panic=-1 no_timer_check vrdma.console=ttyS1 vrdma.hugepages=%d vrdma.run=hotplug vrdma.args=--rounds,2</cmdline>",
 			lv.reachable(t, env.kernel), lv.reachable(t, env.initrd), guestvm.DefaultHugePages))
 		results := lv.dir + "/hp-ttyS1.log"
 		hx = edit(t, hx, "<serial type='pty'/>", "<serial type='file'><source path='"+lv.dir+"/hp-ttyS0.log'/><target port='0'/></serial>"+

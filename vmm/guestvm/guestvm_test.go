@@ -68,7 +68,7 @@ func TestAppendLine(t *testing.T) {
 	c := validConfig()
 	c.Append = "loglevel=7"
 	got := c.withDefaults().appendLine()
-	want := "console=ttyS0 quiet panic=-1 vrdma.console=ttyS1 vrdma.hugepages=64 vrdma.run=client vrdma.args=--op,write,--size,65536 loglevel=7"
+	want := "console=ttyS0 quiet panic=-1 no_timer_check vrdma.console=ttyS1 vrdma.hugepages=64 vrdma.run=client vrdma.args=--op,write,--size,65536 loglevel=7"
 	if got != want {
 		t.Fatalf("got %q, want %q", got, want)
 	}
@@ -76,7 +76,7 @@ func TestAppendLine(t *testing.T) {
 	c.HugePages = 8
 	c.Append = ""
 	got = c.withDefaults().appendLine()
-	want = "console=ttyS0 quiet panic=-1 vrdma.console=ttyS1 vrdma.hugepages=8 vrdma.run=client"
+	want = "console=ttyS0 quiet panic=-1 no_timer_check vrdma.console=ttyS1 vrdma.hugepages=8 vrdma.run=client"
 	if got != want {
 		t.Fatalf("got %q, want %q", got, want)
 	}

@@ -79,7 +79,7 @@ func TestStackAppendLine(t *testing.T) {
 	c.Append = "loglevel=7"
 	got := c.withDefaults().appendLine()
 	b64 := base64.StdEncoding.EncodeToString([]byte(c.Command))
-	want := "console=ttyS0 quiet panic=-1 vrdma.console=ttyS1 vrdma.hostname=server vrdma.ip=10.11.0.1/24 " +
+	want := "console=ttyS0 quiet panic=-1 no_timer_check vrdma.console=ttyS1 vrdma.hostname=server vrdma.ip=10.11.0.1/24 " +
 		"vrdma.host=server:10.11.0.1 vrdma.host=client:10.11.0.2 vrdma.gate=1 vrdma.listen=1 vrdma.devwait=2 " +
 		"vrdma.hugepages=8 vrdma.cmd=" + b64 + " loglevel=7"
 	if got != want {
@@ -90,7 +90,7 @@ func TestStackAppendLine(t *testing.T) {
 		t.Fatalf("base64 %q holds a space or quote", b64)
 	}
 	got = StackConfig{Name: "vm", Command: "true"}.withDefaults().appendLine()
-	want = "console=ttyS0 quiet panic=-1 vrdma.console=ttyS1 vrdma.hostname=vm vrdma.cmd=dHJ1ZQ=="
+	want = "console=ttyS0 quiet panic=-1 no_timer_check vrdma.console=ttyS1 vrdma.hostname=vm vrdma.cmd=dHJ1ZQ=="
 	if got != want {
 		t.Fatalf("got  %q\nwant %q", got, want)
 	}
