@@ -93,8 +93,6 @@ func parseExec(scenario string, args []string, o options, kernelSet bool, binDir
 		f.initrd = filepath.Join(binDir, "guest-stack", "initramfs.img")
 	}
 	fs := flag.NewFlagSet("vrdma-vmtest "+scenario, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, execUsage); fs.PrintDefaults() }
 	if pair {
 		fs.StringVar(&f.server, "server", "", "the server guest's `command` (required)")
 		fs.StringVar(&f.client, "client", "", "the client guest's `command` (required); {server} is the server's address")
@@ -113,8 +111,8 @@ func parseExec(scenario string, args []string, o options, kernelSet bool, binDir
 	fs.DurationVar(&f.timeout, "timeout", o.timeout, "bound on the whole run")
 	fs.BoolVar(&f.verbose, "v", o.verbose, "print each guest's kernel console and QEMU's stderr, and the vrdmad log, on stderr at the end")
 	fs.BoolVar(&f.quiet, "q", false, "print only the commands' output (init's failures and kernel warnings go to stderr)")
-	if err := fs.Parse(args); err != nil {
-		return f, errUsage
+	if err := parseScenario(fs, args, execUsage, stderr); err != nil {
+		return f, err
 	}
 	bad := func(format string, a ...any) (execFlags, error) {
 		fmt.Fprintf(stderr, "vrdma-vmtest %s: "+format+"\n", append([]any{scenario}, a...)...)
@@ -142,6 +140,9 @@ func parseExec(scenario string, args []string, o options, kernelSet bool, binDir
 // runExec runs exec or exec-pair and returns the exit status.
 func runExec(scenario string, args []string, o options, kernelSet bool, binDir string, stdout, stderr io.Writer) int {
 	f, err := parseExec(scenario, args, o, kernelSet, binDir, stderr)
+	if printedHelp(err, stdout) {
+		return 0
+	}
 	if err != nil {
 		return 2
 	}

@@ -207,7 +207,6 @@ func TestRunExecUsage(t *testing.T) {
 	}{
 		{"exec without --cmd", []string{"exec"}, 2, "--cmd is required"},
 		{"pair without --client", []string{"exec-pair", "--server", "x"}, 2, "--client are required"},
-		{"help", []string{"exec", "--help"}, 2, "Exit status"},
 		{"command too long", []string{"exec", "--cmd", strings.Repeat("echo x; ", 200)}, 2, "shorten the command"},
 		{"bad append", []string{"exec", "--cmd", "true", "--append", `a="b c"`}, 2, "Append"},
 		{"missing binaries", []string{"--qemu", missing, "--vrdmad", missing, "exec", "--cmd", "true"}, guestvm.ExitHarness, "vrdmad"},
@@ -224,5 +223,11 @@ func TestRunExecUsage(t *testing.T) {
 				t.Fatalf("got stderr %q, want it to hold %q", errb.String(), tt.msg)
 			}
 		})
+	}
+	// --help: the usage and the flags on standard output, exit 0.
+	var out, errb bytes.Buffer
+	if code := run([]string{"exec", "--help"}, &out, &errb); code != 0 || !strings.Contains(out.String(), "Exit status") ||
+		!strings.Contains(out.String(), "  --cmd COMMAND\n") || errb.Len() != 0 {
+		t.Errorf("exec --help: exit %d, stdout %q, stderr %q; want 0 and the usage with --cmd on stdout", code, out.String(), errb.String())
 	}
 }

@@ -91,9 +91,7 @@ var hostnicDefaults = map[string][2]int{
 func parseHostnic(args []string, stderr io.Writer) (hostnicFlags, error) {
 	var f hostnicFlags
 	var ops string
-	fs := flag.NewFlagSet("hostnic", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), hostnicUsage); fs.PrintDefaults() }
+	fs := flag.NewFlagSet("vrdma-vmtest hostnic", flag.ContinueOnError)
 	fs.StringVar(&ops, "op", "write", "the ops, comma-separated: write, read, send, atomic, write_imm (--local only)")
 	fs.IntVar(&f.size, "size", 0, "message size in bytes (default: 65536; atomic 8)")
 	fs.IntVar(&f.iters, "iters", 0, "iterations (default: 64; atomic 200)")
@@ -108,11 +106,8 @@ func parseHostnic(args []string, stderr io.Writer) (hostnicFlags, error) {
 	fs.IntVar(&f.memory, "guest-memory", hostniclab.DefaultMemoryMiB, "guest A's RAM in `MiB`")
 	fs.IntVar(&f.smp, "guest-cpus", hostniclab.DefaultSMP, "guest A's vCPUs")
 	fs.DurationVar(&f.settle, "settle", hostniclab.DefaultSettle, "bound on the wait for vrdmad's cleanup after a client ends")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return f, flag.ErrHelp
-		}
-		return f, errUsage
+	if err := parseScenario(fs, args, hostnicUsage, stderr); err != nil {
+		return f, err
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "vrdma-vmtest hostnic: unexpected arguments %q\n", fs.Args())
@@ -182,7 +177,7 @@ type hostnicLine struct {
 // runHostnic is the hostnic scenario: it returns the exit status.
 func runHostnic(args []string, o options, binDir string, stdout, stderr io.Writer) int {
 	f, err := parseHostnic(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
+	if printedHelp(err, stdout) {
 		return 0
 	}
 	if err != nil {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -70,9 +69,7 @@ var interopDefaults = map[string][2]int{
 
 func parseInterop(args []string, stderr io.Writer) (interopFlags, error) {
 	var f interopFlags
-	fs := flag.NewFlagSet("interop", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), interopUsage); fs.PrintDefaults() }
+	fs := flag.NewFlagSet("vrdma-vmtest interop", flag.ContinueOnError)
 	fs.StringVar(&f.op, "op", "write", "write, read, send, atomic or write_lat")
 	fs.IntVar(&f.size, "size", 0, "message size in bytes (default: 65536; atomic 8; write_lat 64)")
 	fs.IntVar(&f.iters, "iters", 0, "iterations (default: 64; atomic and write_lat 200)")
@@ -81,11 +78,8 @@ func parseInterop(args []string, stderr io.Writer) (interopFlags, error) {
 	fs.StringVar(&f.rxeKernel, "rxe-kernel", "", "the rxe guest's kernel (default: bin/rxe/vmlinux beside this program)")
 	fs.StringVar(&f.rxeInitrd, "rxe-initrd", "", "the rxe guest's initramfs (default: bin/rxe/initramfs.img beside this program)")
 	fs.StringVar(&f.tshark, "tshark", "", "tshark `binary` (default: from $PATH; without one the capture is checked by the codec only)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return f, flag.ErrHelp
-		}
-		return f, errUsage
+	if err := parseScenario(fs, args, interopUsage, stderr); err != nil {
+		return f, err
 	}
 	def, ok := interopDefaults[f.op]
 	switch {
@@ -142,7 +136,7 @@ type interopResult struct {
 // runInterop is the interop scenario: it returns the exit status.
 func runInterop(args []string, o options, binDir string, stdout, stderr io.Writer) int {
 	f, err := parseInterop(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
+	if printedHelp(err, stdout) {
 		return 0
 	}
 	if err != nil {

@@ -50,6 +50,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/cli"
 	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/internal/hostniclab"
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
@@ -96,12 +97,8 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	exe, _ := os.Executable()
 	binDir := filepath.Dir(exe)
 	var o options
-	fs := flag.NewFlagSet("vrdma-vmtest", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	if len(argv) > 0 && (argv[0] == "-h" || argv[0] == "-help" || argv[0] == "--help") {
-		fs.SetOutput(stdout) // --help: usage on standard output, exit 0
-	}
-	fs.Usage = func() { fmt.Fprint(fs.Output(), usage); fs.PrintDefaults() }
+	var version bool
+	fs := cli.New("vrdma-vmtest")
 	fs.StringVar(&o.vrdmad, "vrdmad", filepath.Join(binDir, "vrdmad"), "the vrdmad `binary`")
 	fs.StringVar(&o.vrdmactl, "vrdmactl", filepath.Join(binDir, "vrdmactl"), "the vrdmactl `binary` (spinup)")
 	fs.StringVar(&o.qemuBin, "qemu", "", "the patched qemu-system-x86_64 `binary` (default: $VRDMA_QEMU, else qemu-system-x86_64 beside this program)")
@@ -111,14 +108,20 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.hugepages, "hugepages", guestvm.DefaultHugePages, "2 MiB hugepages each guest reserves")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "bound on the whole scenario")
 	fs.BoolVar(&o.verbose, "v", false, "print the guests' consoles and the daemon's log at the end")
-	if err := fs.Parse(argv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	fs.BoolVar(&version, "version", false, "print the version and exit")
+	// The flags above go after the scenario too ("probe --timeout 10m");
+	// the hidden guest-side subcommands take their arguments as they are.
+	err := cli.ParseHelp(fs, cli.Hoist(fs, argv, hostniclab.AgentCommand, hostniclab.ClientCommand), usage)
+	if err != nil {
+		return cli.Exit(stdout, stderr, "vrdma-vmtest", err)
+	}
+	if version {
+		fmt.Fprintln(stdout, cli.VersionLine("vrdma-vmtest"))
+		return 0
 	}
 	if fs.NArg() == 0 {
-		fs.Usage()
+		fmt.Fprintf(stderr, "vrdma-vmtest: no scenario given\n%s", usage)
+		cli.PrintDefaults(stderr, fs)
 		return 2
 	}
 	switch fs.Arg(0) {
@@ -135,6 +138,34 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		kernelSet := false
 		fs.Visit(func(fl *flag.Flag) { kernelSet = kernelSet || fl.Name == "kernel" || fl.Name == "initrd" })
 		return runExec(sc, fs.Args()[1:], o, kernelSet, binDir, stdout, stderr)
+	}
+	// The scenario's command line is checked before anything is looked
+	// for: a typo is bad usage wherever the binaries are.
+	scenario, rest := fs.Arg(0), fs.Args()[1:]
+	var (
+		pf pairFlags
+		sf spinupFlags
+	)
+	switch scenario {
+	case "pair":
+		pf, err = parsePair(rest, stderr)
+	case "spinup":
+		sf, err = parseSpinup(rest, stderr)
+	case "probe", "selftest":
+		if len(rest) > 0 {
+			fmt.Fprintf(stderr, "vrdma-vmtest: %s takes no arguments, got %q\n", scenario, rest)
+			return 2
+		}
+	default:
+		fmt.Fprintf(stderr, "vrdma-vmtest: unknown scenario %q\n%s", scenario, usage)
+		cli.PrintDefaults(stderr, fs)
+		return 2
+	}
+	if printedHelp(err, stdout) {
+		return 0
+	}
+	if err != nil {
+		return 2
 	}
 	if o.qemuBin == "" {
 		p, err := qemu.FindBinary(filepath.Dir(binDir))
@@ -156,33 +187,17 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 
-	scenario, rest := fs.Arg(0), fs.Args()[1:]
 	start := time.Now()
-	var err error
 	switch scenario {
 	case "pair":
-		err = runPair(ctx, o, rest, stdout, stderr)
+		err = runPair(ctx, o, pf, stdout, stderr)
 	case "spinup":
-		var sf spinupFlags
-		if sf, err = parseSpinup(rest, stderr); err == nil {
-			err = runSpinup(ctx, o, sf, stdout, stderr)
-			if err == nil && sf.json {
-				return 0
-			}
+		err = runSpinup(ctx, o, sf, stdout, stderr)
+		if err == nil && sf.json {
+			return 0
 		}
 	case "probe", "selftest":
-		if len(rest) > 0 {
-			fmt.Fprintf(stderr, "vrdma-vmtest: %s takes no arguments, got %q\n", scenario, rest)
-			return 2
-		}
 		err = runSingle(ctx, o, scenario, stdout, stderr)
-	default:
-		fmt.Fprintf(stderr, "vrdma-vmtest: unknown scenario %q\n", scenario)
-		fs.Usage()
-		return 2
-	}
-	if errors.Is(err, errUsage) {
-		return 2
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "vrdma-vmtest: %s: FAILED: %v\n", scenario, err)
@@ -192,7 +207,33 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-var errUsage = errors.New("usage")
+// errUsage is what a scenario's parser returns for a command line it
+// cannot run, after it said why on standard error.
+var errUsage = cli.ErrUsage
+
+// parseScenario parses a scenario's flags (fs, named "vrdma-vmtest
+// SCENARIO"): nil, a *cli.HelpError holding header and the flags for
+// --help, or errUsage once the error is on stderr, in GNU form.
+func parseScenario(fs *flag.FlagSet, args []string, header string, stderr io.Writer) error {
+	err := cli.ParseHelp(fs, args, header)
+	var he *cli.HelpError
+	if err == nil || errors.As(err, &he) {
+		return err
+	}
+	cli.Exit(io.Discard, stderr, fs.Name(), err)
+	return errUsage
+}
+
+// printedHelp prints a scenario's --help (a *cli.HelpError) on stdout and
+// reports whether err was one.
+func printedHelp(err error, stdout io.Writer) bool {
+	var he *cli.HelpError
+	if errors.As(err, &he) {
+		io.WriteString(stdout, he.Text)
+		return true
+	}
+	return false
+}
 
 // pairFlags are the flags of the pair scenario, passed to both guests.
 type pairFlags struct {
@@ -202,13 +243,12 @@ type pairFlags struct {
 
 func parsePair(args []string, stderr io.Writer) (pairFlags, error) {
 	var p pairFlags
-	fs := flag.NewFlagSet("pair", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := flag.NewFlagSet("vrdma-vmtest pair", flag.ContinueOnError)
 	fs.StringVar(&p.op, "op", "write", "write, read, send or atomic")
 	fs.IntVar(&p.size, "size", 65536, "message size in bytes")
 	fs.IntVar(&p.iters, "iters", 1000, "iterations")
-	if err := fs.Parse(args); err != nil {
-		return p, errUsage
+	if err := parseScenario(fs, args, "usage: vrdma-vmtest [flags] pair [--op OP] [--size N] [--iters N]\n\nflags:\n", stderr); err != nil {
+		return p, err
 	}
 	switch {
 	case fs.NArg() > 0:
@@ -228,11 +268,7 @@ func (p pairFlags) args() []string {
 	return []string{"--op", p.op, "--size", strconv.Itoa(p.size), "--iters", strconv.Itoa(p.iters)}
 }
 
-func runPair(ctx context.Context, o options, args []string, stdout, stderr io.Writer) error {
-	pf, err := parsePair(args, stderr)
-	if err != nil {
-		return err
-	}
+func runPair(ctx context.Context, o options, pf pairFlags, stdout, stderr io.Writer) error {
 	d, err := startDaemon(ctx, o, "server", "client")
 	if err != nil {
 		return err

@@ -39,12 +39,11 @@ type spinupFlags struct {
 
 func parseSpinup(args []string, stderr io.Writer) (spinupFlags, error) {
 	var sf spinupFlags
-	fs := flag.NewFlagSet("spinup", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := flag.NewFlagSet("vrdma-vmtest spinup", flag.ContinueOnError)
 	fs.IntVar(&sf.rounds, "rounds", 3, "attach/detach rounds (1..100)")
 	fs.BoolVar(&sf.json, "json", false, "print only a JSON object {attach_s, detach_s, rounds, ...} on stdout")
-	if err := fs.Parse(args); err != nil {
-		return sf, errUsage
+	if err := parseScenario(fs, args, "usage: vrdma-vmtest [flags] spinup [--rounds N] [--json]\n\nflags:\n", stderr); err != nil {
+		return sf, err
 	}
 	if fs.NArg() > 0 || sf.rounds < 1 || sf.rounds > 100 {
 		fmt.Fprintf(stderr, "vrdma-vmtest: spinup [--rounds 1..100] [--json], got %q\n", args)
