@@ -23,7 +23,6 @@ package main
 import (
 	"bytes"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -36,16 +35,27 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/cli"
 	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(os.Stderr, "vrdma-bench:", err)
-		os.Exit(1)
-	}
+	os.Exit(cli.Exit(os.Stdout, os.Stderr, "vrdma-bench", run(os.Args[1:], os.Stdout)))
 }
+
+// benchUsage heads --help; the flags follow.
+const benchUsage = `Usage: vrdma-bench [--quick] [--only SECTIONS] [--out FILE] [--png FILE] [OPTIONS]
+
+Run vrdma's benchmark suite on this host (make bench): virtio-user
+front-ends on in-process daemons, no QEMU. Each figure is printed beside a
+baseline measured in the same run; the report goes to --out and the charts
+beside --png.
+
+Exit status: 0 success, 1 failure, 2 bad usage.
+
+Options:
+`
 
 type options struct {
 	out, png, micro, vmtest, cpuprofile string
@@ -58,10 +68,12 @@ type options struct {
 	densityIdle                         time.Duration // its idle-CPU window
 }
 
-func parseFlags(args []string, stderr io.Writer) (options, error) {
-	fs := flag.NewFlagSet("vrdma-bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// parseFlags parses the command line: a *cli.HelpError for --help, a
+// *cli.UsageError for one it cannot run.
+func parseFlags(args []string) (options, error) {
+	fs := cli.New("vrdma-bench")
 	var o options
+	var version bool
 	var quick bool
 	var pairs string
 	var threads int
@@ -81,14 +93,18 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&threads, "engine-threads", 0, "engine workers of the rigs' daemons, as vrdmad's --engine-threads (0: the default pool, GOMAXPROCS workers)")
 	fs.StringVar(&pairs, "pairs", "", "pair counts of the scaling section, from 1 (default 1,2,4,8,32,128; --quick 1,2,4)")
 	fs.DurationVar(&o.densityIdle, "density-idle", 10*time.Second, "how long the density section measures the idle daemon's CPU")
-	if err := fs.Parse(args); err != nil {
+	fs.BoolVar(&version, "version", false, "print the version and exit")
+	if err := cli.ParseHelp(fs, args, benchUsage); err != nil {
 		return o, err
 	}
+	if version {
+		return o, &cli.HelpError{Text: cli.VersionLine("vrdma-bench") + "\n"}
+	}
 	if fs.NArg() != 0 {
-		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+		return o, cli.Usagef("unexpected arguments %q", fs.Args())
 	}
 	if o.s.rowTime <= 0 || o.s.repeats < 1 || o.s.repeats > 100 {
-		return o, errors.New("--row-time must be positive and --repeats 1 … 100")
+		return o, cli.Usagef("--row-time must be positive and --repeats 1 … 100")
 	}
 	o.s.sizes = []uint64{64, 256, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20}
 	o.s.guestMems = []uint64{1 << 30, 4 << 30, 16 << 30}
@@ -103,13 +119,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		o.density = "" // density_test.go measures it (the section takes minutes)
 	}
 	if threads < 0 {
-		return o, fmt.Errorf("--engine-threads %d: want 0 (the default) or more", threads)
+		return o, cli.Usagef("--engine-threads %d: want 0 (the default) or more", threads)
 	}
 	o.threads = threads
 	if pairs != "" {
 		ps, err := parseCounts(pairs)
 		if err != nil || ps[0] != 1 {
-			return o, fmt.Errorf("--pairs %q: want pair counts starting at 1 (the baseline), comma-separated", pairs)
+			return o, cli.Usagef("--pairs %q: want pair counts starting at 1 (the baseline), comma-separated", pairs)
 		}
 		o.s.pairs = ps
 	}
@@ -129,11 +145,7 @@ func (o options) want(sec string) bool {
 }
 
 func run(args []string, stdout io.Writer) error {
-	out := io.Writer(os.Stderr)
-	if helpWanted(args) {
-		out = stdout // --help: usage on standard output, exit 0
-	}
-	o, err := parseFlags(args, out)
+	o, err := parseFlags(args)
 	if err != nil {
 		return err
 	}
@@ -448,14 +460,4 @@ func loadavg() string {
 func readOld(path string) []byte {
 	b, _ := os.ReadFile(path)
 	return b
-}
-
-// helpWanted reports whether args ask for the usage (-h, -help, --help).
-func helpWanted(args []string) bool {
-	for _, a := range args {
-		if a == "-h" || a == "-help" || a == "--help" {
-			return true
-		}
-	}
-	return false
 }

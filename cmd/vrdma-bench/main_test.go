@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"image"
 	"image/png"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -110,7 +109,7 @@ func TestParseFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.args, func(t *testing.T) {
-			_, err := parseFlags(strings.Fields(tt.args), io.Discard)
+			_, err := parseFlags(strings.Fields(tt.args))
 			if (err == nil) != tt.ok {
 				t.Fatalf("got error %v, want ok %v", err, tt.ok)
 			}

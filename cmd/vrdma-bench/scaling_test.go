@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"math"
 	"path/filepath"
 	"slices"
@@ -132,7 +131,7 @@ func TestParsePairs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.args, func(t *testing.T) {
-			o, err := parseFlags(strings.Fields(tt.args), io.Discard)
+			o, err := parseFlags(strings.Fields(tt.args))
 			if (err == nil) != tt.ok {
 				t.Fatalf("got error %v, want ok %v", err, tt.ok)
 			}

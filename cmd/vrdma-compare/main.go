@@ -50,6 +50,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vrdma/vrdma/internal/cli"
 	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
@@ -75,11 +76,8 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	binDir := filepath.Dir(exe)
 	root := filepath.Dir(binDir)
 	var o options
-	fs := flag.NewFlagSet("vrdma-compare", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	if helpWanted(argv) {
-		fs.SetOutput(stdout) // --help: usage on standard output, exit 0
-	}
+	var version bool
+	fs := cli.New("vrdma-compare")
 	fs.StringVar(&o.vrdmad, "vrdmad", filepath.Join(binDir, "vrdmad"), "the vrdmad `binary`")
 	fs.StringVar(&o.qemuBin, "qemu", "", "the patched qemu-system-x86_64 `binary` (default: $VRDMA_QEMU, else beside this program)")
 	fs.StringVar(&o.kernel, "kernel", filepath.Join(binDir, "guest", "vmlinuz"), "vrdma Go guest kernel `path`")
@@ -92,18 +90,19 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.runs, "runs", 5, "runs of every workload on each pair (the median is reported)")
 	fs.BoolVar(&o.short, "short", false, "one run of a bandwidth and a latency workload (make test)")
 	fs.StringVar(&o.only, "only", "", "run only the rows whose names contain one of these comma-separated `WORDS` (case-insensitive)")
-	fs.StringVar(&o.doc, "doc", "", "document to write the compare-rxe block into (default: docs/benchmarks.md, none with --short)")
+	fs.StringVar(&o.doc, "doc", "", "the document (`FILE`) to write the compare-rxe block into (default: docs/benchmarks.md, none with --short)")
 	fs.StringVar(&o.logPath, "log", filepath.Join(binDir, "compare-rxe.log"), "log `file` for every guest console")
 	fs.DurationVar(&o.timeout, "timeout", 0, "bound on the whole run (default 10m with --short, 90m otherwise)")
-	if err := fs.Parse(argv); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	fs.BoolVar(&version, "version", false, "print the version and exit")
+	if err := cli.ParseHelp(fs, argv, compareUsage); err != nil {
+		return cli.Exit(stdout, stderr, "vrdma-compare", err)
+	}
+	if version {
+		fmt.Fprintln(stdout, cli.VersionLine("vrdma-compare"))
+		return 0
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "vrdma-compare: unexpected arguments %q\n", fs.Args())
-		return 2
+		return cli.Exit(stdout, stderr, "vrdma-compare", cli.Usagef("unexpected arguments %q", fs.Args()))
 	}
 	setRuns := false
 	fs.Visit(func(f *flag.Flag) { setRuns = setRuns || f.Name == "runs" })
@@ -126,8 +125,7 @@ func run(argv []string, stdout, stderr io.Writer) int {
 		o.doc = filepath.Join(root, "docs", "benchmarks.md")
 	}
 	if o.runs < 1 || o.runs > 100 {
-		fmt.Fprintf(stderr, "vrdma-compare: --runs %d: want 1..100\n", o.runs)
-		return 2
+		return cli.Exit(stdout, stderr, "vrdma-compare", cli.Usagef("--runs %d: want 1..100", o.runs))
 	}
 	if o.timeout == 0 {
 		o.timeout = 90 * time.Minute
@@ -324,12 +322,15 @@ func compare(ctx context.Context, o options, ws []Workload, stdout, logw io.Writ
 	return rows, nil
 }
 
-// helpWanted reports whether args ask for the usage (-h, -help, --help).
-func helpWanted(args []string) bool {
-	for _, a := range args {
-		if a == "-h" || a == "-help" || a == "--help" {
-			return true
-		}
-	}
-	return false
-}
+// compareUsage heads --help; the flags follow.
+const compareUsage = `Usage: vrdma-compare [--short] [--runs N] [--only WORDS] [--doc FILE] [OPTIONS]
+
+Run the same workloads on three pairs of TCG guests under one QEMU (vrdma
+with the Go guest, perftest over vrdma's kernel driver and provider,
+perftest over Linux soft-RoCE) and print each pair's median, its spread and
+the ratios; the full run writes the table into docs/benchmarks.md.
+
+Exit status: 0 success, 1 failure, 2 bad usage.
+
+Options:
+`
