@@ -110,7 +110,7 @@ for c in vrdmad vrdmactl vrdma-perf; do
 	# ibverbs-providers), so it links glibc alone (Depends: libc6).
 	cgo=0
 	[ "$c" = vrdmad ] && cgo=1
-	CGO_ENABLED=$cgo "$GO" build -buildmode=pie -trimpath -ldflags "-s -w -X main.version=$VERSION" -o "$pkg/usr/bin/$c" "./cmd/$c"
+	CGO_ENABLED=$cgo "$GO" build -buildmode=pie -trimpath -ldflags "-s -w -X github.com/vrdma/vrdma/internal/version.Version=$VERSION" -o "$pkg/usr/bin/$c" "./cmd/$c"
 done
 install -m 0644 packaging/vrdmad.service packaging/vrdmad.socket packaging/vrdmad-device@.socket "$pkg/lib/systemd/system/"
 install -m 0644 packaging/vrdmad.default "$pkg/etc/default/vrdmad"
