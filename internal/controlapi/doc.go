@@ -12,6 +12,12 @@
 //	PATCH  /v1/devices/{id}   PatchRequest -> DeviceInfo   Client.SetShare
 //	DELETE /v1/devices/{id}   Removed                      Client.RemoveDevice
 //	GET    /v1/health         Health                       Client.Health
+//	GET    /v1/devices/{id}/{kind}  []QPInfo, []CQInfo, …  Client.QPs, CQs, MRs, PDs, SRQs, MWs
+//	GET    /v1/resources            []ResourceCount         Client.Resources
+//	GET    /v1/resources/{kind}     every device's objects  Client.QPs(ctx, "") …
+//
+// The resource views (kind: qps, cqs, mrs, pds, srqs, mws) are paged
+// (limit, after, a Link rel="next" header; resources.go).
 //
 // Every other answer is an ErrorAnswer with a 4xx or 5xx status; Client
 // returns it as a *StatusError, which errors.Is matches against
