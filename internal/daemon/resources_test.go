@@ -256,3 +256,22 @@ func TestResourceRequests(t *testing.T) {
 		}
 	}
 }
+
+func FuzzPageQuery(f *testing.F) {
+	f.Add("limit=10&after=0x20", true)
+	f.Add("after=vm1:17", true)
+	f.Fuzz(func(t *testing.T, query string, cross bool) {
+		r := httptest.NewRequest("GET", "/v1/resources/qps", nil)
+		r.URL.RawQuery = query
+		id, after, limit, err := pageQuery(r, cross)
+		if err != nil {
+			if id != "" || after != 0 || limit != 0 {
+				t.Fatalf("error %v with %q %d %d", err, id, after, limit)
+			}
+			return
+		}
+		if limit < 1 || limit > controlapi.MaxPageLimit || (id != "" && (!cross || checkID(id) != nil)) {
+			t.Fatalf("accepted %q: %q %d %d", query, id, after, limit)
+		}
+	})
+}
