@@ -105,6 +105,19 @@
 // answers SEND_WITH_INV for both (sendInv; netQP.Invalidate, which the RC
 // transport calls for a SEND_LAST/ONLY_WITH_INVALIDATE's IETH).
 //
+// # Resource views and error counters
+//
+// An operator lists a device's objects (snapshot.go: QPViews, CQViews,
+// MRViews, …, as `rdma resource show` lists an RNIC's): the registry is
+// read under RNIC.mu to collect them, and each is then copied under its
+// own lock (QP.mu, CQ.mu, SRQ.mu, MR.bindMu; a CQ's record is read under
+// memmap.Guard), so a listing never holds the data path up for more than
+// one object's copy. Each QP counts its errors (counters.go: error
+// completions by status, refusals as responder, RNR NAKs, wrong peers,
+// malformed WQEs, UD drops) and each CQ its error and lost CQEs, where the
+// error is detected, never on a successful completion: a QP's counters
+// are allocated by its first error.
+//
 // Non-goals: the control commands and their validation (backend/rdma),
 // doorbell-queue notification suppression and the worker loop (the caller
 // of Poll), SRQs, UD, the GSI QP or DMA MRs on a host NIC, the wire protocol

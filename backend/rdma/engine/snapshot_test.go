@@ -180,3 +180,33 @@ func TestViewsRaceTraffic(t *testing.T) {
 		t.Errorf("completion errors: got %v, want REM_ACCESS_ERR 1", e.Completions)
 	}
 }
+
+// TestViewNetworkQP: a QP connected to another host shows the RoCE
+// transport, the transport's PSNs (moved on by the messages sent) and
+// its retransmissions on a lossy wire.
+func TestViewNetworkQP(t *testing.T) {
+	p := newNetPair(t, pairOpts{})
+	a := p.a
+	p.w.mu.Lock()
+	p.w.drop = func(n int) bool { return n%5 == 2 }
+	p.w.mu.Unlock()
+	const msgs = 4
+	for i := range msgs {
+		a.postSend(t, abi.SendWQE{WRID: uint64(i), Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+			RemoteAddr: mrIOVA, RKey: mrKey}, []abi.SGE{a.sge(0, 4096)}, nil)
+	}
+	for _, e := range a.waitCQEs(t, a.scq, msgs) {
+		if e.Status != abi.WCSuccess {
+			t.Fatalf("CQE %+v, want success", e)
+		}
+	}
+	v := a.d.QPViews(0, -1)[0]
+	// 4 WRITEs of 4 KiB at a 1 KiB path MTU: 16 packets from PSN 0x123.
+	if v.Transport != TransportRoCE || !v.HasPSN || v.SQPSN != 0x123+16 || v.RQPSN != 0x123 || v.Paths != 1 || v.DestGID != hostB {
+		t.Errorf("network QP view: got transport %q psn %v %#x/%#x paths %d dgid %x, want roce, %#x/0x123, 1 path",
+			v.Transport, v.HasPSN, v.SQPSN, v.RQPSN, v.Paths, v.DestGID, 0x123+16)
+	}
+	if v.Errors.Retransmits == 0 {
+		t.Errorf("network QP view: no retransmits counted on a lossy wire: %+v", v.Errors)
+	}
+}
