@@ -73,6 +73,7 @@ type Server struct {
 
 	mu     sync.Mutex     // taken with no other lock held (doc.go)
 	active *session       // protected by mu
+	peer   Peer           // protected by mu; active's front-end
 	closed bool           // protected by mu
 	wg     sync.WaitGroup // counts admit goroutines (and so sessions)
 }
@@ -157,6 +158,33 @@ func (s *Server) Connected() bool {
 	return s.active != nil
 }
 
+// Peer is a connected front-end: the process that connected (SO_PEERCRED,
+// as it was at connect time) and when.
+type Peer struct {
+	// PID, UID and GID are the front-end's (QEMU's); all zero when the
+	// kernel did not tell (Known false).
+	PID      int32
+	UID, GID uint32
+	Known    bool
+	// Since is when its session started.
+	Since time.Time
+}
+
+// Peer returns the connected front-end, and false when none is.
+func (s *Server) Peer() (Peer, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.peer, s.active != nil
+}
+
+// peerOf is cred as a Peer (cred nil: unknown).
+func peerOf(cred *unix.Ucred, since time.Time) Peer {
+	if cred == nil {
+		return Peer{Since: since}
+	}
+	return Peer{PID: cred.Pid, UID: cred.Uid, GID: cred.Gid, Known: true, Since: since}
+}
+
 // Stats returns a copy of the counters.
 func (s *Server) Stats() StatsSnapshot {
 	return StatsSnapshot{
@@ -171,7 +199,10 @@ func (s *Server) Stats() StatsSnapshot {
 }
 
 // Serve accepts front-ends until ctx ends or Close. A second front-end
-// while one is connected is refused (its connection closed at once).
+// while one is connected is refused: its connection is closed before any
+// answer (a vhost-user back-end has no way to say why; QEMU reports the
+// closed connection, a Go front-end ErrRefused) and the refusal is logged
+// at warn level with both front-ends' pids.
 func (s *Server) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { s.Close() })
 	defer stop()
@@ -289,15 +320,29 @@ func (s *Server) admit(c *net.UnixConn) {
 		case <-prev.done:
 			continue
 		case <-deadline.C:
-			s.stats.refused.Add(1)
-			log.Warn("refused a second front-end: the device is connected")
-			c.Close()
-			return
 		}
+		s.mu.Lock()
+		if !s.closed && s.active == nil {
+			break // it left just now: take its place (with s.mu held)
+		}
+		holder, closed := s.peer, s.closed
+		s.mu.Unlock()
+		if !closed {
+			s.stats.refused.Add(1)
+			l := log
+			if holder.Known {
+				l = l.WithFields(logrus.Fields{"holder_pid": holder.PID, "holder_uid": holder.UID})
+			}
+			l.Warnf("refused a second front-end: the device is connected to another one (pid %d, since %s); "+
+				"disconnect that one first (vrdmactl device show names it)", holder.PID, holder.Since.Format(time.RFC3339))
+		}
+		c.Close()
+		return
 	}
 	log = log.WithField("session", s.stats.sessions.Add(1))
 	sess := newSession(c, s.cfg.Device, log, &s.stats)
 	s.active = sess
+	s.peer = peerOf(cred, time.Now())
 	s.mu.Unlock()
 	log.Info("front-end connected")
 	if err := sess.serve(); err != nil {
@@ -307,6 +352,7 @@ func (s *Server) admit(c *net.UnixConn) {
 	}
 	s.mu.Lock()
 	s.active = nil
+	s.peer = Peer{}
 	s.mu.Unlock()
 	close(sess.done)
 }

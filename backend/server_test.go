@@ -101,6 +101,9 @@ func TestSecondFrontendRefused(t *testing.T) {
 	if !connectedWithin(s, time.Second) {
 		t.Fatal("first front-end not served")
 	}
+	if p, ok := s.Peer(); !ok || !p.Known || p.PID != int32(os.Getpid()) || p.UID != uint32(os.Getuid()) || time.Since(p.Since) > time.Minute {
+		t.Errorf("peer %+v (connected %v), want this process, connected just now", p, ok)
+	}
 	b, err := net.Dial("unix", s.Socket())
 	if err != nil {
 		t.Fatal(err)
@@ -113,5 +116,13 @@ func TestSecondFrontendRefused(t *testing.T) {
 	}
 	if s.Stats().Refused != 1 {
 		t.Fatalf("refused %d, want 1", s.Stats().Refused)
+	}
+	a.Close()
+	deadline := time.Now().Add(time.Second)
+	for s.Connected() && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if p, ok := s.Peer(); ok || p != (Peer{}) {
+		t.Errorf("after the front-end left: peer %+v, connected %v; want none", p, ok)
 	}
 }

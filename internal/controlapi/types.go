@@ -75,6 +75,22 @@ type DeviceInfo struct {
 	// embedded in vrdmad) or "verbs:DEVICE:PORT" (the host's RDMA NIC
 	// through rdma-core; vrdmad --rnic, POST's rnic).
 	RNIC string `json:"rnic"`
+	// Peer is the connected front-end (QEMU); absent while none is.
+	Peer *Peer `json:"peer,omitempty"`
+	// RefusedFrontEnds counts the front-ends turned away: a second one
+	// while the device was connected (vhost-user serves one), or one whose
+	// uid vrdmad --allow-uid leaves out.
+	RefusedFrontEnds uint64 `json:"refused_front_ends"`
+}
+
+// Peer is a device's connected front-end: the process that connected to
+// its socket, as the kernel saw it then (SO_PEERCRED), and since when.
+type Peer struct {
+	PID int32  `json:"pid"`
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
+	// ConnectedSince is when its session started (RFC 3339).
+	ConnectedSince time.Time `json:"connected_since"`
 }
 
 // GIDEntry is one filled entry of a device's GID table.

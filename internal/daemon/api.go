@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -47,11 +48,16 @@ func (dv *ServedDevice) Info() DeviceInfo {
 	for _, n := range ds.Engine.CompletionErrors {
 		wcErrors += n
 	}
+	p, connected := dv.Server.Peer()
+	var peer *controlapi.Peer
+	if connected && p.Known {
+		peer = &controlapi.Peer{PID: p.PID, UID: p.UID, GID: p.GID, ConnectedSince: p.Since.UTC().Truncate(time.Second)}
+	}
 	return DeviceInfo{
 		ID:          dv.ID,
 		Socket:      dv.Server.Socket(),
 		UUID:        dv.Dev.UUID().String(),
-		Connected:   dv.Server.Connected(),
+		Connected:   connected,
 		PinnedBytes: ds.Pin.PinnedBytes,
 		PDs:         ds.PDs,
 		MRs:         ds.MRs,
@@ -78,6 +84,9 @@ func (dv *ServedDevice) Info() DeviceInfo {
 		RoCEBind:    addrStrings(dv.roceBind),
 		Addresses:   controlapi.PrefixStrings(dv.Dev.AllowedGIDs()),
 		RNIC:        dv.Dev.RNIC(),
+		Peer:        peer,
+
+		RefusedFrontEnds: st.Refused,
 	}
 }
 

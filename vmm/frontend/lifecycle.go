@@ -2,8 +2,11 @@ package frontend
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
+	"syscall"
 
 	"github.com/vrdma/vrdma/internal/eventfd"
 	"github.com/vrdma/vrdma/virtio"
@@ -14,10 +17,20 @@ import (
 // The lifecycle sequences QEMU sends, in its order: realize, DRIVER_OK
 // (Start), stop, reconnect and reset.
 
+// ErrRefused means the back-end closed the connection without answering
+// the first message. vhost-user has no way to say why; vrdmad does it to
+// a front-end it refuses: the device is connected to another front-end,
+// or --allow-uid leaves this uid out. Its log says which.
+var ErrRefused = errors.New("frontend: the back-end refused this front-end")
+
 // Realize performs QEMU's realize-time sequence.
 func (f *Frontend) Realize() error {
 	var err error
 	if f.DeviceFeatures, err = f.callU64(vu.GetFeatures); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+			return fmt.Errorf("%w: it closed the connection without answering GET_FEATURES "+
+				"(is the device connected to another front-end? vrdmactl device show names its peer): %v", ErrRefused, err)
+		}
 		return err
 	}
 	if f.DeviceFeatures&vu.FeatureProtocolFeatures != 0 {
