@@ -257,6 +257,8 @@ func (f *flags) usage(w io.Writer) {
 	cli.PrintDefaults(w, f.fs)
 	fmt.Fprintf(w, "\nExit status: 0 after a clean stop (SIGTERM, SIGINT), 1 when it cannot serve,\n"+
 		"2 for a command line it cannot run.\n")
+	fmt.Fprintf(w, "\nSignals: SIGTERM and SIGINT stop vrdmad cleanly. SIGHUP (systemctl reload vrdmad)\n"+
+		"rewrites the state file from the devices served; nothing else is reloaded.\n")
 	fmt.Fprintf(w, "\nExamples:\n"+
 		"  vrdmad --control /run/vrdma/control.sock --socket vm1=/run/vrdma/vm1.sock\n"+
 		"  vrdmad --control /run/vrdma/control.sock --metrics 127.0.0.1:9464\n"+

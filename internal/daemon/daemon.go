@@ -589,7 +589,8 @@ func (d *Daemon) OpenState(dir string) ([]DeviceSpec, error) {
 		// the devices given otherwise, and the control API to add them
 		// again, are worth more than a daemon that refuses to start.
 		d.log.WithError(err).WithField("file", se.Kept).Error("device state file set aside: serving without its devices")
-		d.raiseLocked(setAsideProblem(se.Kept, err.Error()))
+		d.raiseLocked(setAsideProblem(se.Kept, fmt.Sprintf("device state %s: %v; the file was moved to %s and its devices are not served",
+			se.Path, se.Err, se.Kept)))
 		d.state = s
 		return nil, nil
 	}
