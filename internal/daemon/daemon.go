@@ -11,8 +11,9 @@
 // (the one thing that changes while a device runs). A request is
 // decoded once into a DeviceSpec and checked whole before anything is
 // created; AddDevice then creates the device and its listener under
-// Daemon.mu, so a failed add leaves nothing behind. Deleting a connected device closes its server:
-// the front-end is disconnected and every pin and object is released.
+// Daemon.mu, so a failed add leaves nothing behind. Deleting a connected
+// device closes its server: the front-end is disconnected and every pin
+// and object is released.
 //
 // Sockets: a device's socket is created by AddDevice (DeviceSpec.Socket)
 // or inherited, already listening (DeviceSpec.Listener: vrdmad --fd,
@@ -550,77 +551,4 @@ func (d *Daemon) Close() error {
 	}
 	d.mu.Unlock()
 	return errors.Join(errs...)
-}
-
-// OpenState makes dir the daemon's state directory and returns the
-// devices its state file lists, for Restore. It creates dir if needed
-// (mode 0750), locks it against a second vrdmad, and checks that it can
-// write there. A state file that cannot be read or fails validation (the
-// same checks as POST /v1/devices, plus bounded sizes, a known version,
-// unique ids and sockets and a saved uuid) is moved to
-// devices.json.corrupt-<UTC time>, and OpenState succeeds without its
-// devices: the daemon is degraded (ProblemStateSetAside, naming the copy)
-// until the problem is acknowledged, and so it is for each copy an
-// earlier start left. A file of an unknown version, one that could not be
-// moved aside and a directory that cannot be used are errors
-// (*StateError, ErrState); a daemon whose OpenState failed keeps no
-// state. OpenState is called once, before devices are added.
-func (d *Daemon) OpenState(dir string) ([]DeviceSpec, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return nil, ErrClosed
-	}
-	if d.state != nil {
-		return nil, errors.New("state directory is open already")
-	}
-	s, err := openStateStore(dir)
-	if err != nil {
-		return nil, err
-	}
-	for _, c := range s.corruptCopies() {
-		d.log.WithField("file", c).Warn("a state file set aside by an earlier start is still here: its devices were not restored")
-		d.raiseLocked(setAsideProblem(c, ""))
-	}
-	specs, err := s.load()
-	var se *StateError
-	if errors.As(err, &se) && se.Kept != "" {
-		// Serve without its devices rather than not at all: the VMs of
-		// the devices given otherwise, and the control API to add them
-		// again, are worth more than a daemon that refuses to start.
-		d.log.WithError(err).WithField("file", se.Kept).Error("device state file set aside: serving without its devices")
-		d.raiseLocked(setAsideProblem(se.Kept, fmt.Sprintf("device state %s: %v; the file was moved to %s and its devices are not served",
-			se.Path, se.Err, se.Kept)))
-		d.state = s
-		return nil, nil
-	}
-	if err != nil {
-		s.close()
-		return nil, err
-	}
-	d.state = s
-	d.log.WithFields(logrus.Fields{"file": s.path, "devices": len(specs)}).Info("device state loaded")
-	return specs, nil
-}
-
-// Restore adds the devices OpenState returned, with their saved identity,
-// without rewriting the state file. It stops at the first device that
-// cannot be served (its socket path is taken, its directory is gone, its
-// id or socket is a command-line device's) and returns an error naming
-// it; the devices restored before it stay added. Callers usually treat
-// that as fatal, so that no saved device is silently left out.
-func (d *Daemon) Restore(specs []DeviceSpec) error {
-	d.mu.Lock()
-	file := "the state file"
-	if d.state != nil {
-		file = d.state.path
-	}
-	d.mu.Unlock()
-	for _, spec := range specs {
-		spec.Persist = true
-		if _, err := d.addDevice(spec, false); err != nil {
-			return fmt.Errorf("restore device %s (socket %s) from %s: %w", spec.ID, spec.Socket, file, err)
-		}
-	}
-	return nil
 }
