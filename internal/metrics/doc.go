@@ -16,7 +16,9 @@
 // the daemon's totals (vrdma_engine_threads among them), the counters of
 // each host RDMA NIC the verbs devices run on (vrdma_hostnic_*, label
 // rnic: work requests posted, time inside ibv_post_send/recv,
-// completions, events) and vrdma_build_info.
+// completions, events), the daemon's health (vrdma_health_degraded,
+// vrdma_state_save_failures_total) and vrdma_build_info (its version and
+// revision labels from internal/version).
 // The names follow Prometheus's conventions as `promtool check metrics`
 // enforces them (counters end in _total, gauges do not, base units, help
 // text everywhere); the tests run promtool on a live scrape.
