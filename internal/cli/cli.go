@@ -130,8 +130,9 @@ func Interleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 		if len(rest) == 0 {
 			return pos, nil
 		}
-		// The flag package consumed a "--" when rest is shorter by one
-		// more than the flags it parsed: everything left is positional.
+		// Parse stopped either at a positional argument (rest[0]) or
+		// after consuming "--", which is then the token just before
+		// rest: everything left is positional.
 		if k := n - len(rest); k > 0 && args[k-1] == "--" {
 			return append(pos, rest...), nil
 		}
@@ -228,24 +229,6 @@ func Exit(stdout, stderr io.Writer, prog string, err error) int {
 	}
 	fmt.Fprintf(stderr, "%s: %v\n", prog, err)
 	return 1
-}
-
-// Has reports whether args hold one of names, exactly as typed
-// ("--version", "-version"), before any "--": for flags a program acts on
-// before it parses (and checks) the rest, as the vhost-user convention
-// asks of --print-capabilities.
-func Has(args []string, names ...string) bool {
-	for _, a := range args {
-		if a == "--" {
-			return false
-		}
-		for _, n := range names {
-			if a == n {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // Hoist moves the flags of global that follow the subcommand (the first

@@ -206,12 +206,3 @@ func TestVersionLine(t *testing.T) {
 		t.Errorf("got %q, want the revision %s", got, r)
 	}
 }
-
-func TestHas(t *testing.T) {
-	if !Has([]string{"--socket", "x", "--version"}, "--version", "-version") {
-		t.Error("--version not found")
-	}
-	if Has([]string{"--", "--version"}, "--version") {
-		t.Error("found after --")
-	}
-}
