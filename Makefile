@@ -109,9 +109,11 @@ fuzz-short:
 
 # make test: everything, including the tests that need root and the patched
 # QEMU (CI has both; they fail rather than skip when CI=true).
-# Debian packages the tests use beyond the build's: help2man (man pages in
-# the .deb test) and curl (the documented control-API examples are run).
-TEST_APT := help2man curl dpkg systemd
+# Debian packages the tests use beyond the build's: man-db and groff-base
+# (the manual pages are rendered with man --warnings and groff -ww), zsh
+# (the packaged zsh completion is loaded and run) and curl (the documented
+# control-API examples are run).
+TEST_APT := man-db groff-base zsh curl dpkg systemd
 # libvirt: virt-xml-validate (libvirt-clients, and xmllint from libxml2-utils)
 # checks the documented domain; libvirtd with its QEMU driver runs it.
 TEST_APT += libvirt-clients libxml2-utils libvirt-daemon libvirt-daemon-driver-qemu

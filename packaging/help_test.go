@@ -12,8 +12,9 @@ import (
 
 // TestHelp builds every command (cmd/*) and runs its --help, and every
 // vrdmactl command's: each must exit 0 and print its usage on standard
-// output (help2man reads it there for the manual pages), with nothing on
-// standard error.
+// output (where `cmd --help | less` and man_test.go, which checks the
+// manual pages' OPTIONS against it, read it), with nothing on standard
+// error.
 func TestHelp(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short mode: builds every command (make test runs it in its full pass)")

@@ -273,15 +273,14 @@ func TestDeb(t *testing.T) {
 	need(t, "go")
 	for _, tc := range []struct {
 		name     string
-		help2man string
 		compress string
 	}{
-		{"help2man", "", ""}, // help2man when installed, else the fallback; xz
-		{"roff", "none", "gzip"},
+		{"xz", ""}, // the default
+		{"gzip", "gzip"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out := t.TempDir()
-			run(t, []string{"OUTDIR=" + out, "VERSION=" + testVersion, "HELP2MAN=" + tc.help2man, "DEB_COMPRESS=" + tc.compress}, "bash", "../scripts/deb.sh")
+			run(t, []string{"OUTDIR=" + out, "VERSION=" + testVersion, "DEB_COMPRESS=" + tc.compress}, "bash", "../scripts/deb.sh")
 			deb := filepath.Join(out, "vrdma_"+testDebVersion+"_amd64.deb")
 			if _, err := os.Stat(deb); err != nil {
 				t.Fatalf("no .deb: %v", err)
@@ -319,10 +318,11 @@ func checkDeb(t *testing.T, deb string) {
 			"/usr/lib/sysusers.d/vrdma.conf":                  "-rw-r--r--",
 			"/etc/default/vrdmad":                             "-rw-r--r--",
 			"/usr/share/bash-completion/completions/vrdmactl": "-rw-r--r--",
+			"/usr/share/zsh/vendor-completions/_vrdmactl":     "-rw-r--r--",
 			"/usr/share/doc/vrdma/copyright":                  "-rw-r--r--",
 			"/usr/share/doc/vrdma/changelog.Debian.gz":        "-rw-r--r--",
 			"/usr/share/doc/vrdma/README.md":                  "-rw-r--r--",
-			"/usr/share/doc/vrdma/spec.md":                    "-rw-r--r--",
+			"/usr/share/doc/vrdma/docs/spec.md":               "-rw-r--r--",
 			"/usr/share/man/man8/vrdmad.8.gz":                 "-rw-r--r--",
 			"/usr/share/man/man8/vrdmactl.8.gz":               "-rw-r--r--",
 			"/usr/share/man/man1/vrdma-perf.1.gz":             "-rw-r--r--",
@@ -334,9 +334,11 @@ func checkDeb(t *testing.T, deb string) {
 				t.Errorf("%s: got mode %s, want %s", path, got, mode)
 			}
 		}
-		docs, _ := filepath.Glob("../docs/*.md")
+		// docs/ as a tree beside README.md, images and the libvirt domain
+		// included: README.md's links point into it.
+		docs, _ := filepath.Glob("../docs/*")
 		for _, d := range docs {
-			p := "/usr/share/doc/vrdma/" + filepath.Base(d)
+			p := "/usr/share/doc/vrdma/docs/" + filepath.Base(d)
 			if _, ok := entries[p]; !ok {
 				t.Errorf("%s: missing (docs/%s)", p, filepath.Base(d))
 			}
@@ -410,32 +412,52 @@ func checkDeb(t *testing.T, deb string) {
 		}
 	})
 	t.Run("man pages", func(t *testing.T) {
-		for _, m := range []struct{ path, name, want string }{
-			{"usr/share/man/man8/vrdmad.8.gz", "VRDMAD", "metrics"},
-			{"usr/share/man/man8/vrdmactl.8.gz", "VRDMACTL", "completion"},
-			{"usr/share/man/man1/vrdma-perf.1.gz", "VRDMA-PERF", "report_gbits"},
-		} {
-			page := gunzip(t, filepath.Join(root, m.path))
-			if !strings.Contains(page, "\n.TH "+m.name+" ") && !strings.HasPrefix(page, ".TH "+m.name+" ") &&
-				!strings.Contains(page, "\n.TH "+m.name+` "`) {
-				t.Errorf("%s: no .TH %s header:\n%.300s", m.path, m.name, page)
+		// The pages of packaging/man (man_test.go checks them), stamped
+		// with the build's date and version on the .TH line and nothing
+		// else changed.
+		for _, m := range manPages {
+			sec := m.file[strings.LastIndexByte(m.file, '.')+1:]
+			installed := filepath.Join(root, "usr/share/man/man"+sec, m.file+".gz")
+			page := gunzip(t, installed)
+			src, err := os.ReadFile(filepath.Join("man", m.file))
+			if err != nil {
+				t.Fatal(err)
 			}
-			for _, s := range []string{".SH NAME", m.want} {
-				if !strings.Contains(page, s) {
-					t.Errorf("%s: lacks %q", m.path, s)
-				}
+			thRe := regexp.MustCompile(`(?m)^\.TH .*$`)
+			th := thRe.FindString(page)
+			f := strings.Fields(th)
+			if len(f) < 5 || !regexp.MustCompile(`^\d{4}-\d{2}-\d{2}$`).MatchString(f[3]) ||
+				!strings.HasPrefix(th, strings.Join(f[:4], " ")+` "vrdma `+testVersion+`" `) {
+				t.Errorf("%s: .TH line %q, want .TH NAME %s DATE \"vrdma %s\" MANUAL", installed, th, sec, testVersion)
+			}
+			if thRe.ReplaceAllString(page, "") != thRe.ReplaceAllString(string(src), "") {
+				t.Errorf("%s: differs from packaging/man/%s beyond the .TH line", installed, m.file)
 			}
 			// What lintian's manpage-has-errors-from-man runs.
 			if man, err := exec.LookPath("man"); err == nil {
-				cmd := exec.Command(man, "--warnings", "-E", "UTF-8", "-l", "-Tutf8", "-Z", filepath.Join(root, m.path))
+				cmd := exec.Command(man, "--warnings", "-E", "UTF-8", "-l", "-Tutf8", "-Z", installed)
 				cmd.Env = append(os.Environ(), "LC_ALL=C.UTF-8", "MANWIDTH=80")
 				var stderr bytes.Buffer
 				cmd.Stdout, cmd.Stderr = io.Discard, &stderr
 				if err := cmd.Run(); err != nil || stderr.Len() != 0 {
-					t.Errorf("%s: man --warnings: %v\n%s", m.path, err, stderr.String())
+					t.Errorf("%s: man --warnings: %v\n%s", installed, err, stderr.String())
 				}
 			}
 		}
+	})
+	t.Run("doc links", func(t *testing.T) {
+		// The package's own file list: a link into the source tree that
+		// is not installed fails here, where TestDocLinks would pass.
+		files := map[string]bool{}
+		docRoot := filepath.Join(root, "usr/share/doc/vrdma")
+		filepath.WalkDir(docRoot, func(p string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				rel, _ := filepath.Rel(docRoot, p)
+				files[filepath.ToSlash(rel)] = true
+			}
+			return err
+		})
+		checkDocLinks(t, docRoot, files)
 	})
 	t.Run("lintian", func(t *testing.T) {
 		lintian := need(t, "lintian")
@@ -459,6 +481,27 @@ func checkDeb(t *testing.T, deb string) {
 		out := run(t, nil, bash, "--norc", "-c", `source "$1" && complete -p vrdmactl`, "bash", p)
 		if out != "complete -F _vrdmactl vrdmactl\n" {
 			t.Errorf("complete -p vrdmactl: got %q", out)
+		}
+	})
+	t.Run("zsh completion", func(t *testing.T) {
+		p := filepath.Join(root, "usr/share/zsh/vendor-completions/_vrdmactl")
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// compinit autoloads a file of $fpath by this first line.
+		if !strings.HasPrefix(string(b), "#compdef vrdmactl\n") {
+			t.Errorf("_vrdmactl starts %.40q, want #compdef vrdmactl", b)
+		}
+		zsh := need(t, "zsh")
+		// Loaded as zsh loads it: autoloaded from $fpath, run as the
+		// completion function with compadd standing in for zsh's.
+		out := run(t, nil, zsh, "-f", "-c", `compadd() { shift; print -r -- "$*"; }
+fpath=("$1" $fpath); autoload -Uz _vrdmactl; words=(vrdmactl device ''); CURRENT=3; _vrdmactl`, "zsh", filepath.Dir(p))
+		for _, want := range []string{"add", "set", "rm", "ls", "show"} {
+			if !slices.Contains(strings.Fields(out), want) {
+				t.Errorf("vrdmactl device <TAB>: got %q, want the device commands (%s among them)", out, want)
+			}
 		}
 	})
 	t.Run("dpkg install, remove, purge", func(t *testing.T) { checkScripts(t, deb) })

@@ -6,9 +6,10 @@
 #   /lib/systemd/system/vrdmad.service, vrdmad.socket, vrdmad-device@.socket
 #   /usr/lib/sysusers.d/vrdma.conf                 the vrdma system user
 #   /etc/default/vrdmad                            (conffile)
-#   /usr/share/man/man8/{vrdmad,vrdmactl}.8.gz, man1/vrdma-perf.1.gz
-#   /usr/share/bash-completion/completions/vrdmactl
-#   /usr/share/doc/vrdma/{copyright,changelog.Debian.gz,README.md,*.md,libvirt-domain.xml}
+#   /usr/share/man/man8/{vrdmad,vrdmactl}.8.gz, man1/vrdma-perf.1.gz   packaging/man/
+#   /usr/share/bash-completion/completions/vrdmactl, /usr/share/zsh/vendor-completions/_vrdmactl
+#   /usr/share/doc/vrdma/{copyright,changelog.Debian.gz,README.md}
+#   /usr/share/doc/vrdma/docs/{*.md,*.png,libvirt-domain.xml}  (README.md's links resolve)
 #   /usr/share/lintian/overrides/vrdma             (the warnings kept, with reasons)
 # and the maintainer scripts of packaging/deb/ (postinst: the vrdma user
 # through systemd-sysusers, then enable vrdmad.socket and vrdmad.service
@@ -19,18 +20,15 @@
 #   DEB_REVISION  Debian revision (default: 1): the package is VERSION-DEB_REVISION
 #   DEB_MAINTAINER  the Maintainer field (default: packaging/deb/changelog's)
 #   OUTDIR        where the .deb goes (default: bin)
-#   HELP2MAN      help2man to use, or "none" to write the man pages without it
-#                 (default: help2man if installed)
 #   GO            go command (default: go)
 #   DEB_COMPRESS  dpkg-deb compressor: xz (default), gzip (faster; tests) or zstd
 #   SOURCE_DATE_EPOCH  timestamp of the files, the man pages and the changelog
 #                 entry (default: the last commit's time): the same tree gives
 #                 the same .deb
 #
-# Manual pages come from each program's --help, which each program prints
-# from its flag definitions: through help2man when it is installed
-# (apt-get install help2man), else as a short roff page that wraps the
-# --help text.
+# The manual pages are written by hand (packaging/man, man(7) macros);
+# this script stamps the build's date and version on their .TH line.
+# packaging/man_test.go checks them against each program's --help.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -47,7 +45,8 @@ done
 command -v "$GO" >/dev/null || { echo "deb.sh: $GO not found: install Go 1.26" >&2; exit 1; }
 for f in packaging/vrdmad.service packaging/vrdmad.socket packaging/vrdmad-device@.socket packaging/vrdmad.default \
 	packaging/deb/copyright packaging/deb/changelog packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm \
-	packaging/deb/sysusers.conf packaging/deb/lintian-overrides; do
+	packaging/deb/sysusers.conf packaging/deb/lintian-overrides packaging/man/vrdmad.8 packaging/man/vrdmactl.8 \
+	packaging/man/vrdma-perf.1; do
 	[ -f "$f" ] || { echo "deb.sh: $f is missing" >&2; exit 1; }
 done
 
@@ -94,7 +93,7 @@ pkg=$stage/pkg
 doc=$pkg/usr/share/doc/vrdma
 mkdir -p "$pkg/DEBIAN" "$pkg/usr/bin" "$pkg/lib/systemd/system" "$pkg/etc/default" "$pkg/usr/lib/sysusers.d" \
 	"$doc" "$pkg/usr/share/man/man1" "$pkg/usr/share/man/man8" \
-	"$pkg/usr/share/bash-completion/completions" "$pkg/usr/share/lintian/overrides"
+	"$pkg/usr/share/bash-completion/completions" "$pkg/usr/share/zsh/vendor-completions" "$pkg/usr/share/lintian/overrides"
 
 echo "deb.sh: building vrdma $DEB_VERSION"
 for c in vrdmad vrdmactl vrdma-perf; do
@@ -117,12 +116,19 @@ install -m 0644 packaging/vrdmad.default "$pkg/etc/default/vrdmad"
 install -m 0644 packaging/deb/sysusers.conf "$pkg/usr/lib/sysusers.d/vrdma.conf"
 install -m 0644 packaging/deb/lintian-overrides "$pkg/usr/share/lintian/overrides/vrdma"
 "$pkg/usr/bin/vrdmactl" completion bash >"$pkg/usr/share/bash-completion/completions/vrdmactl"
-chmod 0644 "$pkg/usr/share/bash-completion/completions/vrdmactl"
+# zsh's compinit autoloads _vrdmactl from $fpath (Debian's zsh has
+# vendor-completions in it) by its #compdef line.
+"$pkg/usr/bin/vrdmactl" completion zsh >"$pkg/usr/share/zsh/vendor-completions/_vrdmactl"
+chmod 0644 "$pkg/usr/share/bash-completion/completions/vrdmactl" "$pkg/usr/share/zsh/vendor-completions/_vrdmactl"
 
 install -m 0644 packaging/deb/copyright "$doc/copyright"
 install -m 0644 README.md "$doc/README.md"
-for f in docs/*.md docs/*.xml; do
-	[ -e "$f" ] && install -m 0644 "$f" "$doc/$(basename "$f")"
+# docs/ as it is in the tree, beside README.md, so that the relative links
+# of both resolve (packaging/doclinks_test.go checks them against the
+# package's files). Uncompressed: a compressed .md breaks its links.
+mkdir -p "$doc/docs"
+for f in docs/*.md docs/*.png docs/*.xml; do
+	[ -e "$f" ] && install -m 0644 "$f" "$doc/docs/$(basename "$f")"
 done
 
 # changelog.Debian.gz: packaging/deb/changelog, under an entry for this
@@ -138,77 +144,20 @@ done
 } | gzip -9n >"$doc/changelog.Debian.gz"
 chmod 0644 "$doc/changelog.Debian.gz"
 
-# roff_escape makes plain text safe inside a .nf block of a man page.
-roff_escape() {
-	sed -e 's/\\/\\e/g' -e "s/^\\([.']\\)/\\\\\\&\\1/"
-}
-
-# commands_section writes a man page section, in roff, with the --help of
-# each of vrdmactl's commands (its --help lists them under "Commands:"), so
-# that its manual page has every command's flags.
-commands_section() {
-	local bin=$pkg/usr/bin/vrdmactl cmd
-	printf '.SH "COMMAND OPTIONS"\n'
-	"$bin" --help | sed -n 's/^  vrdmactl \([a-z][a-z]*\( [a-z][a-z]*\)\{0,1\}\)\( .*\)\{0,1\}$/\1/p' |
-		grep -v '^help$' | awk '!seen[$0]++' | while read -r cmd; do
-		# shellcheck disable=SC2086 # cmd is one or two words
-		printf '.SS "vrdmactl %s"\n.nf\n' "$cmd"
-		# shellcheck disable=SC2086
-		"$bin" $cmd --help | roff_escape
-		printf '.fi\n'
-	done
-}
-
-# manpage NAME SECTION SUMMARY [INCLUDE] writes
-# usr/share/man/manSECTION/NAME.SECTION.gz; INCLUDE is roff to add (one or
-# more .SH sections).
-manpage() {
-	local name=$1 sec=$2 summary=$3 include=${4:-} bin=$pkg/usr/bin/$1
-	local out=$stage/$name.$sec help
-	local h2m=${HELP2MAN-}
-	local date
-	date=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%d)
-	if [ -z "$h2m" ]; then h2m=$(command -v help2man || true); fi
-	local h2m_include=()
-	if [ -n "$include" ]; then
-		# help2man's include format: "[SECTION]" then its text.
-		local title
-		title=$(sed -n '1s/^\.SH "\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$include")
-		{ printf '[%s]\n' "$title"; sed 1d "$include"; } >"$stage/$name.h2m"
-		h2m_include=(--include="$stage/$name.h2m")
+# The manual pages, with this build's date and version on the .TH line
+# (".TH NAME SECTION DATE SOURCE MANUAL").
+mandate=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%d)
+for page in packaging/man/vrdmad.8 packaging/man/vrdmactl.8 packaging/man/vrdma-perf.1; do
+	name=$(basename "$page")
+	sec=${name##*.}
+	sed "s/^\.TH \([^ ]*\) \([^ ]*\) [^ ]* \"[^\"]*\" /.TH \1 \2 $mandate \"vrdma $VERSION\" /" "$page" >"$stage/$name"
+	if ! grep -q "^\.TH [^ ]* $sec $mandate \"vrdma $VERSION\" " "$stage/$name"; then
+		echo "deb.sh: $page: no .TH NAME $sec DATE \"SOURCE\" line to stamp" >&2
+		exit 1
 	fi
-	if [ -n "$h2m" ] && [ "$h2m" != none ] &&
-		"$h2m" --no-info --no-discard-stderr --section="$sec" --name="$summary" "${h2m_include[@]}" \
-			--version-string="$VERSION" --help-option=--help --output="$out" "$bin" 2>/dev/null &&
-		[ -s "$out" ]; then
-		:
-	else
-		help=$("$bin" --help 2>&1 || true)
-		if [ -z "$help" ]; then
-			echo "deb.sh: $name --help printed nothing" >&2
-			exit 1
-		fi
-		local upper
-		upper=$(tr '[:lower:]' '[:upper:]' <<<"$name")
-		{
-			printf '.TH %s %s "%s" "vrdma %s" "vrdma"\n' "$upper" "$sec" "$date" "$VERSION"
-			printf '.SH NAME\n%s \\- %s\n' "$name" "$summary"
-			printf '.SH SYNOPSIS\n.B %s\n[\\fIOPTIONS\\fR]\n' "$name"
-			printf '.SH DESCRIPTION\nThe text below is the output of\n.BR "%s --help" .\n.PP\n.nf\n' "$name"
-			roff_escape <<<"$help"
-			printf '.fi\n'
-			[ -z "$include" ] || cat "$include"
-			printf '.SH SEE ALSO\n'
-			printf '.BR vrdmad (8),\n.BR vrdmactl (8),\n.BR vrdma\\-perf (1),\n/usr/share/doc/vrdma/\n'
-		} >"$out"
-	fi
-	gzip -9n -c "$out" >"$pkg/usr/share/man/man$sec/$name.$sec.gz"
-	chmod 0644 "$pkg/usr/share/man/man$sec/$name.$sec.gz"
-}
-commands_section >"$stage/vrdmactl-commands.roff"
-manpage vrdmad 8 "vrdma host daemon: para-virtual RDMA devices for QEMU over vhost-user"
-manpage vrdmactl 8 "control a running vrdmad: devices, VM hot-plug" "$stage/vrdmactl-commands.roff"
-manpage vrdma-perf 1 "measure a vrdma device pair as perftest measures RNICs"
+	gzip -9n -c "$stage/$name" >"$pkg/usr/share/man/man$sec/$name.gz"
+	chmod 0644 "$pkg/usr/share/man/man$sec/$name.gz"
+done
 
 echo /etc/default/vrdmad >"$pkg/DEBIAN/conffiles"
 install -m 0755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm "$pkg/DEBIAN/"

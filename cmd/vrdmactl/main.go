@@ -194,7 +194,7 @@ Exit status:
 
 Shell completion:
   source <(vrdmactl completion bash)      # bash; the .deb installs it
-  source <(vrdmactl completion zsh)       # zsh (through bashcompinit)
+  source <(vrdmactl completion zsh)       # zsh, after compinit; the .deb installs it
 
 Examples:
   vrdmactl device add vm1 --max-pinned 8G

@@ -252,8 +252,11 @@ func TestHelp(t *testing.T) {
 
 // TestCompletion checks the bash script with bash -n, sources it and runs
 // the completion function as bash would (COMP_WORDS), device IDs
-// included, which the script asks a built vrdmactl for. zsh -n checks the
-// zsh script where zsh is installed.
+// included, which the script asks a built vrdmactl for. Where zsh is
+// installed, the zsh script must pass zsh -n and complete the same words
+// as _vrdmactl autoloaded from $fpath (as compinit loads the packaged
+// /usr/share/zsh/vendor-completions/_vrdmactl), and register itself with
+// compdef when sourced.
 func TestCompletion(t *testing.T) {
 	bash, err := exec.LookPath("bash")
 	if err != nil {
@@ -297,7 +300,7 @@ func TestCompletion(t *testing.T) {
 		}
 		return strings.TrimSuffix(rest, "\n")
 	}
-	for _, tt := range []struct {
+	cases := []struct {
 		words []string
 		want  string
 	}{
@@ -322,7 +325,8 @@ func TestCompletion(t *testing.T) {
 		{[]string{"vrdmactl", "--control", control, "device", "show", "a"}, "alpha"},
 		{[]string{"vrdmactl", "--control", control, "vm", "attach", "--qmp", "/q.sock", "--device", "b"}, "beta"},
 		{[]string{"vrdmactl", "--control", control, "device", "rm", "alpha", ""}, ""},
-	} {
+	}
+	for _, tt := range cases {
 		t.Run(strings.Join(tt.words, " "), func(t *testing.T) {
 			if got := complete(t, tt.words...); got != tt.want {
 				t.Errorf("got %q, want %q", got, tt.want)
@@ -332,19 +336,64 @@ func TestCompletion(t *testing.T) {
 
 	t.Run("zsh", func(t *testing.T) {
 		var z bytes.Buffer
-		if code := run([]string{"completion", "zsh"}, &z, io.Discard); code != 0 || !strings.Contains(z.String(), "bashcompinit") {
-			t.Fatalf("completion zsh: exit %d, %.100q", code, z.String())
+		if code := run([]string{"completion", "zsh"}, &z, io.Discard); code != 0 || !strings.HasPrefix(z.String(), "#compdef vrdmactl\n") {
+			t.Fatalf("completion zsh: exit %d, %.100q; want a #compdef vrdmactl first line", code, z.String())
 		}
 		zsh, err := exec.LookPath("zsh")
 		if err != nil {
 			t.Skip("zsh not found")
 		}
-		f := filepath.Join(dir, "vrdmactl.zsh")
+		fdir := t.TempDir()
+		f := filepath.Join(fdir, "_vrdmactl")
 		if err := os.WriteFile(f, z.Bytes(), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		if out, err := exec.Command(zsh, "-n", f).CombinedOutput(); err != nil {
-			t.Errorf("zsh -n: %v\n%s", err, out)
+			t.Fatalf("zsh -n: %v\n%s", err, out)
+		}
+		// compadd, _files and compdef exist only inside zsh's completion
+		// system: these stand-ins print what would be offered, matched
+		// against the word being completed as compadd matches it.
+		const stubs = `compadd() {
+	local -a out
+	while (($#)); do
+		case $1 in
+		(-a) shift; out+=(${(P)1}) ;;
+		(--|-) shift; out+=("$@"); break ;;
+		esac
+		shift
+	done
+	print -r -- "${(M)out[@]:#${words[CURRENT]}*}"
+}
+_files() { print -r -- FILES; }
+compdef() { print -r -- "compdef $*"; }
+`
+		zshRun := func(t *testing.T, script string, args ...string) string {
+			t.Helper()
+			cmd := exec.Command(zsh, append([]string{"-f", "-c", stubs + script, "zsh"}, args...)...)
+			cmd.Env = append(os.Environ(), "PATH="+dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("zsh: %v\n%s", err, out)
+			}
+			return string(out)
+		}
+		if got := zshRun(t, `source "$1"`, f); got != "compdef _vrdmactl vrdmactl\n" {
+			t.Errorf("sourced: got %q, want it to call compdef _vrdmactl vrdmactl", got)
+		}
+		for _, tt := range cases {
+			t.Run(strings.Join(tt.words, " "), func(t *testing.T) {
+				// The first completion runs the autoloaded file, which
+				// defines _vrdmactl and completes; the second the function.
+				out := zshRun(t, `fpath=("$1" $fpath); autoload -Uz _vrdmactl; shift
+words=("$@"); CURRENT=$#; _vrdmactl; print @@; _vrdmactl; true`, append([]string{fdir}, tt.words...)...)
+				first, second, ok := strings.Cut(out, "@@\n")
+				for i, got := range []string{first, second} {
+					if got = strings.Join(strings.Fields(got), " "); !ok || got != tt.want {
+						t.Errorf("completion %d: got %q, want %q (output %q)", i+1, got, tt.want, out)
+					}
+				}
+			})
 		}
 	})
 }

@@ -269,7 +269,7 @@ func (f *flags) usage(w io.Writer) {
 		"Under systemd, vrdmad.socket hands vrdmad the control socket (socket activation:\n"+
 		"the socket named \"control\"; any other FileDescriptorName= is a device ID) and\n"+
 		"vrdmad.service (Type=notify) runs it with the flags of VRDMAD_ARGS in\n"+
-		"/etc/default/vrdmad; see /usr/share/doc/vrdma/packaging.md.\n")
+		"/etc/default/vrdmad; see /usr/share/doc/vrdma/docs/packaging.md.\n")
 }
 
 func run(args []string, stdout io.Writer) error {
