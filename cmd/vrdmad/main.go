@@ -67,8 +67,9 @@
 // added through the control API may choose its own (rnic).
 //
 // --metrics serves Prometheus metrics on /metrics (see internal/metrics and
-// docs/packaging.md). --help prints the usage on standard output, in a form
-// help2man turns into the manual page.
+// docs/packaging.md). --help prints the usage on standard output; the
+// manual page (packaging/man/vrdmad.8) must have an entry for each flag it
+// lists (packaging/man_test.go).
 package main
 
 import (
