@@ -145,7 +145,9 @@ func (c *client) post() error {
 	remote := c.peer.Addr + (i%uint64(c.slots))*c.cfg.Size
 	switch c.cfg.Op {
 	case "write":
-		Pattern(c.slot(i), i)
+		if c.cfg.Verify {
+			Pattern(c.slot(i), i)
+		}
 		wr.Opcode, wr.RemoteAddr, wr.RKey = abi.WROpRDMAWrite, remote, c.peer.RKey
 	case "read":
 		if c.cfg.Verify {
@@ -153,7 +155,9 @@ func (c *client) post() error {
 		}
 		wr.Opcode, wr.RemoteAddr, wr.RKey = abi.WROpRDMARead, remote, c.peer.RKey
 	case "send":
-		Pattern(c.slot(i), i)
+		if c.cfg.Verify {
+			Pattern(c.slot(i), i)
+		}
 		wr.Opcode = abi.WROpSend
 	case "atomic":
 		wr.Opcode, wr.RemoteAddr, wr.RKey, wr.CompareAdd = abi.WROpAtomicFetchAdd, c.peer.Addr, c.peer.RKey, 1

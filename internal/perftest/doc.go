@@ -1,8 +1,10 @@
-// Package perftest is the measurement core shared by vrdma-perf (two
-// devices in one process) and vrdma-guest (one device per VM): an RC QP
-// pair, a bandwidth pass (tx-depth operations in flight, like ib_write_bw)
-// and a latency pass (one at a time) for write, read, send and atomic
-// (fetch-and-add), with verification.
+// Package perftest is vrdma-guest's measurement core (one device per VM),
+// whose Result (the JSON contract) and data pattern vrdma-perf shares: an
+// RC QP pair, a bandwidth pass (tx-depth operations in flight, like
+// ib_write_bw) and a latency pass (one at a time) for write, read, send
+// and atomic (fetch-and-add), with verification. Only a verifying run
+// fills its messages with the pattern: a fill per operation would cost
+// the copy the run measures.
 //
 // The two sides may live in different processes: each creates its
 // resources (NewSide) and publishes an Endpoint (GID, QPN, initial PSN,

@@ -121,6 +121,19 @@ func TestConfigAndMessages(t *testing.T) {
 }
 
 func TestPattern(t *testing.T) {
+	// The pattern is defined byte by byte; Pattern and PatternOK copy
+	// and compare it block by block.
+	for _, n := range []int{1, 255, 256, 257, 4096 + 3, 1<<16 + 700} {
+		for _, op := range []uint64{0, 1, 42, 1<<40 + 3} {
+			b := make([]byte, n)
+			Pattern(b, op)
+			for j := range b {
+				if want := byte(op*131+7) + byte(j) + byte(j>>8)*3; b[j] != want {
+					t.Fatalf("%d bytes, operation %d: byte %d is %d, want %d", n, op, j, b[j], want)
+				}
+			}
+		}
+	}
 	for _, n := range []int{1, 255, 256, 4096 + 3} {
 		b := make([]byte, n)
 		Pattern(b, 42)
@@ -133,6 +146,25 @@ func TestPattern(t *testing.T) {
 		b[n-1]++
 		if PatternOK(b, 42) {
 			t.Errorf("%d bytes: a changed last byte passes", n)
+		}
+		b[n-1]--
+		b[0] ^= 0x80
+		if PatternOK(b, 42) {
+			t.Errorf("%d bytes: a changed first byte passes", n)
+		}
+	}
+}
+
+// BenchmarkPattern: filling and checking a 64 KiB message, which every
+// operation of a --verify run does.
+func BenchmarkPattern(b *testing.B) {
+	buf := make([]byte, 64<<10)
+	b.SetBytes(int64(len(buf)))
+	b.ReportAllocs()
+	for i := range b.N {
+		Pattern(buf, uint64(i))
+		if !PatternOK(buf, uint64(i)) {
+			b.Fatal("PatternOK rejects Pattern's bytes")
 		}
 	}
 }
