@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
-	"runtime"
 	"slices"
 	"time"
 
@@ -17,8 +17,9 @@ import (
 // latTail is perftest's LAT_MEASURE_TAIL: the largest samples left out.
 const latTail = 2
 
-// recvWRID marks the work request IDs of receives in a latency test.
-const recvWRID = 1 << 62
+// errPeerDone ends a two-process responder's ping-pong loop: the peer is
+// done with the size (-D).
+var errPeerDone = errors.New("the peer is done")
 
 // latResult is one latency measurement, in microseconds.
 type latResult struct {
@@ -80,49 +81,93 @@ func latStats(posts []time.Duration, rtt float64) (r latResult, err error) {
 	return r, nil
 }
 
-// latTest is the state of one latency test on QP 0.
-type latTest struct {
-	bn           *bench
-	size         uint64
-	inA, inB     []byte // inboxes: the peer writes or sends here
-	outA, outB   []byte // outboxes: the source of writes and sends
-	inOff        uint64
-	outOff       uint64
-	pendA, pendB int // signaled sends whose completion is not reaped yet
-	recvA, recvB int // receive completions reaped
-	seq          uint64
+// latEnd is one end of a latency test on QP 0 of flow 0: end 0 the client
+// (it pings, and it measures), end 1 the server.
+type latEnd struct {
+	s       *side // nil where the peer process runs this end
+	isB     bool
+	in, out []byte  // the inbox (the other end writes or sends here) and the outbox
+	dst     peerBuf // the other end's buffer
+	pend    int     // signaled sends whose completion is not reaped yet
+	recvd   int     // receive completions reaped
+	used    int     // receives await took: a peer process may send the next before this end looks
 }
 
-// latency runs perftest's latency test for one message size: -n
-// iterations (or -D), one operation at a time on QP 0.
-func (bn *bench) latency(ctx context.Context, size uint64) (*latResult, error) {
-	bn.setSize(size)
+// latTest is the state of one size's latency test.
+type latTest struct {
+	bn            *bench
+	size          uint64
+	inOff, outOff uint64
+	ends          [2]*latEnd
+	seq           uint64 // work request IDs
+	count         uint64 // iterations run
+}
+
+// latPrepare readies the local ends for size: a stale inbox byte cannot
+// pass for the first write, the receives of a send test are posted, a read
+// test's source holds its pattern and an atomic test's counter is zero.
+func (bn *bench) latPrepare(size uint64) error {
+	f := bn.flows[0]
+	lt := &latTest{bn: bn, size: size, inOff: bn.areaOff(0, 0), outOff: bn.areaOff(0, 0) + bn.maxMsg}
+	for i, s := range []*side{f.req, f.resp} {
+		e := &latEnd{s: s, isB: i == 1}
+		lt.ends[i] = e
+		if s == nil {
+			continue
+		}
+		b := s.mr.Bytes()
+		e.in, e.out = b[lt.inOff:lt.inOff+size], b[lt.outOff:lt.outOff+size]
+		switch bn.o.op {
+		case "write":
+			e.in[size-1] = ^lt.expect(0, !e.isB)
+		case "send":
+			for ; bn.latRecvs[i] < latRecvs; bn.latRecvs[i]++ {
+				if err := lt.postRecv(e); err != nil {
+					return err
+				}
+			}
+		case "read":
+			if e.isB && bn.o.verify {
+				perftest.Pattern(e.in, latReadPattern)
+			}
+		case "atomic":
+			if e.isB {
+				clear(e.in[:8])
+			}
+		}
+	}
+	lt.ends[0].dst, lt.ends[1].dst = f.dst, f.back
+	bn.lt = lt
+	return nil
+}
+
+// latReadPattern is the pattern of a read latency test's source.
+const latReadPattern = 1
+
+// latency runs perftest's latency test for the size latPrepare readied:
+// -n iterations (or -D), one operation at a time on QP 0. The client end
+// measures; a server end alone answers pings until the client is done and
+// returns no result.
+func (bn *bench) latency(ctx context.Context) (*latResult, error) {
 	o := &bn.o
-	lt := &latTest{bn: bn, size: size, inOff: bn.regionOff(0), outOff: bn.regionOff(0) + bn.maxMsg}
-	lt.inA = bn.a.mr.Bytes()[lt.inOff : lt.inOff+size]
-	lt.inB = bn.b.mr.Bytes()[lt.inOff : lt.inOff+size]
-	lt.outA = bn.a.mr.Bytes()[lt.outOff : lt.outOff+size]
-	lt.outB = bn.b.mr.Bytes()[lt.outOff : lt.outOff+size]
-	rtt := 1.0
-	switch o.op {
-	case "write":
-		rtt = 2
-		// No stale byte may look like the first one expected.
-		lt.inA[size-1], lt.inB[size-1] = ^lt.expect(0, false), ^lt.expect(0, true)
-	case "send":
-		rtt = 2
-		for range latRecvs {
-			if err := lt.postRecvs(); err != nil {
+	lt := bn.lt
+	rtt, iter := 1.0, lt.oneSided
+	if o.op == "write" || o.op == "send" {
+		rtt, iter = 2, lt.pingPong
+	}
+	if lt.ends[0].s == nil {
+		if o.op == "read" || o.op == "atomic" {
+			return nil, nil // the client's reads and atomics need nothing of the server's process
+		}
+		for i := uint64(0); o.duration != 0 || i < uint64(o.iters); i++ {
+			if err := iter(ctx, i); errors.Is(err, errPeerDone) {
+				break
+			} else if err != nil {
 				return nil, err
 			}
 		}
-	case "atomic":
-		clear(lt.inB[:8])
+		return nil, lt.drain(ctx)
 	}
-	iter := map[string]func(context.Context, uint64) error{
-		"write": lt.writePingPong, "send": lt.sendPingPong, "read": lt.oneSided, "atomic": lt.oneSided,
-	}[o.op]
-
 	start := time.Now()
 	var r *latResult
 	if o.duration == 0 {
@@ -166,9 +211,15 @@ func (bn *bench) latency(ctx context.Context, size uint64) (*latResult, error) {
 			r.tps = float64(n) / secs
 		}
 	}
-	r.size = size
+	r.size = lt.size
+	bn.flows[0].qs[0].posted += lt.count
 	if err := lt.drain(ctx); err != nil {
 		return nil, err
+	}
+	if lt.ends[1].s != nil {
+		if err := lt.finalCheck(lt.count); err != nil {
+			return nil, err
+		}
 	}
 	return r, nil
 }
@@ -203,7 +254,9 @@ func (lt *latTest) fill(out []byte, i uint64, fromB bool) {
 	out[len(out)-1] = lt.expect(i, fromB)
 }
 
-func (lt *latTest) wr(op int, from, to *side, srcOff, dstOff uint64) {
+// wr sets bn.wr to op from e's outbox (or into it, a read or an atomic)
+// at the other end's inbox.
+func (lt *latTest) wr(op int, e *latEnd) {
 	bn := lt.bn
 	wr := &bn.wr[0]
 	*wr = verbs.SendWR{WRID: lt.seq, Opcode: op, Flags: abi.WRFlagSignaled, SGL: wr.SGL[:0]}
@@ -211,39 +264,47 @@ func (lt *latTest) wr(op int, from, to *side, srcOff, dstOff uint64) {
 	if cap(wr.SGL) == 0 {
 		wr.SGL = make([]abi.SGE, 0, 1)
 	}
-	wr.SGL = append(wr.SGL, abi.SGE{Addr: from.mr.Addr + srcOff, Length: uint32(lt.size), LKey: from.mr.LKey})
+	if (op == abi.WROpRDMAWrite || op == abi.WROpSend) && lt.size <= uint64(e.s.link.inline) {
+		wr.Inline, wr.Flags = e.out, wr.Flags|abi.WRFlagInline
+	} else {
+		wr.SGL = append(wr.SGL, abi.SGE{Addr: e.s.mr.Addr + lt.outOff, Length: uint32(lt.size), LKey: e.s.mr.LKey})
+	}
 	if op != abi.WROpSend {
-		wr.RemoteAddr, wr.RKey = to.mr.Addr+dstOff, to.mr.RKey
+		wr.RemoteAddr, wr.RKey = e.dst.addr+lt.inOff, e.dst.rkey
 	}
 }
 
-// reap polls s's CQ once: send completions lower *pend, receive
-// completions (with their check) raise *recvd.
-func (lt *latTest) reap(s *side, name string, pend, recvd *int) error {
+// reap polls e's CQ once: send completions lower e.pend, receive
+// completions (their length checked) raise e.recvd.
+func (lt *latTest) reap(e *latEnd) error {
 	bn := lt.bn
-	n, err := s.cq.Poll(bn.wc)
+	n, err := e.s.cq.Poll(bn.wc)
 	if err != nil {
-		return err
+		return fmt.Errorf("%s: poll cq: %w", e.s.name, err)
 	}
 	for i := range bn.wc[:n] {
 		wc := &bn.wc[i]
 		if wc.Status != abi.WCSuccess {
-			return fmt.Errorf("%s: work request %#x completed with status %d (vendor error %d)", name, wc.WRID, wc.Status, wc.VendorErr)
+			return fmt.Errorf("%s: work request %#x completed with error %s (status %d, vendor error %#x)",
+				e.s.name, wc.WRID, wcStatusName(wc.Status), uint8(wc.Status), wc.VendorErr)
 		}
-		if wc.WRID&recvWRID == 0 {
-			*pend--
+		if wc.WRID&wridRecv == 0 {
+			e.pend--
 			continue
 		}
 		if wc.ByteLen != uint32(lt.size) {
-			return fmt.Errorf("%s: receive of %d bytes, want %d", name, wc.ByteLen, lt.size)
+			return fmt.Errorf("%s: receive of %d bytes, want %d", e.s.name, wc.ByteLen, lt.size)
 		}
-		*recvd++
+		e.recvd++
 	}
 	return nil
 }
 
-// spin calls step until done reports true, bounded by the stall timeout.
+// spin calls step until done reports true, bounded by the stall timeout;
+// now and then it looks at the context and the peer process: with -D a
+// server's wait ends (errPeerDone) when the client is done.
 func (lt *latTest) spin(ctx context.Context, what string, step func() (bool, error)) error {
+	bn := lt.bn
 	start := time.Now()
 	for spins := 0; ; spins++ {
 		ok, err := step()
@@ -251,189 +312,228 @@ func (lt *latTest) spin(ctx context.Context, what string, step func() (bool, err
 			return err
 		}
 		if spins&1023 == 1023 {
-			if err := ctx.Err(); err != nil {
+			if err := bn.idle(ctx, start, "%s", what); err != nil {
 				return err
 			}
-			if time.Since(start) > lt.bn.stall() {
-				return fmt.Errorf("%s: nothing for %v", what, lt.bn.stall())
+			if bn.peer != nil && lt.ends[0].s == nil && bn.peer.peerDone(lt.size) {
+				return errPeerDone
 			}
-			runtime.Gosched()
+		}
+		if spins >= spinBeforeYield {
+			relax(spins)
 		}
 	}
 }
 
-func (lt *latTest) postA() error {
-	lt.pendA++
-	return lt.bn.postSend(lt.bn.a.qps[0], func() error { return lt.reap(lt.bn.a, "requester", &lt.pendA, &lt.recvA) })
+// post posts bn.wr on e's QP, reaping e's completions while its send
+// queue is full.
+func (lt *latTest) post(e *latEnd) error {
+	e.pend++
+	return lt.bn.postSend(e.s.qps[0], func() error { return lt.reap(e) })
 }
 
-func (lt *latTest) postB() error {
-	lt.pendB++
-	return lt.bn.postSend(lt.bn.b.qps[0], func() error { return lt.reap(lt.bn.b, "responder", &lt.pendB, &lt.recvB) })
-}
-
-// writePingPong is one iteration of ib_write_lat: A writes B's inbox, B
-// sees the last byte change and writes A's inbox, A sees it.
-func (lt *latTest) writePingPong(ctx context.Context, i uint64) error {
+// postRecv posts one receive on e into its inbox.
+func (lt *latTest) postRecv(e *latEnd) error {
 	bn := lt.bn
-	lt.fill(lt.outA, i, false)
-	lt.wr(abi.WROpRDMAWrite, bn.a, bn.b, lt.outOff, lt.inOff)
-	if err := lt.postA(); err != nil {
-		return fmt.Errorf("post write %d: %w", i, err)
+	r := &bn.rwr[0]
+	if cap(r.SGL) == 0 {
+		r.SGL = make([]abi.SGE, 1)
 	}
-	if err := lt.arrive(ctx, lt.inB, i, false, bn.a, "requester", &lt.pendA); err != nil {
-		return err
-	}
-	lt.fill(lt.outB, i, true)
-	lt.wr(abi.WROpRDMAWrite, bn.b, bn.a, lt.outOff, lt.inOff)
-	if err := lt.postB(); err != nil {
-		return fmt.Errorf("post write %d back: %w", i, err)
-	}
-	if err := lt.arrive(ctx, lt.inA, i, true, bn.b, "responder", &lt.pendB); err != nil {
-		return err
-	}
-	var none int
-	if err := lt.reap(bn.a, "requester", &lt.pendA, &none); err != nil {
-		return err
-	}
-	return lt.reap(bn.b, "responder", &lt.pendB, &none)
-}
-
-// arrive waits until write i's last byte is in in; with --verify it then
-// waits for the writer's completion (every byte placed) and checks them.
-func (lt *latTest) arrive(ctx context.Context, in []byte, i uint64, fromB bool, writer *side, name string, pend *int) error {
-	want := lt.expect(i, fromB)
-	last := len(in) - 1
-	if err := lt.spin(ctx, fmt.Sprintf("write %d", i), func() (bool, error) { return loadByte(in, last) == want, nil }); err != nil {
-		return err
-	}
-	if !lt.bn.o.verify {
-		return nil
-	}
-	var none int
-	if err := lt.spin(ctx, fmt.Sprintf("completion of write %d", i), func() (bool, error) {
-		return *pend == 0, lt.reap(writer, name, pend, &none)
-	}); err != nil {
-		return err
-	}
-	if !perftest.PatternOK(in, lt.patternIndex(i, fromB)) {
-		return fmt.Errorf("verify: write %d: bytes that arrived differ from the pattern sent", i)
+	r.WRID = wridRecv | lt.seq
+	lt.seq++
+	r.SGL[0] = abi.SGE{Addr: e.s.mr.Addr + lt.inOff, Length: uint32(bn.maxMsg), LKey: e.s.mr.LKey}
+	if err := e.s.qps[0].PostRecv(bn.rwr[:]...); err != nil {
+		return fmt.Errorf("%s: post recv: %w", e.s.name, err)
 	}
 	return nil
 }
 
-// postRecvs posts one receive on each side, into its inbox.
-func (lt *latTest) postRecvs() error {
-	bn := lt.bn
-	for _, s := range []*side{bn.a, bn.b} {
-		r := &bn.rwr[0]
-		if cap(r.SGL) == 0 {
-			r.SGL = make([]abi.SGE, 1)
+// pingPong is one iteration of ib_write_lat or ib_send_lat: A writes (or
+// sends) to B, B sees it and answers, A sees the answer. Each process runs
+// the steps of its local ends.
+func (lt *latTest) pingPong(ctx context.Context, i uint64) error {
+	a, b := lt.ends[0], lt.ends[1]
+	if a.s != nil {
+		if err := lt.send(a, i); err != nil {
+			return err
 		}
-		r.WRID = recvWRID | lt.seq
-		lt.seq++
-		r.SGL[0] = abi.SGE{Addr: s.mr.Addr + lt.inOff, Length: uint32(bn.maxMsg), LKey: s.mr.LKey}
-		if err := s.qps[0].PostRecv(bn.rwr[:]...); err != nil {
-			return fmt.Errorf("post recv: %w", err)
+	}
+	if b.s != nil {
+		if err := lt.await(ctx, b, i); err != nil {
+			return err
+		}
+		if err := lt.send(b, i); err != nil {
+			return err
+		}
+	}
+	if a.s != nil {
+		if err := lt.await(ctx, a, i); err != nil {
+			return err
+		}
+	}
+	lt.count++
+	for _, e := range lt.ends {
+		if e.s != nil {
+			if err := lt.reap(e); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
 }
 
-// sendPingPong is one iteration of ib_send_lat: A sends, B receives and
-// sends back, A receives.
-func (lt *latTest) sendPingPong(ctx context.Context, i uint64) error {
+// send posts e's message i to the other end.
+func (lt *latTest) send(e *latEnd, i uint64) error {
+	op, name := abi.WROpRDMAWrite, "write"
+	if lt.bn.o.op == "send" {
+		op, name = abi.WROpSend, "send"
+	}
+	lt.fill(e.out, i, e.isB)
+	lt.wr(op, e)
+	if err := lt.post(e); err != nil {
+		return fmt.Errorf("%s: post %s %d: %w", e.s.name, name, i, err)
+	}
+	return nil
+}
+
+// await waits until the other end's message i is in e's inbox and, with
+// --verify, checks every byte of it; a send's receive is replaced.
+func (lt *latTest) await(ctx context.Context, e *latEnd, i uint64) error {
 	bn := lt.bn
-	for _, d := range []struct {
-		from, to   *side
-		out, in    []byte
-		fromB      bool
-		post       func() error
-		name, peer string
-		pend, recv *int
-	}{
-		{bn.a, bn.b, lt.outA, lt.inB, false, lt.postA, "requester", "responder", &lt.pendB, &lt.recvB},
-		{bn.b, bn.a, lt.outB, lt.inA, true, lt.postB, "responder", "requester", &lt.pendA, &lt.recvA},
-	} {
-		lt.fill(d.out, i, d.fromB)
-		lt.wr(abi.WROpSend, d.from, d.to, lt.outOff, 0)
-		if err := d.post(); err != nil {
-			return fmt.Errorf("%s: post send %d: %w", d.name, i, err)
-		}
-		want := *d.recv + 1
+	other := lt.ends[0]
+	if !e.isB {
+		other = lt.ends[1]
+	}
+	fromB := !e.isB
+	if bn.o.op == "send" {
 		if err := lt.spin(ctx, fmt.Sprintf("receive %d", i), func() (bool, error) {
-			return *d.recv >= want, lt.reap(d.to, d.peer, d.pend, d.recv)
+			if e.recvd > e.used {
+				return true, nil
+			}
+			return e.recvd > e.used, lt.reap(e)
 		}); err != nil {
 			return err
 		}
-		if bn.o.verify && !perftest.PatternOK(d.in, lt.patternIndex(i, d.fromB)) {
-			return fmt.Errorf("verify: send %d: bytes that arrived differ from the pattern sent", i)
+		e.used++
+		if bn.o.verify {
+			if !perftest.PatternOK(e.in, lt.patternIndex(i, fromB)) {
+				return fmt.Errorf("verify: %s: send %d: bytes that arrived differ from the pattern sent", e.s.name, i)
+			}
+			bn.tally.add(tallySend, 1, lt.size)
 		}
-		// Replace the receive just used (on the receiving side only).
-		r := &bn.rwr[0]
-		if cap(r.SGL) == 0 {
-			r.SGL = make([]abi.SGE, 1)
-		}
-		r.WRID = recvWRID | lt.seq
-		lt.seq++
-		r.SGL[0] = abi.SGE{Addr: d.to.mr.Addr + lt.inOff, Length: uint32(bn.maxMsg), LKey: d.to.mr.LKey}
-		if err := d.to.qps[0].PostRecv(bn.rwr[:]...); err != nil {
-			return fmt.Errorf("%s: post recv: %w", d.peer, err)
-		}
+		return lt.postRecv(e)
 	}
-	var none int
-	if err := lt.reap(bn.a, "requester", &lt.pendA, &none); err != nil {
-		return err
-	}
-	return lt.reap(bn.b, "responder", &lt.pendB, &none)
-}
-
-// oneSided is one iteration of ib_read_lat or ib_atomic_lat: post, wait
-// for the completion.
-func (lt *latTest) oneSided(ctx context.Context, i uint64) error {
-	bn := lt.bn
-	op := abi.WROpRDMARead
-	if bn.o.op == "atomic" {
-		op = abi.WROpAtomicFetchAdd
-	} else if bn.o.verify {
-		perftest.Pattern(lt.inB, 2*i)
-	}
-	lt.wr(op, bn.a, bn.b, lt.outOff, lt.inOff)
-	if op == abi.WROpAtomicFetchAdd {
-		bn.wr[0].CompareAdd = 1
-	}
-	if err := lt.postA(); err != nil {
-		return fmt.Errorf("post %s %d: %w", bn.o.op, i, err)
-	}
-	var none int
-	if err := lt.spin(ctx, fmt.Sprintf("%s %d", bn.o.op, i), func() (bool, error) {
-		return lt.pendA == 0, lt.reap(bn.a, "requester", &lt.pendA, &none)
-	}); err != nil {
+	want, last := lt.expect(i, fromB), len(e.in)-1
+	if err := lt.spin(ctx, fmt.Sprintf("write %d", i), func() (bool, error) { return loadByte(e.in, last) == want, nil }); err != nil {
 		return err
 	}
 	if !bn.o.verify {
 		return nil
 	}
-	if bn.o.op == "atomic" {
-		if v := binary.LittleEndian.Uint64(lt.outA); v != i {
-			return fmt.Errorf("verify: fetch-and-add %d returned %d, want %d", i, v, i)
+	pi := lt.patternIndex(i, fromB)
+	if other.s != nil {
+		// The writer is here: once its completion is reaped every byte is
+		// placed.
+		if err := lt.spin(ctx, fmt.Sprintf("completion of write %d", i), func() (bool, error) {
+			return other.pend == 0, lt.reap(other)
+		}); err != nil {
+			return err
 		}
+		if !perftest.PatternOK(e.in, pi) {
+			return fmt.Errorf("verify: %s: write %d: bytes that arrived differ from the pattern sent", e.s.name, i)
+		}
+	} else if err := lt.spin(ctx, fmt.Sprintf("write %d's bytes to match its pattern", i), func() (bool, error) {
+		// The writer is the peer process: the last byte may land before
+		// the others (a message sprayed over paths), so the bytes must
+		// come to match, and a wrong one stalls into a failure.
+		return perftest.PatternOK(e.in, pi), nil
+	}); err != nil {
+		return fmt.Errorf("verify: %s: %w", e.s.name, err)
+	}
+	bn.tally.add(tallyWrite, 1, lt.size)
+	return nil
+}
+
+// oneSided is one iteration of ib_read_lat or ib_atomic_lat on the client:
+// post, wait for the completion.
+func (lt *latTest) oneSided(ctx context.Context, i uint64) error {
+	bn := lt.bn
+	a := lt.ends[0]
+	if a.s == nil {
 		return nil
 	}
-	if !perftest.PatternOK(lt.outA, 2*i) {
-		return fmt.Errorf("verify: read %d: bytes that arrived differ from the pattern", i)
+	op := abi.WROpRDMARead
+	if bn.o.op == "atomic" {
+		op = abi.WROpAtomicFetchAdd
+	} else if bn.o.verify {
+		clear(a.out)
+	}
+	lt.wr(op, a)
+	if op == abi.WROpAtomicFetchAdd {
+		bn.wr[0].CompareAdd = 1
+	}
+	if err := lt.post(a); err != nil {
+		return fmt.Errorf("%s: post %s %d: %w", a.s.name, bn.o.op, i, err)
+	}
+	if err := lt.spin(ctx, fmt.Sprintf("%s %d", bn.o.op, i), func() (bool, error) {
+		return a.pend == 0, lt.reap(a)
+	}); err != nil {
+		return err
+	}
+	lt.count++
+	if !bn.o.verify {
+		return nil
+	}
+	if bn.o.op == "atomic" {
+		if v := binary.LittleEndian.Uint64(a.out); v != i {
+			return fmt.Errorf("verify: %s: fetch-and-add %d returned %d, want %d", a.s.name, i, v, i)
+		}
+		bn.tally.add(tallyFetchAdd, 1, atomicSize)
+		return nil
+	}
+	if !perftest.PatternOK(a.out, latReadPattern) {
+		return fmt.Errorf("verify: %s: read %d: bytes read differ from the responder's pattern", a.s.name, i)
+	}
+	bn.tally.add(tallyRead, 1, lt.size)
+	return nil
+}
+
+// finalCheck checks the server end's buffer after count one-sided
+// operations: a read's source unchanged, the counter at count.
+func (lt *latTest) finalCheck(count uint64) error {
+	b := lt.ends[1]
+	if !lt.bn.o.verify || b.s == nil {
+		return nil
+	}
+	switch lt.bn.o.op {
+	case "read":
+		if !perftest.PatternOK(b.in, latReadPattern) {
+			return fmt.Errorf("verify: %s: the buffer changed under the reads", b.s.name)
+		}
+		lt.bn.tally.add(tallyReadSrc, 1, lt.size)
+	case "atomic":
+		if got := binary.LittleEndian.Uint64(b.in); got != count {
+			return fmt.Errorf("verify: %s: the counter is %d after %d fetch-and-adds", b.s.name, got, count)
+		}
+		lt.bn.tally.add(tallyCounter, 1, atomicSize)
 	}
 	return nil
 }
 
-// drain waits for the completions of every send still pending.
+// drain waits for the completions of every local send still pending.
 func (lt *latTest) drain(ctx context.Context) error {
-	var none int
+	saved := lt.bn.peer
+	lt.bn.peer = nil // a peer done now is no reason to stop draining
+	defer func() { lt.bn.peer = saved }()
 	return lt.spin(ctx, "last completions", func() (bool, error) {
-		if err := lt.reap(lt.bn.a, "requester", &lt.pendA, &none); err != nil {
-			return false, err
+		for _, e := range lt.ends {
+			if e.s == nil {
+				continue
+			}
+			if err := lt.reap(e); err != nil {
+				return false, err
+			}
 		}
-		err := lt.reap(lt.bn.b, "responder", &lt.pendB, &none)
-		return lt.pendA == 0 && lt.pendB == 0, err
+		return (lt.ends[0].s == nil || lt.ends[0].pend == 0) && (lt.ends[1].s == nil || lt.ends[1].pend == 0), nil
 	})
 }

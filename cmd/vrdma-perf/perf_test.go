@@ -145,7 +145,20 @@ func TestPeakInterval(t *testing.T) {
 			if math.Abs(got-want) > 1e-6*want {
 				t.Errorf("got %v ns, want %v", got, want)
 			}
+			// Never above the average time per operation: the run of
+			// every operation is one of the runs.
+			if avg := float64(tc[n-1]-tp[0]) / float64(n); got > avg*(1+1e-9) {
+				t.Errorf("got %v ns per operation, above the average %v", got, avg)
+			}
 		})
+	}
+	// Completions polled in batches share their time stamp (the poll's),
+	// as in perftest. The peak is not the rate of the best batch (ops 2
+	// and 3, one unit after ops 0 and 1: 0.5 units each) but the best run
+	// from a post to a completion: ops 0…3, 11 units for 4 operations.
+	tp, tc := []int64{0, 1000, 2000, 3000}, []int64{10000, 10000, 11000, 11000}
+	if got := peakInterval(tp, tc); math.Abs(got-2750) > 1e-6 {
+		t.Errorf("batches: got %v ns per operation, want 2750", got)
 	}
 	if got := peakInterval(nil, nil); got != 0 {
 		t.Errorf("no samples: got %v, want 0", got)
@@ -210,10 +223,23 @@ func TestCHex(t *testing.T) {
 
 func startDaemon(t *testing.T) []string {
 	t.Helper()
+	socks, _ := startDaemonControl(t)
+	return socks
+}
+
+// startDaemonControl starts an in-process vrdmad with devices a and b and
+// its control API; it returns their sockets and the control socket.
+func startDaemonControl(t *testing.T) ([]string, string) {
+	t.Helper()
 	l := logrus.New()
 	l.SetOutput(io.Discard)
 	d := daemon.New(logrus.NewEntry(l), daemon.Config{})
-	dir := t.TempDir()
+	// A short directory: sun_path holds 107 bytes and t.TempDir is long.
+	dir, err := os.MkdirTemp("", "vrdma-perf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	var socks []string
 	for _, id := range []string{"a", "b"} {
 		s := filepath.Join(dir, id+".sock")
@@ -223,7 +249,11 @@ func startDaemon(t *testing.T) []string {
 		socks = append(socks, s)
 	}
 	t.Cleanup(func() { d.Close() })
-	return socks
+	control := filepath.Join(dir, "control.sock")
+	if err := d.ServeControl(control); err != nil {
+		t.Fatal(err)
+	}
+	return socks, control
 }
 
 // perf runs the command and returns its standard output and exit status.
@@ -243,7 +273,10 @@ func TestRun(t *testing.T) {
 	for _, tc := range []struct{ op, size, extra string }{
 		{"write", "4K", ""}, {"write", "100000", "-q 3"}, {"read", "64KiB", "-q 2"}, {"send", "1000", ""},
 		{"send", "4096", "-q 2 -t 8"}, {"atomic", "8", "-q 2"},
+		{"write", "4K", "-b"}, {"send", "2000", "-q 2 -b"}, {"read", "4K", "-b"}, {"atomic", "8", "-b"},
+		{"write", "64", "-I 64 -m 1024"}, {"send", "200", "-I 200 -m 256"},
 		{"write_lat", "64", ""}, {"send_lat", "3", ""}, {"read_lat", "4096", ""}, {"atomic_lat", "8", ""},
+		{"write_lat", "32", "-I 64 -m 512"}, {"send_lat", "100", "-I 128"},
 	} {
 		t.Run(tc.op+"/"+tc.size+tc.extra, func(t *testing.T) {
 			args := append([]string{"--sockets", socks, "--op", tc.op, "-s", tc.size,
@@ -277,6 +310,53 @@ func TestRun(t *testing.T) {
 			}
 		})
 	}
+	t.Run("verify says what", func(t *testing.T) {
+		for _, tc := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"--op", "write", "-s", "4K"}, "verified: 300 RDMA WRITEs of 4096 B (1228800 bytes): every byte that arrived in the responder's buffer compared with the pattern sent\n"},
+			{[]string{"--op", "send", "-s", "100", "-b"}, "verified: 600 SENDs of 100 B (60000 bytes): every byte of each receive compared with the pattern sent, and its length\n"},
+			{[]string{"--op", "read", "-s", "1K"}, "verified: 300 RDMA READs of 1024 B (307200 bytes): every byte read compared with the responder's pattern, the destination cleared before each read\n"},
+			{[]string{"--op", "atomic"}, "verified: 1 counter of 8 B (8 bytes): each equals the number of fetch-and-adds on it\n"},
+			{[]string{"--op", "atomic"}, "verified: 300 fetch-and-adds of 8 B (2400 bytes): each returned the counter's value before it\n"},
+			{[]string{"--op", "write_lat", "-s", "8"}, "verified: 600 RDMA WRITEs of 8 B (4800 bytes)"},
+		} {
+			out, errs, code := perf(t, append([]string{"--sockets", socks, "-n", "300", "--verify"}, tc.args...)...)
+			if code != 0 || !strings.Contains(out, tc.want) {
+				t.Errorf("%q: exit %d, %s%s; want %q", tc.args, code, out, errs, tc.want)
+			}
+			// With --json it goes to standard error: standard output stays JSON.
+			out, errs, code = perf(t, append([]string{"--sockets", socks, "-n", "300", "--verify", "--json", "--lat-iters", "0"}, tc.args...)...)
+			if code != 0 || !strings.Contains(errs, tc.want) || strings.Contains(out, "verified:") {
+				t.Errorf("%q --json: exit %d, %s%s; want %q on stderr", tc.args, code, out, errs, tc.want)
+			}
+		}
+	})
+	t.Run("output", func(t *testing.T) {
+		for _, args := range [][]string{{"--output", "bandwidth", "--report_gbits"}, {"--output", "message_rate"},
+			{"--op", "write_lat", "--output", "latency"}, {"--op", "send_lat", "-D", "1", "--output", "latency"}} {
+			out, errs, code := perf(t, append([]string{"--sockets", socks, "-s", "64"}, args...)...)
+			v, err := strconv.ParseFloat(strings.TrimSuffix(out, "\n"), 64)
+			if code != 0 || err != nil || v <= 0 || strings.Count(out, "\n") != 1 {
+				t.Errorf("%q: exit %d, %q, %s; want one positive figure on a line", args, code, out, errs)
+			}
+		}
+	})
+	t.Run("peak", func(t *testing.T) {
+		// perftest's BW peak is never below the average: the run of every
+		// operation is one of the runs it minimises over.
+		out, errs, code := perf(t, "--sockets", socks, "-s", "4K", "-n", "2000", "-q", "2")
+		if code != 0 || len(rows(out)) != 1 {
+			t.Fatalf("exit %d: %s%s", code, out, errs)
+		}
+		f := strings.Fields(rows(out)[0])
+		peak, _ := strconv.ParseFloat(f[2], 64)
+		avg, _ := strconv.ParseFloat(f[3], 64)
+		if peak < avg-0.01 || avg <= 0 {
+			t.Errorf("row %q: peak %v below the average %v", rows(out)[0], peak, avg)
+		}
+	})
 	t.Run("all sizes", func(t *testing.T) {
 		out, errs, code := perf(t, "--sockets", socks, "--op", "send", "-a", "-n", "5", "--verify", "--json", "--lat-iters", "0")
 		if code != 0 {
@@ -490,7 +570,9 @@ func TestHelpAndUsage(t *testing.T) {
 		t.Errorf("--help: got exit %d, stderr %q; want 0 and nothing", code, errs)
 	}
 	for _, want := range []string{"Usage: vrdma-perf", "-s, --size SIZE", "-a, --all", "-n, --iters ITERS", "-D, --duration SECONDS",
-		"-q, --qp QPS", "-t, --tx-depth TX_DEPTH", "--report_gbits", "-F, --CPU-freq", "--sockets S1,S2", "--json", "--verify", "Exit status"} {
+		"-q, --qp QPS", "-t, --tx-depth TX_DEPTH", "--report_gbits", "-F, --CPU-freq", "--sockets S1,S2", "--json", "--verify", "Exit status",
+		"-d, --ib-dev DEV", "-i, --ib-port PORT", "-m, --mtu MTU", "-c, --connection TYPE", "-b, --bidirectional", "-I, --inline_size SIZE",
+		"-R, --rdma_cm", "--output WHAT", "-V, --version", "no CPU-frequency check to skip", "IBV_WC_RETRY_EXC_ERR"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("--help lacks %q", want)
 		}

@@ -46,11 +46,13 @@ type testInfo struct {
 	device        string
 	linkLayer     uint32 // ibv_link_layer: 1 InfiniBand, 2 Ethernet
 	mtu, outReads int
+	inline        int // max inline data
 	local, remote []qpAddr
 	exchange      string // how the sides exchanged their QPs: "Ethernet" (TCP, as perftest), or "" for in-process
 }
 
-// reporter prints perftest's table.
+// reporter prints perftest's table, or with --output only the figure it
+// names, one per size (perftest's "%lf\n").
 type reporter struct {
 	w  io.Writer
 	o  *options
@@ -86,15 +88,21 @@ func linkLayerStr(l uint32) string {
 // parameters vrdma-perf uses), each QP's addresses and the column header.
 func (r *reporter) header() {
 	o, ti := r.o, r.ti
+	if o.output != "" {
+		return
+	}
 	var b strings.Builder
 	b.WriteString(resultLine)
 	b.WriteString(bannerIndent + testsStr[o.op] + " ")
 	if o.op == "atomic" {
 		b.WriteString("FETCH_AND_ADD ")
 	}
-	if o.lat {
+	switch {
+	case o.lat:
 		b.WriteString("Latency ")
-	} else {
+	case o.bidir:
+		b.WriteString("Bidirectional BW ")
+	default:
 		b.WriteString("BW ")
 	}
 	b.WriteString("Test\n")
@@ -109,14 +117,14 @@ func (r *reporter) header() {
 	}
 	fmt.Fprintf(&b, " Mtu             : %d[B]\n", ti.mtu)
 	fmt.Fprintf(&b, " Link type       : %s\n", linkLayerStr(ti.linkLayer))
-	gids := ti.linkLayer == 2 // perftest uses GID index 0 on Ethernet, none on InfiniBand
+	gids := ti.linkLayer == 2 // perftest uses a GID (-x, default 0) on Ethernet, none on InfiniBand
 	if gids {
-		fmt.Fprintf(&b, " GID index       : %d\n", 0)
+		fmt.Fprintf(&b, " GID index       : %d\n", o.gidIndex)
 	}
 	if o.op == "read" || o.op == "atomic" {
 		fmt.Fprintf(&b, " Outstand reads  : %d\n", ti.outReads)
 	} else {
-		fmt.Fprintf(&b, " Max inline data : %d[B]\n", 0)
+		fmt.Fprintf(&b, " Max inline data : %d[B]\n", ti.inline)
 	}
 	fmt.Fprintf(&b, " rdma_cm QPs\t : %s\n", "OFF")
 	ex := ti.exchange
@@ -174,14 +182,25 @@ func (r *reporter) row(v any) {
 		if r.o.gbits {
 			f = gbitPerSec
 		}
-		avg, peak := x.bytesPerSec()/f, x.peakPerSec/f
-		rate := float64(x.iters) / x.secs / 1e6
+		avg, peak, rate := x.bps/f, x.peak/f, x.mps/1e6
+		switch r.o.output {
+		case "bandwidth":
+			fmt.Fprintf(r.w, "%f\n", avg)
+			return
+		case "message_rate":
+			fmt.Fprintf(r.w, "%f\n", rate)
+			return
+		}
 		format := reportFmt
 		if r.o.gbits && avg < 0.1 {
 			format = reportFmtExt
 		}
 		fmt.Fprintf(r.w, format, x.size, x.iters, peak, avg, rate)
 	case *latResult:
+		if r.o.output == "latency" {
+			fmt.Fprintf(r.w, "%f\n", x.avg)
+			return
+		}
 		if x.duration {
 			fmt.Fprintf(r.w, reportFmtLatDur, x.size, x.iters, x.avg, x.tps)
 			return
@@ -191,4 +210,8 @@ func (r *reporter) row(v any) {
 }
 
 // footer closes the table.
-func (r *reporter) footer() { io.WriteString(r.w, resultLine) }
+func (r *reporter) footer() {
+	if r.o.output == "" {
+		io.WriteString(r.w, resultLine)
+	}
+}
