@@ -7,14 +7,15 @@
 // four paths, sprayed and single-path). Every figure stands
 // beside a baseline measured in the same run (memcpy, mlock, pin-all, a
 // bare control round trip, a two-goroutine queue hand-off, one device pair,
-// a victim pair alone) because the machines are shared and noisy: the
-// ratios are judged, absolute numbers are printed.
+// a victim pair alone, vrdma-perf in one process) because the machines are
+// shared and noisy: the ratios are judged, absolute numbers are printed.
 //
 // Usage:
 //
 //	vrdma-bench [--out docs/benchmarks.md] [--png docs/benchmarks-bw.png]
 //	            [--row-time 300ms] [--repeats 3] [--quick] [--micro FILE]
-//	            [--vmtest bin/vrdma-vmtest] [--cpuprofile FILE] [--trace FILE]
+//	            [--vmtest bin/vrdma-vmtest] [--perf bin/vrdma-perf]
+//	            [--cpuprofile FILE] [--trace FILE]
 //	            [--density 500,1000,2000,5000,10000] [--density-idle 10s]
 //	            [--only SECTIONS] [--pairs 1,2,4,8,32,128] [--spin-clients]
 //	            [--engine-threads N]
@@ -59,6 +60,7 @@ Options:
 
 type options struct {
 	out, png, micro, vmtest, cpuprofile string
+	perf                                string // vrdma-perf, for the perftest section
 	trace                               string // runtime/trace output (go tool trace)
 	threads                             int    // --engine-threads
 	only                                string
@@ -82,9 +84,10 @@ func parseFlags(args []string) (options, error) {
 		scalingPNG+", the roce section's goodput against loss as "+lossPNG+" (empty: no charts)")
 	fs.StringVar(&o.micro, "micro", "", "go test -bench output to include (optional)")
 	fs.StringVar(&o.vmtest, "vmtest", "bin/vrdma-vmtest", "vrdma-vmtest binary for the spin-up and verbs sections (the verbs section runs it in a guest: static)")
+	fs.StringVar(&o.perf, "perf", "bin/vrdma-perf", "vrdma-perf binary for the perftest section (one process against two)")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run")
 	fs.StringVar(&o.trace, "trace", "", "write an execution trace of the whole run (go tool trace FILE)")
-	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,reg,startup,control,scaling,iso,density,roce,verbs)")
+	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,perftest,reg,startup,control,scaling,iso,density,roce,verbs)")
 	fs.DurationVar(&o.s.rowTime, "row-time", 500*time.Millisecond, "time box of one repeat of a row")
 	fs.IntVar(&o.s.repeats, "repeats", 3, "repeats per row (the median is reported)")
 	fs.BoolVar(&quick, "quick", false, "small sizes and guests, for a smoke test")
@@ -311,6 +314,13 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 	if p != nil {
 		p.close()
 		p = nil
+	}
+	if o.want("perftest") {
+		sec, err := perftestSection(o, w)
+		if err != nil {
+			return nil, nil, nil, nil, fmt.Errorf("perftest: %w", err)
+		}
+		secs = append(secs, sec)
 	}
 	if o.want("reg") {
 		progress(w, "registration of %s", sizeName(s.regSize))
