@@ -125,7 +125,8 @@ func TestVrdmad(t *testing.T) {
 		if !strings.Contains(e.Log, "-bogus") || !strings.Contains(err.Error(), "-bogus") {
 			t.Errorf("the error lacks vrdmad's complaint: %q", err)
 		}
-		if !strings.Contains(err.Error(), "exit status 1") {
+		// Bad usage: status 2, as every vrdma program.
+		if !strings.Contains(err.Error(), "exit status 2") {
 			t.Errorf("the error lacks the exit status: %q", err)
 		}
 	})
