@@ -7,9 +7,11 @@
 //	-ldflags "-X github.com/vrdma/vrdma/internal/version.Version=1.2.3"
 //
 // so the packaged programs report the package's upstream version; a
-// binary built from a checkout reports "devel". The revision needs no
-// flag: `go build` in a git work tree records vcs.revision and
-// vcs.modified (-buildvcs=auto), which Revision reads back.
+// binary built from a checkout reports "devel". The revision is linked in
+// the same way (…/internal/version.linkedRevision=COMMIT, by make build and
+// scripts/deb.sh), because the toolchain's own stamp (vcs.revision, which
+// Revision falls back to) is absent whenever -buildvcs=false is in effect,
+// as GOFLAGS has it on some build hosts.
 package version
 
 import (
@@ -20,7 +22,13 @@ import (
 // Version is the release version ("devel" for a build from a checkout).
 var Version = "devel"
 
+// linkedRevision is the revision -ldflags -X set, if any.
+var linkedRevision string
+
 var revision = sync.OnceValue(func() string {
+	if linkedRevision != "" {
+		return linkedRevision
+	}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return ""
