@@ -114,29 +114,17 @@ func (c *cli) printObjects(kind, id string) error {
 	)
 	switch kind {
 	case "qps":
-		var v []controlapi.QPInfo
-		v, err = api.QPs(ctx, id)
-		list, lines = v, mapLines(v, qpLine)
+		list, lines, err = fetchLines(ctx, id, api.QPs, qpLine)
 	case "cqs":
-		var v []controlapi.CQInfo
-		v, err = api.CQs(ctx, id)
-		list, lines = v, mapLines(v, cqLine)
+		list, lines, err = fetchLines(ctx, id, api.CQs, cqLine)
 	case "mrs":
-		var v []controlapi.MRInfo
-		v, err = api.MRs(ctx, id)
-		list, lines = v, mapLines(v, mrLine)
+		list, lines, err = fetchLines(ctx, id, api.MRs, mrLine)
 	case "pds":
-		var v []controlapi.PDInfo
-		v, err = api.PDs(ctx, id)
-		list, lines = v, mapLines(v, pdLine)
+		list, lines, err = fetchLines(ctx, id, api.PDs, pdLine)
 	case "srqs":
-		var v []controlapi.SRQInfo
-		v, err = api.SRQs(ctx, id)
-		list, lines = v, mapLines(v, srqLine)
+		list, lines, err = fetchLines(ctx, id, api.SRQs, srqLine)
 	case "mws":
-		var v []controlapi.MWInfo
-		v, err = api.MWs(ctx, id)
-		list, lines = v, mapLines(v, mwLine)
+		list, lines, err = fetchLines(ctx, id, api.MWs, mwLine)
 	default:
 		return usageErr("no resource kind %q", kind)
 	}
@@ -154,12 +142,19 @@ func (c *cli) printObjects(kind, id string) error {
 	return nil
 }
 
-func mapLines[T any](list []T, line func(T) kvLine) []kvLine {
+// fetchLines lists one kind of object with get and renders each with
+// line; the list itself is what --json prints.
+func fetchLines[T any](ctx context.Context, id string, get func(context.Context, string) ([]T, error),
+	line func(T) kvLine) (any, []kvLine, error) {
+	list, err := get(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
 	out := make([]kvLine, 0, len(list))
 	for _, v := range list {
 		out = append(out, line(v))
 	}
-	return out
+	return list, out, nil
 }
 
 // kvLine is one object's line of `key value` pairs.
