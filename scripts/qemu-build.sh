@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # qemu-build.sh builds the patched QEMU that vrdma attaches its device to.
 #
-# Upstream QEMU 10.0 ships the generic vhost-user front-end
-# (vhost-user-device-pci) as not user-creatable and has no virtio name for
-# device ID 42. This script fetches Debian's QEMU 10.0.2 source tarball from
-# bookworm-backports, applies vmm/qemu/patches/*.patch, builds only
+# Upstream QEMU 10.0 has no device for vrdma: its generic vhost-user
+# front-end (vhost-user-device-pci) is not user-creatable, and it has no
+# virtio name for device ID 42. This script fetches Debian's QEMU 10.0.2
+# source tarball from bookworm-backports, applies vmm/qemu/patches/*.patch
+# (0003 adds the named device vhost-user-rdma-pci), builds only
 # qemu-system-x86_64, caches the binary outside the checkout and leaves a copy
-# in <repo>/bin/qemu-system-x86_64.
+# in <repo>/bin/qemu-system-x86_64 (scripts/deb.sh packages it as vrdma-qemu).
 #
 # The source is pinned by checksum (QEMU_TARBALL_SHA256): a cached tarball is
 # used only if it matches, and works offline; a new one comes from
@@ -46,8 +47,11 @@ readonly CACHE_ROOT="${VRDMA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vrdma}/qemu"
 readonly JOBS="${JOBS:-2}"
 
 # The configure line. It is part of the cache key: change it and the cache
-# misses. The firmware path lets the binary find SeaBIOS (package seabios) and
-# the option ROMs (package qemu-system-data) without -L; --prefix=/usr makes
+# misses. The firmware path lets the binary find SeaBIOS (package seabios),
+# the option ROMs (package qemu-system-data: kvmvapic.bin, linuxboot_dma.bin
+# for -kernel) and the NICs' boot ROMs (package ipxe-qemu: efi-virtio.rom,
+# which a virtio-net-pci without romfile= needs, as libvirt's <interface>
+# gives it) without -L, where Debian's QEMU finds them; --prefix=/usr makes
 # /usr/share/qemu the data directory (keymaps, option ROMs), and
 # --disable-relocatable keeps those paths absolute (a relocatable QEMU looks
 # for ../share/... next to wherever the binary is copied). The system python
@@ -57,7 +61,7 @@ readonly CONFIGURE_ARGS=(
 	--python=/usr/bin/python3
 	--prefix=/usr
 	--disable-relocatable
-	--firmwarepath=/usr/share/seabios:/usr/share/qemu
+	--firmwarepath=/usr/share/seabios:/usr/share/qemu:/usr/lib/ipxe/qemu
 	--target-list=x86_64-softmmu
 	--without-default-features
 	--enable-tcg
@@ -69,7 +73,7 @@ readonly CONFIGURE_ARGS=(
 
 # Packages needed to run the binary and to build it. meson and python3-pycotap
 # come from bookworm-backports (meson >= 1.5 is required by QEMU 10).
-readonly RUNTIME_DEPS=(seabios qemu-system-data libglib2.0-0 libpixman-1-0 libfdt1 zlib1g)
+readonly RUNTIME_DEPS=(seabios qemu-system-data ipxe-qemu libglib2.0-0 libpixman-1-0 libfdt1 zlib1g)
 readonly BUILD_DEPS=(ninja-build python3-venv pkg-config libglib2.0-dev libpixman-1-dev
 	libfdt-dev zlib1g-dev flex bison xz-utils patch gcc make curl ca-certificates)
 readonly BACKPORTS_DEPS=(meson python3-pycotap)
@@ -244,14 +248,22 @@ cache_key() {
 	} | sha256sum | cut -c1-12
 }
 
-# smoke_test boots the binary without -L and without a kernel; SeaBIOS must
-# start (it prints its banner on the debug console at port 0x402).
+# smoke_test checks that the binary has the named vrdma device and boots
+# without -L and without a kernel, with a virtio NIC that loads its boot ROM:
+# SeaBIOS must start (it prints its banner on the debug console at port
+# 0x402).
 smoke_test() {
 	local bin=$1 dir
 	dir=$(mktemp -d)
-	log "smoke test: $bin boots SeaBIOS without -L"
+	log "smoke test: $bin lists vhost-user-rdma-pci"
+	if ! "$bin" -nodefaults -machine none -device help 2>&1 | grep -q '^name "vhost-user-rdma-pci", bus PCI'; then
+		rm -rf "$dir"
+		die "smoke test failed: $bin -device help does not list vhost-user-rdma-pci (vmm/qemu/patches/0003)"
+	fi
+	log "smoke test: $bin boots SeaBIOS without -L, efi-virtio.rom found"
 	"$bin" -M q35,memory-backend=mem -object memory-backend-memfd,id=mem,size=64M,share=on \
 		-nodefaults -display none -no-reboot \
+		-netdev hubport,id=n0,hubid=0 -device virtio-net-pci,netdev=n0 \
 		-chardev file,id=dbg,path="$dir/debugcon" -device isa-debugcon,iobase=0x402,chardev=dbg \
 		-serial "file:$dir/serial" >"$dir/out" 2>&1 &
 	local pid=$! i ok=0
