@@ -36,12 +36,13 @@
 // --max-bytes-per-s 0 or --max-ops-per-s 0 removes that bound.
 //
 // vm attach hot-plugs a vrdmad device into a running QEMU (chardev-add of
-// a reconnecting unix client socket, then device_add of
-// vhost-user-device-pci, or vhost-user-test-device-pci on QEMU 10.2+, on a
-// free pcie-root-port); vm detach unplugs it (device_del, wait until QEMU
-// deleted it, chardev-remove). --qmp talks to QEMU's QMP socket; --libvirt
-// goes through `virsh qemu-monitor-command` for a libvirt domain, whose
-// QMP socket libvirt owns.
+// a reconnecting unix client socket, then device_add of vrdma's
+// vhost-user-rdma-pci, or where the QEMU lacks it a generic vhost-user
+// device, on a free pcie-root-port; a QEMU with neither is named as the
+// problem before anything is added); vm detach unplugs it (device_del,
+// wait until QEMU deleted it, chardev-remove). --qmp talks to QEMU's QMP
+// socket; --libvirt goes through `virsh qemu-monitor-command` for a libvirt
+// domain, whose QMP socket libvirt owns.
 package main
 
 import (

@@ -253,8 +253,8 @@ func (f *flags) usage(w io.Writer) {
 		"       vrdmad --print-capabilities\n\n"+
 		"vrdmad serves para-virtual RDMA devices (virtio device ID 42) to QEMU over vhost-user.\n"+
 		"Attach one to a VM with:\n"+
-		"  -chardev socket,id=vrdma0,path=PATH -device vhost-user-device-pci,chardev=vrdma0,\n"+
-		"     virtio-id=42,num_vqs=3,vq_size=256,config_size=96\n\nOptions:\n")
+		"  -chardev socket,id=vrdma0,path=PATH -device vhost-user-rdma-pci,chardev=vrdma0\n"+
+		"(the QEMU of the package vrdma-qemu; with --doorbell-queues N, add num_vqs=N+2)\n\nOptions:\n")
 	cli.PrintDefaults(w, f.fs)
 	fmt.Fprintf(w, "\nExit status: 0 after a clean stop (SIGTERM, SIGINT), 1 when it cannot serve,\n"+
 		"2 for a command line it cannot run.\n")

@@ -2,18 +2,23 @@ package qemu
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
 
-// Defaults used when a field is left zero.
+// Defaults used when a field is left zero. The device's are the defaults
+// of QEMU's vhost-user-rdma-pci (patches/0003) and what vrdmad serves by
+// default (docs/spec.md): a controlq, an eventq and one doorbell queue,
+// 256 entries each, and the 96-byte struct vrdma_config.
 const (
 	DefaultMemoryMiB = 256
 	DefaultSMP       = 1
 	// DefaultVirtioID is the virtio device ID of the RDMA device.
-	DefaultVirtioID = 42
-	DefaultNumVQs   = 1
-	DefaultVQSize   = 64
+	DefaultVirtioID   = 42
+	DefaultNumVQs     = 3
+	DefaultVQSize     = 256
+	DefaultConfigSize = 96
 )
 
 // Limits enforced by Validate. They mirror what QEMU 10 accepts without
@@ -50,8 +55,10 @@ const (
 	freePortPrefix = "vrdma-rp"
 )
 
-// VhostUserDevice is one generic vhost-user PCI device whose back-end
-// listens on a unix socket (QEMU is the client).
+// VhostUserDevice is one vrdma device, a vhost-user PCI device whose
+// back-end listens on a unix socket (QEMU is the client). QEMU creates it
+// as vhost-user-rdma-pci, or as a generic vhost-user device (see
+// DeviceName).
 type VhostUserDevice struct {
 	// ID is the QEMU device id (qdev id). It must start with a letter and
 	// hold only letters, digits, '-', '.' and '_'. The chardev is named
@@ -60,14 +67,17 @@ type VhostUserDevice struct {
 	ID string
 	// Socket is the back-end's listening unix socket.
 	Socket string
-	// VirtioID is the virtio device ID; zero means 42 (RDMA device).
+	// VirtioID is the virtio device ID; zero means 42 (RDMA device),
+	// the only one vhost-user-rdma-pci takes.
 	VirtioID int
-	// NumVQs is the number of virtqueues; zero means 1.
+	// NumVQs is the number of virtqueues, 2 plus the back-end device's
+	// doorbell queues (its num_queues); zero means 3.
 	NumVQs int
-	// VQSize is the size of every virtqueue, a power of two; zero means 64.
+	// VQSize is the size of every virtqueue, a power of two; zero means
+	// 256.
 	VQSize int
 	// ConfigSize is the size of the device config space in bytes; zero
-	// means none (then QEMU does not ask the back-end for config).
+	// means 96 (struct vrdma_config).
 	ConfigSize int
 	// ReconnectMs makes the chardev of a device on the command line
 	// reconnect: when the back-end's connection drops (vrdmad restarted),
@@ -111,6 +121,12 @@ type Config struct {
 	RootPorts int
 	// NICs are virtio-net network cards, on pcie.0 (not hot-pluggable).
 	NICs []NIC
+	// DeviceName is the QEMU device Devices (and the VM's hot-plugs) are
+	// created as: DeviceNameRDMA, DeviceNameGeneric or DeviceNameTest.
+	// Empty means the one Binary offers, vrdma's own first (see
+	// DeviceName); DeviceNameGeneric keeps the generic device on a QEMU
+	// that has both. Args takes the name as its argument instead.
+	DeviceName string
 	// ExtraArgs are appended to the command line unchanged.
 	ExtraArgs []string
 }
@@ -126,7 +142,20 @@ func (d VhostUserDevice) withDefaults() VhostUserDevice {
 	if d.VQSize == 0 {
 		d.VQSize = DefaultVQSize
 	}
+	if d.ConfigSize == 0 {
+		d.ConfigSize = DefaultConfigSize
+	}
 	return d
+}
+
+// checkFor checks d (after defaults) against what the QEMU device name
+// takes: vhost-user-rdma-pci has no virtio-id property, it is device 42.
+func (d VhostUserDevice) checkFor(name, field string) error {
+	if name == DeviceNameRDMA && d.VirtioID != DefaultVirtioID {
+		return configErr(field+".VirtioID", "%d: %s is virtio device %d only (%s takes any)",
+			d.VirtioID, DeviceNameRDMA, DefaultVirtioID, DeviceNameGeneric)
+	}
+	return nil
 }
 
 // validate checks d (after defaults); field prefixes the field names in
@@ -150,8 +179,8 @@ func (d VhostUserDevice) validate(field string) error {
 	if d.VQSize < 1 || d.VQSize > MaxVQSize || d.VQSize&(d.VQSize-1) != 0 {
 		return configErr(field+".VQSize", "%d is not a power of two in [1, %d]", d.VQSize, MaxVQSize)
 	}
-	if d.ConfigSize < 0 || d.ConfigSize > MaxConfigSize {
-		return configErr(field+".ConfigSize", "%d out of range [0, %d]", d.ConfigSize, MaxConfigSize)
+	if d.ConfigSize < 1 || d.ConfigSize > MaxConfigSize {
+		return configErr(field+".ConfigSize", "%d out of range [1, %d] (0 means %d)", d.ConfigSize, MaxConfigSize, DefaultConfigSize)
 	}
 	if d.ReconnectMs < 0 || d.ReconnectMs > MaxReconnectMs {
 		return configErr(field+".ReconnectMs", "%d out of range [0, %d] (0: no reconnect)", d.ReconnectMs, MaxReconnectMs)
@@ -159,7 +188,10 @@ func (d VhostUserDevice) validate(field string) error {
 	return nil
 }
 
-// deviceArgs returns the "-device" value for d on bus (empty: QEMU picks).
+// deviceValue returns the "-device" value for d as device deviceName on
+// bus (empty: QEMU picks). The queue count, queue size and config size are
+// always given, the named device's defaults too: they are the back-end
+// device's, which QEMU cannot know.
 func (d VhostUserDevice) deviceValue(deviceName, bus string) string {
 	var b strings.Builder
 	b.WriteString(deviceName)
@@ -168,7 +200,9 @@ func (d VhostUserDevice) deviceValue(deviceName, bus string) string {
 		b.WriteString(",bus=" + bus)
 	}
 	b.WriteString(",chardev=" + d.ID + chrSuffix)
-	b.WriteString(",virtio-id=" + strconv.Itoa(d.VirtioID))
+	if deviceName != DeviceNameRDMA {
+		b.WriteString(",virtio-id=" + strconv.Itoa(d.VirtioID))
+	}
 	b.WriteString(",num_vqs=" + strconv.Itoa(d.NumVQs))
 	b.WriteString(",vq_size=" + strconv.Itoa(d.VQSize))
 	b.WriteString(",config_size=" + strconv.Itoa(d.ConfigSize))
@@ -305,6 +339,9 @@ func (c Config) Validate() error {
 			}
 		}
 	}
+	if c.DeviceName != "" && !slices.Contains(deviceNames[:], c.DeviceName) {
+		return configErr("DeviceName", "%q is none of %s, %s, %s", c.DeviceName, DeviceNameRDMA, DeviceNameGeneric, DeviceNameTest)
+	}
 	if len(c.NICs) > MaxNICs {
 		return configErr("NICs", "%d NICs, at most %d", len(c.NICs), MaxNICs)
 	}
@@ -317,7 +354,7 @@ func (c Config) Validate() error {
 }
 
 // Args returns QEMU's command line (without the binary) for c, with
-// deviceName ("vhost-user-device-pci" or "vhost-user-test-device-pci", see
+// deviceName (DeviceNameRDMA, DeviceNameGeneric or DeviceNameTest, see
 // DeviceName) as the driver of c.Devices. deviceName is only checked when
 // there are devices.
 //
@@ -329,6 +366,11 @@ func (c Config) Args(deviceName string) ([]string, error) {
 	}
 	if len(c.Devices) > 0 {
 		if err := validateID("deviceName", deviceName); err != nil {
+			return nil, err
+		}
+	}
+	for i, d := range c.Devices {
+		if err := d.withDefaults().checkFor(deviceName, fmt.Sprintf("Devices[%d]", i)); err != nil {
 			return nil, err
 		}
 	}

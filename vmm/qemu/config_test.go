@@ -90,7 +90,7 @@ func TestArgs(t *testing.T) {
 					"pcie-root-port,id=rdma0-port,bus=pcie.0,chassis=1",
 					"vhost-user-device-pci,id=rdma0,bus=rdma0-port,chardev=rdma0-chr,virtio-id=42,num_vqs=4,vq_size=256,config_size=64",
 					"pcie-root-port,id=rdma1-port,bus=pcie.0,chassis=2",
-					"vhost-user-device-pci,id=rdma1,bus=rdma1-port,chardev=rdma1-chr,virtio-id=42,num_vqs=1,vq_size=64,config_size=0",
+					"vhost-user-device-pci,id=rdma1,bus=rdma1-port,chardev=rdma1-chr,virtio-id=42,num_vqs=3,vq_size=256,config_size=96",
 					"pcie-root-port,id=vrdma-rp0,bus=pcie.0,chassis=3",
 				},
 			},
@@ -129,6 +129,30 @@ func TestArgs(t *testing.T) {
 				t.Errorf("got tail %q, want %q", args[len(args)-len(tt.tail):], tt.tail)
 			}
 		})
+	}
+}
+
+// TestArgsRDMADevice: the named device gets no virtio-id (it has no such
+// property) and refuses another virtio ID; the back-end's queue count, queue
+// size and config size are given as they are.
+func TestArgsRDMADevice(t *testing.T) {
+	cfg := Config{Devices: []VhostUserDevice{{ID: "vm1", Socket: "/run/vrdma/vm1.sock", NumVQs: 6}}}
+	args, err := cfg.Args(DeviceNameRDMA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"pcie-root-port,id=vm1-port,bus=pcie.0,chassis=1",
+		"vhost-user-rdma-pci,id=vm1,bus=vm1-port,chardev=vm1-chr,num_vqs=6,vq_size=256,config_size=96"}
+	if got := flagValues(args, "-device"); !slices.Equal(got, want) {
+		t.Errorf("-device: got %q, want %q", got, want)
+	}
+	cfg.Devices[0].VirtioID = 41
+	var ce *ConfigError
+	if _, err := cfg.Args(DeviceNameRDMA); !errors.As(err, &ce) || ce.Field != "Devices[0].VirtioID" {
+		t.Errorf("virtio ID 41 on %s: got %v, want a ConfigError on Devices[0].VirtioID", DeviceNameRDMA, err)
+	}
+	if _, err := cfg.Args(DeviceNameGeneric); err != nil {
+		t.Errorf("virtio ID 41 on %s: got %v, want nil", DeviceNameGeneric, err)
 	}
 }
 
@@ -188,6 +212,7 @@ func TestArgsInvalid(t *testing.T) {
 		{"id collides with free port", Config{RootPorts: 1, Devices: []VhostUserDevice{{ID: "vrdma-rp0", Socket: "/s"}}}, DeviceNameGeneric, "Devices[0].ID"},
 		{"id collides with other chardev", Config{Devices: []VhostUserDevice{okDev, {ID: "d0-chr", Socket: "/s"}}}, DeviceNameGeneric, "Devices[1].ID"},
 		{"nul in extra args", Config{ExtraArgs: []string{"-a\x00"}}, "", "ExtraArgs[0]"},
+		{"unknown device name", Config{DeviceName: "virtio-net-pci"}, "", "DeviceName"},
 		{"no device name", Config{Devices: []VhostUserDevice{okDev}}, "", "deviceName"},
 		{"bad device name", Config{Devices: []VhostUserDevice{okDev}}, "x,chardev=y", "deviceName"},
 	}
@@ -217,8 +242,20 @@ func TestArgsInvalid(t *testing.T) {
 func TestFindBinary(t *testing.T) {
 	repo := t.TempDir()
 	t.Setenv(EnvBinary, "")
+	installed := t.TempDir() + "/qemu-system-x86_64"
+	defer func(p string) { installedBinary = p }(installedBinary)
+	installedBinary = installed
 	if _, err := FindBinary(repo); !errors.Is(err, ErrNoBinary) {
-		t.Errorf("empty repo: got %v, want ErrNoBinary", err)
+		t.Errorf("empty repo, nothing installed: got %v, want ErrNoBinary", err)
+	}
+	if err := os.WriteFile(installed, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := FindBinary(repo); err != nil || got != installed {
+		t.Errorf("empty repo, package installed: got %q, %v, want %q", got, err, installed)
+	}
+	if err := os.Remove(installed); err != nil {
+		t.Fatal(err)
 	}
 	if err := os.MkdirAll(repo+"/bin", 0o755); err != nil {
 		t.Fatal(err)
@@ -234,7 +271,7 @@ func TestFindBinary(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got, err := FindBinary(repo); err != nil || got != bin {
-		t.Errorf("repo binary: got %q, %v, want %q", got, err, bin)
+		t.Errorf("repo binary before the installed one: got %q, %v, want %q", got, err, bin)
 	}
 	t.Setenv(EnvBinary, repo+"/missing")
 	if _, err := FindBinary(repo); !errors.Is(err, ErrNoBinary) {
@@ -250,7 +287,9 @@ func TestParseDeviceHelp(t *testing.T) {
 	tests := []struct {
 		name, out, want string
 	}{
-		{"patched 10.0", "Misc devices:\nname \"pci-testdev\", bus PCI\nname \"vhost-user-device-pci\", bus PCI\n", DeviceNameGeneric},
+		{"vrdma-qemu", "Network devices:\nname \"vhost-user-rdma-pci\", bus PCI, desc \"vhost-user RDMA device\"\nMisc devices:\nname \"vhost-user-device-pci\", bus PCI\n", DeviceNameRDMA},
+		{"patched 10.0 without 0003", "Misc devices:\nname \"pci-testdev\", bus PCI\nname \"vhost-user-device-pci\", bus PCI\n", DeviceNameGeneric},
+		{"bus-agnostic only", "name \"vhost-user-rdma\", bus virtio-bus\n", ""},
 		{"10.2", "name \"vhost-user-test-device-pci\", bus PCI, desc \"x\"\n", DeviceNameTest},
 		{"both prefers generic", "name \"vhost-user-test-device-pci\", bus PCI\nname \"vhost-user-device-pci\", bus PCI\n", DeviceNameGeneric},
 		{"stock", "name \"vhost-user-fs-pci\", bus PCI\nname \"vhost-user-device\", bus virtio-bus\n", ""},
@@ -262,8 +301,11 @@ func TestParseDeviceHelp(t *testing.T) {
 			if got != tt.want {
 				t.Errorf("got %q, want %q", got, tt.want)
 			}
-			if (tt.want == "") != errors.Is(err, ErrNoGenericDevice) {
-				t.Errorf("got error %v, want ErrNoGenericDevice: %v", err, tt.want == "")
+			if (tt.want == "") != errors.Is(err, ErrNoRDMADevice) {
+				t.Errorf("got error %v, want ErrNoRDMADevice: %v", err, tt.want == "")
+			}
+			if err != nil && !strings.Contains(err.Error(), "vrdma-qemu") {
+				t.Errorf("got error %v, want it to name the package vrdma-qemu", err)
 			}
 		})
 	}

@@ -67,11 +67,11 @@ func TestDeviceNameFakeQEMU(t *testing.T) {
 	if n := countLines(t, filepath.Join(dir, "calls")); n != 1 {
 		t.Errorf("fake QEMU ran %d times for 3 DeviceName calls, want 1", n)
 	}
-	// Upgraded in place to a build with both names: the old one wins.
+	// Upgraded in place to a build with every name: vrdma's own wins.
 	time.Sleep(10 * time.Millisecond)
-	fakeQEMU(t, dir, DeviceNameGeneric, DeviceNameTest)
-	if name, err := DeviceName(ctx, bin); err != nil || name != DeviceNameGeneric {
-		t.Errorf("DeviceName after the binary changed: got %q, %v, want %s", name, err, DeviceNameGeneric)
+	fakeQEMU(t, dir, DeviceNameGeneric, DeviceNameTest, DeviceNameRDMA)
+	if name, err := DeviceName(ctx, bin); err != nil || name != DeviceNameRDMA {
+		t.Errorf("DeviceName after the binary changed: got %q, %v, want %s", name, err, DeviceNameRDMA)
 	}
 	if n := countLines(t, filepath.Join(dir, "calls")); n != 2 {
 		t.Errorf("fake QEMU ran %d times, want 2 (asked again after it changed)", n)
@@ -79,8 +79,8 @@ func TestDeviceNameFakeQEMU(t *testing.T) {
 	// A stock QEMU hides the device: no name, an error, nothing cached.
 	stock := fakeQEMU(t, t.TempDir())
 	for i := 0; i < 2; i++ {
-		if name, err := DeviceName(ctx, stock); !errors.Is(err, ErrNoGenericDevice) || name != "" {
-			t.Errorf("DeviceName of a stock QEMU: got %q, %v, want ErrNoGenericDevice", name, err)
+		if name, err := DeviceName(ctx, stock); !errors.Is(err, ErrNoRDMADevice) || name != "" {
+			t.Errorf("DeviceName of a stock QEMU: got %q, %v, want ErrNoRDMADevice", name, err)
 		}
 	}
 	if n := countLines(t, filepath.Join(filepath.Dir(stock), "calls")); n != 2 {
@@ -116,8 +116,8 @@ func TestStartFakeQEMU102(t *testing.T) {
 
 	stockDir := t.TempDir()
 	cfg.Binary = fakeQEMU(t, stockDir)
-	if _, err := Start(ctx, cfg); !errors.Is(err, ErrNoGenericDevice) {
-		t.Errorf("Start on a QEMU without the device: got %v, want ErrNoGenericDevice", err)
+	if _, err := Start(ctx, cfg); !errors.Is(err, ErrNoRDMADevice) {
+		t.Errorf("Start on a QEMU without the device: got %v, want ErrNoRDMADevice", err)
 	}
 	if _, err := os.Stat(filepath.Join(stockDir, "argv")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a machine was started on a QEMU without the device (%v)", err)

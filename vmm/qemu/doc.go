@@ -3,8 +3,9 @@
 //
 // It builds the command line of a q35 machine whose RAM is a shared memfd
 // (memory-backend-memfd,share=on: vhost-user back-ends map guest RAM from
-// the fds QEMU sends) with QEMU's generic vhost-user front-end,
-// vhost-user-device-pci (virtio-id=42, num_vqs, vq_size, config_size;
+// the fds QEMU sends) with vrdma's device, vhost-user-rdma-pci (num_vqs,
+// vq_size, config_size; virtio ID 42), or where a QEMU lacks it, QEMU's
+// generic vhost-user front-end, vhost-user-device-pci (virtio-id=42 too;
 // named vhost-user-test-device-pci from QEMU 10.2); starts QEMU so that it
 // dies with its parent (Pdeathsig); connects the QMP monitor through
 // github.com/digitalocean/go-qemu/qmp; and offers what tests and vrdmactl
@@ -12,12 +13,14 @@
 // on a free pcie-root-port (chardev-add, then a raw device_add) and
 // hot-unplug (device_del, DEVICE_DELETED, chardev-remove).
 //
-// The generic device's name is asked of QEMU, never assumed:
-// DeviceName runs `-device help` once per binary file (the command line
-// of Start, the VM's hot-plug) and DeviceNameQMP asks qom-list-types (hot-plug
-// into a QEMU someone else started); QEMU 10.2+'s
-// vhost-user-test-device-pci is taken where vhost-user-device-pci is
-// missing.
+// The device's name is asked of QEMU, never assumed: DeviceName runs
+// `-device help` once per binary file (the command line of Start, the VM's
+// hot-plug) and DeviceNameQMP asks qom-list-types (hot-plug into a QEMU
+// someone else started). vhost-user-rdma-pci comes first, then the generic
+// devices; a QEMU with none of them (Debian's 7.2, upstream 10.0 whose
+// generic device is hidden) gets an error matching ErrNoRDMADevice that
+// names the QEMU to use instead. Config.DeviceName picks the generic device
+// on a QEMU that has both.
 //
 // A QEMU that libvirt runs is reached through libvirt, which owns its QMP
 // socket: LibvirtMonitor (DialLibvirt) is a qmp.Monitor over
@@ -30,7 +33,10 @@
 // Upstream QEMU 10.0 hides the generic device (not user-creatable) and has
 // no virtio name for ID 42; scripts/qemu-build.sh (`make qemu`) builds
 // Debian's QEMU 10.0.2 with patches/0001-vhost-user-device-user-creatable.patch
-// and leaves bin/qemu-system-x86_64; FindBinary finds it. Upstream's
+// and patches/0003-vhost-user-rdma-device.patch (the named device, whose
+// realize refuses a num_vqs other than the back-end's queue count) and
+// leaves bin/qemu-system-x86_64, which scripts/deb-qemu.sh packages as
+// vrdma-qemu (InstalledBinary); FindBinary finds either. Upstream's
 // generic device also cannot live through a back-end restart (a
 // reconnect-ms chardev fails realize; a reconnect aborts QEMU in
 // vhost_dev_start): patches/0002-vhost-user-base-reconnect.patch makes

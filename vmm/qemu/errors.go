@@ -15,9 +15,11 @@ var (
 	// ErrNoBinary means no QEMU binary was found (see FindBinary).
 	ErrNoBinary = errors.New("qemu binary not found")
 
-	// ErrNoGenericDevice means the QEMU binary offers no user-creatable
-	// generic vhost-user PCI device: it is not the patched build.
-	ErrNoGenericDevice = errors.New("qemu has no user-creatable generic vhost-user device")
+	// ErrNoRDMADevice means the QEMU offers no device vrdma can attach:
+	// neither vrdma's vhost-user-rdma-pci nor a user-creatable generic
+	// vhost-user PCI device. It is not vrdma's QEMU (package vrdma-qemu,
+	// `make qemu`).
+	ErrNoRDMADevice = errors.New("qemu has no device for vrdma")
 
 	// ErrNoSharedMemory means guest RAM is not backed by shared memory
 	// (share=on), which a vhost-user back-end needs to map it.

@@ -21,16 +21,17 @@ func FuzzParseQueryPCI(f *testing.F) {
 	})
 }
 
-// FuzzParseDeviceHelp: an error means no name, a name is one of the two.
+// FuzzParseDeviceHelp: an error means no name, a name is one of the three.
 func FuzzParseDeviceHelp(f *testing.F) {
 	f.Add([]byte("Misc devices:\nname \"vhost-user-device-pci\", bus PCI\n"))
+	f.Add([]byte("Network devices:\nname \"vhost-user-rdma-pci\", bus PCI, desc \"x\"\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		name, err := parseDeviceHelp(data, "qemu")
 		if err != nil && name != "" {
 			t.Fatalf("got %q with error %v, want \"\"", name, err)
 		}
-		if err == nil && name != DeviceNameGeneric && name != DeviceNameTest {
-			t.Fatalf("got name %q, want %q or %q", name, DeviceNameGeneric, DeviceNameTest)
+		if err == nil && name != DeviceNameRDMA && name != DeviceNameGeneric && name != DeviceNameTest {
+			t.Fatalf("got name %q, want %q, %q or %q", name, DeviceNameRDMA, DeviceNameGeneric, DeviceNameTest)
 		}
 	})
 }

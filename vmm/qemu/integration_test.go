@@ -75,8 +75,11 @@ func TestQEMUStartQueryPCIQuit(t *testing.T) {
 	defer cancel()
 
 	name, err := DeviceName(ctx, bin)
-	if err != nil || name != DeviceNameGeneric {
-		t.Errorf("DeviceName: got %q, %v, want %q", name, err, DeviceNameGeneric)
+	if err != nil || name != DeviceNameRDMA {
+		t.Errorf("DeviceName: got %q, %v, want %q (make qemu builds it with patches/0003)", name, err, DeviceNameRDMA)
+	}
+	if ok, err := HasDevice(ctx, bin, DeviceNameGeneric); err != nil || !ok {
+		t.Errorf("HasDevice(%s): got %v, %v, want the generic device kept user-creatable (patches/0001)", DeviceNameGeneric, ok, err)
 	}
 
 	qmpSock := filepath.Join(t.TempDir(), "qmp.sock")

@@ -33,11 +33,13 @@ func QEMUVersion(ctx context.Context, mon qmp.Monitor) (qmp.Version, error) {
 	return v, nil
 }
 
-// DeviceNameQMP asks the QEMU behind mon (qom-list-types) for its generic
-// vhost-user PCI device: DeviceNameGeneric or, on QEMU 10.2+,
-// DeviceNameTest. If it has neither, the error matches ErrNoGenericDevice.
-// QOM lists a type whether or not it is user-creatable: a stock QEMU 10.0
-// passes here and fails at device_add.
+// DeviceNameQMP asks the QEMU behind mon (qom-list-types) for the device
+// vrdma attaches: DeviceNameRDMA, else DeviceNameGeneric, else
+// DeviceNameTest. If it has none (Debian's QEMU 7.2, upstream QEMU before
+// 8.2) the error matches ErrNoRDMADevice. QOM lists a type whether or not
+// it is user-creatable: the hidden generic device of a stock QEMU 10.0
+// passes here, and AttachVhostUserQMP says what is wrong when device_add
+// refuses it.
 func DeviceNameQMP(ctx context.Context, mon qmp.Monitor) (string, error) {
 	raw, err := runQMP(ctx, mon, "qom-list-types", map[string]any{"implements": "pci-device", "abstract": false})
 	if err != nil {
@@ -52,24 +54,18 @@ func DeviceNameQMP(ctx context.Context, mon qmp.Monitor) (string, error) {
 	if len(types) > maxQOMTypes {
 		return "", &QMPError{Command: "qom-list-types", Err: fmt.Errorf("%d types, more than %d", len(types), maxQOMTypes)}
 	}
-	found := map[string]bool{}
+	listed := map[string]bool{}
 	for _, t := range types {
-		found[t.Name] = true
+		listed[t.Name] = true
 	}
-	switch {
-	case found[DeviceNameGeneric]:
-		return DeviceNameGeneric, nil
-	case found[DeviceNameTest]:
-		return DeviceNameTest, nil
-	}
-	return "", fmt.Errorf("%w: QEMU has neither %s nor %s (use the patched build from `make qemu`, or QEMU 10.2+ with CONFIG_VHOST_USER_TEST)",
-		ErrNoGenericDevice, DeviceNameGeneric, DeviceNameTest)
+	return pickDevice(listed, "the QEMU")
 }
 
 // HotplugOptions say how to reach a QEMU for AttachVhostUserQMP. The zero
 // value asks QEMU for everything.
 type HotplugOptions struct {
-	// DeviceName is the generic device's name; "" asks QEMU
+	// DeviceName is the device to add (DeviceNameRDMA,
+	// DeviceNameGeneric or DeviceNameTest); "" asks QEMU
 	// (DeviceNameQMP).
 	DeviceName string
 	// Version is QEMU's version (it decides the chardev reconnect
@@ -102,16 +98,6 @@ func AttachVhostUserQMP(ctx context.Context, mon qmp.Monitor, dev VhostUserDevic
 	if log == nil {
 		log = discardLogger()
 	}
-	name := o.DeviceName
-	if name == "" {
-		n, err := DeviceNameQMP(ctx, mon)
-		if err != nil {
-			return "", fmt.Errorf("attach %s: %w", dev.ID, err)
-		}
-		name = n
-	} else if err := validateID("DeviceName", name); err != nil {
-		return "", err
-	}
 	version := o.Version
 	if version.QEMU.Major == 0 {
 		v, err := QEMUVersion(ctx, mon)
@@ -119,6 +105,19 @@ func AttachVhostUserQMP(ctx context.Context, mon qmp.Monitor, dev VhostUserDevic
 			return "", fmt.Errorf("attach %s: %w", dev.ID, err)
 		}
 		version = v
+	}
+	name := o.DeviceName
+	if name == "" {
+		n, err := DeviceNameQMP(ctx, mon)
+		if err != nil {
+			return "", fmt.Errorf("attach %s: QEMU %s: %w", dev.ID, version, err)
+		}
+		name = n
+	} else if err := validateID("DeviceName", name); err != nil {
+		return "", err
+	}
+	if err := dev.checkFor(name, "dev"); err != nil {
+		return "", err
 	}
 	if err := checkSharedMemory(ctx, mon); err != nil {
 		return "", fmt.Errorf("attach %s: %w", dev.ID, err)
@@ -152,6 +151,14 @@ func AttachVhostUserQMP(ctx context.Context, mon qmp.Monitor, dev VhostUserDevic
 	}
 	if _, err := runRawQMP(ctx, mon, qmpCmdDeviceAdd, cmd); err != nil {
 		rollback()
+		// QEMU's words for a type that exists but is not
+		// user-creatable ("Parameter 'driver' expects a pluggable
+		// device type"): the generic device of upstream QEMU 10.0/10.1.
+		if name != DeviceNameRDMA && strings.Contains(err.Error(), "pluggable device type") {
+			return "", fmt.Errorf("attach %s: QEMU %s: %w: it has %s but does not let it be created, as upstream QEMU 10.0 and 10.1 do not "+
+				"(install the package vrdma-qemu and run the VM with %s, whose %s is made for vrdma): %v",
+				dev.ID, version, ErrNoRDMADevice, name, InstalledBinary, DeviceNameRDMA, err)
+		}
 		return "", fmt.Errorf("attach %s on %s: %w", dev.ID, bus, err)
 	}
 	log.WithFields(logrus.Fields{"device": dev.ID, "bus": bus, "socket": dev.Socket}).Info("vhost-user device attached")

@@ -338,18 +338,21 @@ func chardevAddArgs(id, path string, v qmp.Version) map[string]any {
 	return map[string]any{"id": id, "backend": map[string]any{"type": "socket", "data": data}}
 }
 
-// deviceAddCommand is the raw device_add for dev. go-qemu's generated
-// raw.DeviceAdd cannot carry driver properties such as chardev or
-// virtio-id, so the JSON is built here.
+// deviceAddCommand is the raw device_add for dev as device deviceName.
+// go-qemu's generated raw.DeviceAdd cannot carry driver properties such as
+// chardev or num_vqs, so the JSON is built here. vhost-user-rdma-pci has no
+// virtio-id: it is device 42.
 func deviceAddCommand(deviceName string, dev VhostUserDevice, bus string) ([]byte, error) {
 	args := map[string]any{
 		"driver":      deviceName,
 		"id":          dev.ID,
 		"chardev":     dev.ID + chrSuffix,
-		"virtio-id":   dev.VirtioID,
 		"num_vqs":     dev.NumVQs,
 		"vq_size":     dev.VQSize,
 		"config_size": dev.ConfigSize,
+	}
+	if deviceName != DeviceNameRDMA {
+		args["virtio-id"] = dev.VirtioID
 	}
 	if bus != "" {
 		args["bus"] = bus

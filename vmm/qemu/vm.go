@@ -416,17 +416,29 @@ func (vm *VM) cleanup() {
 	})
 }
 
-// deviceName returns the generic device name of cfg.Binary, cached after
-// the first success.
+// deviceName returns the device name the VM's devices are created as:
+// cfg.DeviceName if cfg.Binary lists it, else the one DeviceName picks;
+// cached after the first success.
 func (vm *VM) deviceName(ctx context.Context) (string, error) {
 	vm.devMu.Lock()
 	defer vm.devMu.Unlock()
 	if vm.devName != "" {
 		return vm.devName, nil
 	}
-	name, err := DeviceName(ctx, vm.cfg.Binary)
-	if err != nil {
-		return "", err
+	name := vm.cfg.DeviceName
+	if name != "" {
+		ok, err := HasDevice(ctx, vm.cfg.Binary, name)
+		if err != nil {
+			return "", err
+		}
+		if !ok {
+			return "", fmt.Errorf("%w: %s does not list %s (Config.DeviceName)", ErrNoRDMADevice, vm.cfg.Binary, name)
+		}
+	} else {
+		var err error
+		if name, err = DeviceName(ctx, vm.cfg.Binary); err != nil {
+			return "", err
+		}
 	}
 	vm.devName = name
 	return name, nil
