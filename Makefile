@@ -9,7 +9,8 @@
 #   make guest-stack-image  bin/guest-stack/: the guest kernel driver, rdma-core provider, perftest image
 #   make fuzz    every fuzz target for FUZZTIME (default 30s)
 #   make compare-rxe  perftest over vrdma (and the Go guest) against perftest over soft-RoCE (rdma_rxe on virtio-net), same run
-#   make deb     a .deb for hypervisor hosts (binaries, systemd unit, man pages)
+#   make deb     the .debs for hypervisor hosts: vrdma (binaries, systemd units, man pages) and
+#                vrdma-qemu (the patched QEMU, as /usr/lib/vrdma/bin/qemu-system-x86_64)
 #   make bench   the benchmark suite: docs/benchmarks.md + docs/benchmarks-bw.png (no QEMU needed)
 #   make soak    random operations and faults across 4 devices for SOAK (default 10m)
 
@@ -112,8 +113,9 @@ fuzz-short:
 # Debian packages the tests use beyond the build's: man-db and groff-base
 # (the manual pages are rendered with man --warnings and groff -ww), zsh
 # (the packaged zsh completion is loaded and run) and curl (the documented
-# control-API examples are run).
-TEST_APT := man-db groff-base zsh curl dpkg systemd
+# control-API examples are run); dpkg-dev's dpkg-shlibdeps gives vrdma-qemu
+# its Depends.
+TEST_APT := man-db groff-base zsh curl dpkg dpkg-dev systemd
 # libvirt: virt-xml-validate (libvirt-clients, and xmllint from libxml2-utils)
 # checks the documented domain; libvirtd with its QEMU driver runs it.
 TEST_APT += libvirt-clients libxml2-utils libvirt-daemon libvirt-daemon-driver-qemu
@@ -154,8 +156,9 @@ run: build qemu guest-stack-image
 bench: deps build
 	bash scripts/bench.sh
 
-# make deb: bin/vrdma_<version>_amd64.deb with the binaries, the systemd unit and man pages.
-deb: build
+# make deb: bin/vrdma_<version>_amd64.deb with the binaries, the systemd unit and man pages,
+# and bin/vrdma-qemu_<version>_amd64.deb with the patched QEMU.
+deb: build qemu
 	bash scripts/deb.sh
 
 clean:

@@ -5,7 +5,10 @@
 // machine-readable copyright file, the changelog, the maintainer scripts,
 // the sysusers.d file of the vrdma user and the lintian overrides.
 // scripts/deb.sh puts them, the binaries, their manual pages and bash
-// completion into a .deb.
+// completion into a .deb. Beside it, scripts/deb-qemu.sh packages the
+// patched QEMU of scripts/qemu-build.sh as vrdma-qemu, with deb/qemu's
+// copyright file, as /usr/lib/vrdma/bin/qemu-system-x86_64 (qemu_deb_test.go
+// checks it).
 //
 // The package has no code: its tests build the .deb and check its contents
 // and control fields, run lintian on it, install, upgrade, remove and purge

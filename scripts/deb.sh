@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # deb.sh builds bin/vrdma_<version>-<revision>_amd64.deb for hypervisor
-# hosts, without debhelper, to Debian policy (lintian reports no errors;
-# packaging/packaging_test.go runs it):
+# hosts, and beside it vrdma-qemu (scripts/deb-qemu.sh: the patched QEMU of
+# make qemu), without debhelper, to Debian policy (lintian reports no errors;
+# packaging/packaging_test.go and packaging/qemu_deb_test.go run it):
 #   /usr/bin/{vrdmad,vrdmactl,vrdma-perf}          Go programs (PIE, no shared library), stripped
 #   /lib/systemd/system/vrdmad.service, vrdmad.socket, vrdmad-device@.socket
 #   /usr/lib/sysusers.d/vrdma.conf                 the vrdma system user
@@ -19,7 +20,9 @@
 #   VERSION       upstream version (default: from `git describe --always`)
 #   DEB_REVISION  Debian revision (default: 1): the package is VERSION-DEB_REVISION
 #   DEB_MAINTAINER  the Maintainer field (default: packaging/deb/changelog's)
-#   OUTDIR        where the .deb goes (default: bin)
+#   OUTDIR        where the .debs go (default: bin)
+#   DEB_QEMU      0: build vrdma alone, not vrdma-qemu (default: 1, which needs
+#                 bin/qemu-system-x86_64 from make qemu, or QEMU_BIN)
 #   GO            go command (default: go)
 #   DEB_COMPRESS  dpkg-deb compressor: xz (default), gzip (faster; tests) or zstd
 #   SOURCE_DATE_EPOCH  timestamp of the files, the man pages and the changelog
@@ -178,14 +181,15 @@ Architecture: $ARCH
 Maintainer: $DEB_MAINTAINER
 Installed-Size: $size
 Depends: libc6 (>= 2.34), systemd | systemd-standalone-sysusers | systemd-sysusers
-Recommends: qemu-system-x86, libibverbs1, ibverbs-providers
+Recommends: vrdma-qemu, libibverbs1, ibverbs-providers
 Section: admin
 Priority: optional
 Homepage: https://github.com/vrdma/vrdma
 Description: para-virtual RDMA for QEMU VMs over vhost-user
  vrdmad is a host daemon that implements the device side of a para-virtual
  RDMA device (virtio device ID 42) over the vhost-user protocol: QEMU
- attaches it with a unix socket. The package holds vrdmad, its control
+ attaches it with a unix socket (vrdma-qemu has a QEMU with the device,
+ vhost-user-rdma-pci). The package holds vrdmad, its control
  tool vrdmactl, the vrdma-perf benchmark, the systemd units (vrdmad.socket
  and vrdmad.service, enabled on install; the daemon runs as the system user
  vrdma) and documentation.
@@ -196,3 +200,9 @@ mkdir -p "$OUTDIR"
 deb=$OUTDIR/vrdma_${DEB_VERSION}_${ARCH}.deb
 dpkg-deb --root-owner-group -Z"${DEB_COMPRESS:-xz}" --build "$pkg" "$deb" >/dev/null
 echo "deb.sh: wrote $deb"
+
+# The second package, vrdma-qemu: the patched QEMU (scripts/deb-qemu.sh).
+if [ "${DEB_QEMU:-1}" != 0 ]; then
+	VERSION=$VERSION DEB_REVISION=$DEB_REVISION DEB_MAINTAINER=$DEB_MAINTAINER SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH \
+		OUTDIR=$OUTDIR VRDMA_DEB=$deb bash scripts/deb-qemu.sh
+fi
