@@ -326,7 +326,7 @@ func TestLibvirtd(t *testing.T) {
 	}
 	x := string(doc)
 	x = edit(t, x, "<domain type='kvm'", "<domain type='qemu'") // no KVM here
-	x = edit(t, x, "<emulator>/usr/local/bin/qemu-system-x86_64-vrdma</emulator>", "<emulator>"+lv.reachable(t, env.qemu)+"</emulator>")
+	x = edit(t, x, "<emulator>"+qemu.InstalledBinary+"</emulator>", "<emulator>"+lv.reachable(t, env.qemu)+"</emulator>")
 	x = strings.ReplaceAll(x, "/run/vrdma/", lv.dir+"/")
 	x = cut(t, x, "<disk type='file'", "</disk>")
 	x = cut(t, x, "<interface type='network'>", "</interface>")
@@ -366,7 +366,7 @@ func TestLibvirtd(t *testing.T) {
 		hx = edit(t, hx, "<memory unit='GiB'>2</memory>", "<memory unit='MiB'>512</memory>")
 		// No device from boot: the guest's hotplug program takes the
 		// first vrdma device it finds.
-		hx = cut(t, hx, "<qemu:arg value='-chardev'/>", `"config_size":96}'/>`)
+		hx = cut(t, hx, "<qemu:arg value='-chardev'/>", `"bus":"vm1-port"}'/>`)
 		hx = edit(t, hx, "<boot dev='hd'/>", fmt.Sprintf("<kernel>%s</kernel><initrd>%s</initrd><cmdline>console=ttyS0 quiet panic=-1 no_timer_check vrdma.console=ttyS1 vrdma.hugepages=%d vrdma.run=hotplug vrdma.args=--rounds,2</cmdline>",
 			lv.reachable(t, env.kernel), lv.reachable(t, env.initrd), guestvm.DefaultHugePages))
 		results := lv.dir + "/hp-ttyS1.log"

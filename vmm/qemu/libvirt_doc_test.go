@@ -121,8 +121,8 @@ type libvirtDomain struct {
 }
 
 // TestLibvirtDomainXMLDevice checks the documented domain against what
-// this package builds and expects: shared memfd RAM on q35, the patched
-// emulator, a reconnecting chardev, the generic device with vrdma's
+// this package builds and expects: shared memfd RAM on q35, the packaged
+// emulator, a reconnecting chardev, vhost-user-rdma-pci with vrdma's
 // virtio ID and config size on a root port of its own, spare ports that
 // FreeRootPort prefers, and -device values in JSON (QEMU creates
 // key=value devices before libvirt's JSON ones, so a key=value root port
@@ -142,8 +142,8 @@ func TestLibvirtDomainXMLDevice(t *testing.T) {
 	if d.OS.Type.Machine != "q35" {
 		t.Errorf("machine %q, want q35", d.OS.Type.Machine)
 	}
-	if !strings.HasSuffix(d.Emulator, "-vrdma") {
-		t.Errorf("emulator %q, want the patched QEMU (qemu-system-x86_64-vrdma)", d.Emulator)
+	if d.Emulator != InstalledBinary {
+		t.Errorf("emulator %q, want the patched QEMU of the package vrdma-qemu (%s)", d.Emulator, InstalledBinary)
 	}
 	if d.Memballoon.Model != "none" {
 		t.Errorf("memballoon model %q, want none", d.Memballoon.Model)
@@ -172,7 +172,7 @@ func TestLibvirtDomainXMLDevice(t *testing.T) {
 			switch dev["driver"] {
 			case rootPortType:
 				ports[dev["id"].(string)] = true
-			case DeviceNameGeneric, DeviceNameTest:
+			case DeviceNameRDMA, DeviceNameGeneric, DeviceNameTest:
 				devs = append(devs, dev)
 			default:
 				t.Errorf("-device %s: unexpected driver", val)
@@ -185,15 +185,28 @@ func TestLibvirtDomainXMLDevice(t *testing.T) {
 		t.Fatalf("got %d vrdma devices, want 1", len(devs))
 	}
 	dev := devs[0]
+	if dev["driver"] != DeviceNameRDMA {
+		t.Errorf("device driver %v, want vrdma's own %s", dev["driver"], DeviceNameRDMA)
+	}
+	if _, ok := dev["virtio-id"]; ok && dev["driver"] == DeviceNameRDMA {
+		t.Errorf("device %s: virtio-id given, which %s does not have", dev["id"], DeviceNameRDMA)
+	}
+	// A property left out is the named device's default, which is
+	// this package's (patches/0003 and config.go agree).
 	num := func(k string) int {
-		f, ok := dev[k].(float64)
+		v, ok := dev[k]
+		if !ok && dev["driver"] == DeviceNameRDMA {
+			return 0
+		}
+		f, ok := v.(float64)
 		if !ok {
-			t.Errorf("device %s: %q is %v, want a number", dev["id"], k, dev[k])
+			t.Errorf("device %s: %q is %v, want a number", dev["id"], k, v)
 		}
 		return int(f)
 	}
 	v := VhostUserDevice{ID: dev["id"].(string), Socket: "/run/vrdma/x.sock", VirtioID: num("virtio-id"),
 		NumVQs: num("num_vqs"), VQSize: num("vq_size"), ConfigSize: num("config_size")}
+	v = v.withDefaults()
 	if err := v.validate("device"); err != nil {
 		t.Error(err)
 	}
