@@ -57,10 +57,16 @@ build-tools:
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; fi
 
+# The source revision every program reports (--version, /v1/health,
+# vrdma_build_info), "-dirty" with uncommitted changes; linked in, since the
+# toolchain's own stamp is off wherever GOFLAGS has -buildvcs=false.
+REVISION   := $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+LDFLAGS    := -X github.com/vrdma/vrdma/internal/version.linkedRevision=$(REVISION)
+
 build: deps build-tools
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/...
-	CGO_ENABLED=1 $(GO) build -trimpath -o $(BIN)/vrdmad ./cmd/vrdmad
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=1 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/vrdmad ./cmd/vrdmad
 
 qemu: $(BIN)/qemu-system-x86_64
 

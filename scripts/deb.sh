@@ -77,6 +77,12 @@ if ! [[ "$VERSION" =~ ^[0-9][A-Za-z0-9.+~]*$ ]]; then
 	echo "deb.sh: VERSION $VERSION is not an upstream version (a digit, then [A-Za-z0-9.+~])" >&2
 	exit 1
 fi
+# The source revision the programs report (internal/version), "" outside
+# a git checkout.
+REVISION=$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || true)
+if [ -n "$REVISION" ] && ! git -C "$root" diff --quiet HEAD 2>/dev/null; then
+	REVISION="$REVISION-dirty"
+fi
 DEB_REVISION=${DEB_REVISION:-1}
 if ! [[ "$DEB_REVISION" =~ ^[A-Za-z0-9.+~]+$ ]]; then
 	echo "deb.sh: DEB_REVISION $DEB_REVISION is not a Debian revision" >&2
@@ -112,7 +118,7 @@ for c in vrdmad vrdmactl vrdma-perf; do
 	# ibverbs-providers), so it links glibc alone (Depends: libc6).
 	cgo=0
 	[ "$c" = vrdmad ] && cgo=1
-	CGO_ENABLED=$cgo "$GO" build -buildmode=pie -trimpath -ldflags "-s -w -X github.com/vrdma/vrdma/internal/version.Version=$VERSION" -o "$pkg/usr/bin/$c" "./cmd/$c"
+	CGO_ENABLED=$cgo "$GO" build -buildmode=pie -trimpath -ldflags "-s -w -X github.com/vrdma/vrdma/internal/version.Version=$VERSION -X github.com/vrdma/vrdma/internal/version.linkedRevision=$REVISION" -o "$pkg/usr/bin/$c" "./cmd/$c"
 done
 install -m 0644 packaging/vrdmad.service packaging/vrdmad.socket packaging/vrdmad-device@.socket "$pkg/lib/systemd/system/"
 install -m 0644 packaging/vrdmad.default "$pkg/etc/default/vrdmad"
