@@ -94,6 +94,10 @@ type bench struct {
 	size  uint64
 	slots int // message buffers per area
 	depth int // operations in flight per QP
+	// rdepth is the receives a send test keeps posted per QP (-r): more
+	// than depth, so that a responder late to repost (another process, on
+	// a busy CPU) does not run its queue dry under the sender.
+	rdepth int
 
 	// Latency tests: the size's state, and the receives each end keeps
 	// posted from size to size.
@@ -160,11 +164,13 @@ func (bn *bench) setSize(size uint64) {
 	bn.size = size
 	bn.slots = int(max(1, min(uint64(bn.o.txDepth), bn.region/size)))
 	bn.depth = bn.o.txDepth
+	bn.rdepth = max(bn.o.rxDepth, bn.depth)
 	if bn.o.verify {
 		// Buffers in flight may not be shared when their bytes are checked.
 		bn.depth = min(bn.depth, bn.slots)
 		if bn.o.op == "send" {
 			bn.depth = min(bn.depth, int(bn.recvSlots()))
+			bn.rdepth = max(bn.depth, min(bn.rdepth, int(bn.recvSlots())))
 		}
 	}
 }

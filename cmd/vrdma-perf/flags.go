@@ -69,6 +69,7 @@ var flagDocs = []flagDoc{
 	{[]string{"D", "duration"}, "SECONDS"},
 	{[]string{"q", "qp"}, "QPS"},
 	{[]string{"t", "tx-depth"}, "TX_DEPTH"},
+	{[]string{"r", "rx-depth"}, "RX_DEPTH"},
 	{[]string{"b", "bidirectional"}, ""},
 	{[]string{"m", "mtu"}, "MTU"},
 	{[]string{"I", "inline_size"}, "SIZE"},
@@ -131,6 +132,7 @@ func newFlagSet(o *options, r *rawFlags) *flag.FlagSet {
 	str(&r.duration, []string{"D", "duration"}, "", "run for this long instead of -n: seconds (perftest), or a Go duration such as 500ms; a quarter of it, in whole seconds, is a warm-up and a cool-down margin left out of the figures")
 	integer(&o.qps, []string{"q", "qp"}, 1, "QP pairs (bandwidth tests), each with TX_DEPTH operations in flight")
 	integer(&o.txDepth, []string{"t", "tx-depth"}, 0, "operations in flight per QP (default 128 for bandwidth, 1 for latency)")
+	integer(&o.rxDepth, []string{"r", "rx-depth"}, 0, "send bandwidth: receives kept posted per QP (default 2048; perftest's 512 leaves a responder in another process, late to repost on a busy host, too little slack: the sender then waits receiver-not-ready)")
 	boolean(&o.bidir, []string{"b", "bidirectional"}, "bandwidth tests: both sides post operations at once, each to the other; the row is the sum of both directions (perftest's duplex report)")
 	integer(&r.mtu, []string{"m", "mtu"}, 0, "the QPs' path MTU: 256, 512, 1024, 2048 or 4096 bytes (default the port's active MTU; a larger one is lowered to it, as perftest does)")
 	integer(&r.inline, []string{"I", "inline_size"}, 0, "write and send: carry messages of up to SIZE bytes inside the work request (IBV_SEND_INLINE; 0 … 1024, bounded by the device's max_inline_data)")
@@ -409,6 +411,12 @@ func (o *options) parseTest(r rawFlags, given func(...string) bool) error {
 		o.txDepth = defaultTxDepthBW
 	case o.txDepth < 0 || o.txDepth > maxTxDepth:
 		return fmt.Errorf("-t %d: want 1 … %d", o.txDepth, maxTxDepth)
+	}
+	switch {
+	case o.rxDepth == 0:
+		o.rxDepth = defaultRxDepth
+	case o.rxDepth < 0 || o.rxDepth > maxTxDepth:
+		return fmt.Errorf("-r %d: want 1 … %d", o.rxDepth, maxTxDepth)
 	}
 	return nil
 }

@@ -48,6 +48,25 @@ func TestPerftestFlags(t *testing.T) {
 			}
 			return ""
 		}},
+		{args: "--sockets a,b --op send", check: func(o options) string {
+			if sq, rq := queueDepths(&o); o.rxDepth != defaultRxDepth || sq != defaultTxDepthBW+2 || rq != defaultRxDepth+2 {
+				return fmt.Sprintf("rx depth %d, queues %d/%d", o.rxDepth, sq, rq)
+			}
+			return ""
+		}},
+		{args: "--sockets a,b --op send -r 64 -t 32", check: func(o options) string {
+			if sq, rq := queueDepths(&o); o.rxDepth != 64 || sq != 34 || rq != 66 {
+				return fmt.Sprintf("rx depth %d, queues %d/%d", o.rxDepth, sq, rq)
+			}
+			return ""
+		}},
+		{args: "--sockets a,b --op write -r 64", check: func(o options) string {
+			if _, rq := queueDepths(&o); rq != defaultTxDepthBW+2 { // no receives to keep posted
+				return fmt.Sprintf("receive queue %d", rq)
+			}
+			return ""
+		}},
+		{args: "--sockets a,b --op send -r 5000", code: exitUsage, msg: "-r 5000"},
 		{args: "--sockets a,b --op write_lat --output latency", check: func(o options) string {
 			if o.output != "latency" || !o.lat {
 				return fmt.Sprintf("%+v", o)

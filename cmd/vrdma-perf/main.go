@@ -166,19 +166,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // Defaults: perftest's (perftest_parameters.h), except where noted.
 const (
-	defaultSizeBW    = 65536     // DEF_SIZE_BW
-	defaultSizeLat   = 2         // DEF_SIZE_LAT
-	atomicSize       = 8         // DEF_SIZE_ATOMIC
-	defaultItersWB   = 5000      // DEF_ITERS_WB: ib_write_bw
-	defaultIters     = 1000      // DEF_ITERS: every other test
-	defaultTxDepthBW = 128       // DEF_TX_BW
-	defaultLatIters  = 1000      // vrdma-perf's latency pass after a bandwidth test (--json)
-	minIters         = 5         // MIN_ITER
-	maxIters         = 100000000 // MAX_ITER
-	maxTxDepth       = 4096      // a vrdma QP's largest send queue (perftest: 15000)
-	maxQPs           = 1024      // a vrdma device's default QP limit (perftest: 16384)
-	maxAllShift      = 23        // -a: 2^1 … 2^23 bytes, as perftest
-	peakItersLimit   = 20000     // perftest measures no peak beyond this many iterations
+	defaultSizeBW    = 65536 // DEF_SIZE_BW
+	defaultSizeLat   = 2     // DEF_SIZE_LAT
+	atomicSize       = 8     // DEF_SIZE_ATOMIC
+	defaultItersWB   = 5000  // DEF_ITERS_WB: ib_write_bw
+	defaultIters     = 1000  // DEF_ITERS: every other test
+	defaultTxDepthBW = 128   // DEF_TX_BW
+	// defaultRxDepth is the receives a send bandwidth test keeps posted per
+	// QP. perftest's DEF_RX_SEND is 512; here a responder in another
+	// process shares the CPUs with the sender and the engine, and 512 left
+	// it too little slack: on 2 CPUs it ran dry about 1000 times a second
+	// (the QP's rnr_naks_sent in `vrdmactl device qps`) and two processes
+	// moved 0.56× what one does; with 2048, 25 in 5 s and 1.0×.
+	defaultRxDepth  = 2048
+	defaultLatIters = 1000      // vrdma-perf's latency pass after a bandwidth test (--json)
+	minIters        = 5         // MIN_ITER
+	maxIters        = 100000000 // MAX_ITER
+	maxTxDepth      = 4096      // a vrdma QP's largest send queue (perftest: 15000)
+	maxQPs          = 1024      // a vrdma device's default QP limit (perftest: 16384)
+	maxAllShift     = 23        // -a: 2^1 … 2^23 bytes, as perftest
+	peakItersLimit  = 20000     // perftest measures no peak beyond this many iterations
 )
 
 // options are the parsed command line.
@@ -194,6 +201,7 @@ type options struct {
 	duration time.Duration // 0 with iters
 	qps      int
 	txDepth  int
+	rxDepth  int  // -r: receives posted per QP in send bandwidth tests
 	bidir    bool // -b: both directions at once
 	mtu      int  // -m: the path MTU in bytes; 0: the port's active MTU
 	inline   int  // -I: inline bytes; 0: none

@@ -130,7 +130,11 @@ func queueDepths(o *options) (sq, rq int) {
 	if o.lat {
 		return 16, latRecvs + 2
 	}
-	return o.txDepth + 2, o.txDepth + 2
+	rq = o.txDepth + 2
+	if o.op == "send" {
+		rq = max(rq, o.rxDepth+2)
+	}
+	return o.txDepth + 2, rq
 }
 
 // plan decides the buffer bytes per QP region of one flow on each side and

@@ -90,10 +90,10 @@ func (bn *bench) postSend(qp *verbs.QP, drain func() error) error {
 	}
 }
 
-// fillRecvs posts receives on flow f's responder until each QP has depth.
+// fillRecvs posts receives on flow f's responder until each QP has rdepth.
 func (bn *bench) fillRecvs(f *flow) error {
 	for q := range f.qs {
-		for st := &f.qs[q]; st.recvs-st.recvd < uint64(bn.depth); {
+		for st := &f.qs[q]; st.recvs-st.recvd < uint64(bn.rdepth); {
 			if err := bn.postRecv(f, q); err != nil {
 				return err
 			}

@@ -112,6 +112,9 @@ func (r *reporter) header() {
 	fmt.Fprintf(&b, " PCIe relax order: %s\n", "Unsupported") // a para-virtual device: no PCIe ordering
 	fmt.Fprintf(&b, " ibv_wr* API     : %s\n", "OFF")
 	fmt.Fprintf(&b, " TX depth        : %d\n", o.txDepth)
+	if o.op == "send" && !o.lat {
+		fmt.Fprintf(&b, " RX depth        : %d\n", o.rxDepth)
+	}
 	if !o.lat {
 		fmt.Fprintf(&b, " CQ Moderation   : %d\n", 1) // every work request is signaled
 	}
