@@ -1,11 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"path/filepath"
-	"strings"
 	"testing"
 
+	"github.com/vrdma/vrdma/internal/cli/clitest"
 	"github.com/vrdma/vrdma/internal/version"
 )
 
@@ -13,37 +12,15 @@ import (
 // scenario, --version, exit 2 for bad usage and 0 for --help.
 func TestCommandLine(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing")
-	tests := []struct {
-		name           string
-		args           []string
-		code           int
-		stdout, stderr string
-	}{
-		{"help", []string{"--help"}, 0, "  --timeout DURATION\n", ""},
-		{"version", []string{"--version"}, 0, "vrdma-vmtest " + version.Version, ""},
-		{"unknown flag", []string{"--nope"}, 2, "", "vrdma-vmtest: unknown option --nope\n"},
-		{"bad value", []string{"--memory", "lots", "probe"}, 2, "", `vrdma-vmtest: --memory: invalid value "lots"`},
-		{"global flags after the scenario", []string{"probe", "--qemu", missing, "--vrdmad", missing}, 1, "", "vrdmad: stat " + missing},
-		{"scenario flag error", []string{"pair", "--bogus"}, 2, "", "vrdma-vmtest pair: unknown option --bogus\n"},
-		{"scenario help", []string{"interop", "--help"}, 0, "  --op STRING\n", ""},
-		{"spinup help", []string{"spinup", "-h"}, 0, "  --rounds N\n", ""},
-		{"hostnic help", []string{"hostnic", "--help"}, 0, "  --kill-job OP:SIZE:ITERS\n", ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var out, errb bytes.Buffer
-			code := run(tt.args, &out, &errb)
-			if code != tt.code || !strings.Contains(out.String(), tt.stdout) || !strings.Contains(errb.String(), tt.stderr) {
-				t.Errorf("exit %d, stdout %.200q, stderr %.200q; want %d, %q, %q", code, out.String(), errb.String(), tt.code, tt.stdout, tt.stderr)
-			}
-			if tt.code == 0 && errb.Len() != 0 {
-				t.Errorf("stderr %q, want nothing", errb.String())
-			}
-			for _, l := range strings.Split(out.String()+errb.String(), "\n") {
-				if f := strings.Fields(l); len(f) > 0 && strings.HasPrefix(f[0], "-") && len(f[0]) > 2 && !strings.HasPrefix(f[0], "--") {
-					t.Errorf("line %q names a flag the Go way (-name)", l)
-				}
-			}
-		})
-	}
+	clitest.Run(t, []clitest.Case{
+		{Name: "help", Args: []string{"--help"}, Stdout: "  --timeout DURATION\n"},
+		{Name: "version", Args: []string{"--version"}, Stdout: "vrdma-vmtest " + version.Version},
+		{Name: "unknown flag", Args: []string{"--nope"}, Code: 2, Stderr: "vrdma-vmtest: unknown option --nope\n"},
+		{Name: "bad value", Args: []string{"--memory", "lots", "probe"}, Code: 2, Stderr: `vrdma-vmtest: --memory: invalid value "lots"`},
+		{Name: "global flags after the scenario", Args: []string{"probe", "--qemu", missing, "--vrdmad", missing}, Code: 1, Stderr: "vrdmad: stat " + missing},
+		{Name: "scenario flag error", Args: []string{"pair", "--bogus"}, Code: 2, Stderr: "vrdma-vmtest pair: unknown option --bogus\n"},
+		{Name: "scenario help", Args: []string{"interop", "--help"}, Stdout: "  --op STRING\n"},
+		{Name: "spinup help", Args: []string{"spinup", "-h"}, Stdout: "  --rounds N\n"},
+		{Name: "hostnic help", Args: []string{"hostnic", "--help"}, Stdout: "  --kill-job OP:SIZE:ITERS\n"},
+	}, run)
 }
