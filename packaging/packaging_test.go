@@ -291,24 +291,33 @@ func TestDeb(t *testing.T) {
 	}
 }
 
+// debEntries lists deb's files and directories (directories end in "/")
+// with their modes, as dpkg-deb -c shows them, and checks that root owns
+// each and that every directory is drwxr-xr-x.
+func debEntries(t *testing.T, deb string) map[string]string {
+	t.Helper()
+	// drwxr-xr-x root/root 0 2026-01-01 00:00 ./usr/bin/
+	entries := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(run(t, nil, "dpkg-deb", "-c", deb)), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 {
+			t.Fatalf("dpkg-deb -c line %q", line)
+		}
+		if f[1] != "root/root" {
+			t.Errorf("%s: got owner %s, want root/root", f[5], f[1])
+		}
+		path := strings.TrimPrefix(f[5], ".")
+		entries[path] = f[0]
+		if strings.HasSuffix(path, "/") && f[0] != "drwxr-xr-x" {
+			t.Errorf("%s: got mode %s, want drwxr-xr-x", path, f[0])
+		}
+	}
+	return entries
+}
+
 func checkDeb(t *testing.T, deb string) {
 	t.Run("contents", func(t *testing.T) {
-		// drwxr-xr-x root/root 0 2026-01-01 00:00 ./usr/bin/
-		entries := map[string]string{}
-		for _, line := range strings.Split(strings.TrimSpace(run(t, nil, "dpkg-deb", "-c", deb)), "\n") {
-			f := strings.Fields(line)
-			if len(f) < 6 {
-				t.Fatalf("dpkg-deb -c line %q", line)
-			}
-			if f[1] != "root/root" {
-				t.Errorf("%s: got owner %s, want root/root", f[5], f[1])
-			}
-			path := strings.TrimPrefix(f[5], ".")
-			entries[path] = f[0]
-			if strings.HasSuffix(path, "/") && f[0] != "drwxr-xr-x" {
-				t.Errorf("%s: got mode %s, want drwxr-xr-x", path, f[0])
-			}
-		}
+		entries := debEntries(t, deb)
 		for path, mode := range map[string]string{
 			"/usr/bin/vrdmad":                                 "-rwxr-xr-x",
 			"/usr/bin/vrdmactl":                               "-rwxr-xr-x",
