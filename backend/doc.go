@@ -52,7 +52,9 @@
 // Queue.mu alone, and never while it waits for a worker (stop joins the
 // worker first, then locks). Server.mu is taken with no other lock held and
 // held only around Server fields (and newSession, whose only call out is
-// Device.NumQueues). Lock-free: memmap.Memory (atomic table swap), Stats,
+// Device.NumQueues); Server.freezeMu, which serialises Freeze and Thaw, is
+// taken before it. session.pauseMu (the pending Freeze) is a leaf, and so
+// is vhostuser.Conn's pause lock under it. Lock-free: memmap.Memory (atomic table swap), Stats,
 // and the ring flags (enabled, stopping, broken, wakeFd).
 //
 // # Errors
@@ -94,17 +96,18 @@
 // Measured with `vrdma-bench --only density` (vrdmad with N = 500…1660
 // rdma devices, one doorbell queue, QEMU-order virtio-user front-ends in
 // other processes; per device, over an empty vrdmad). A connected device
-// holds 11 descriptors: its listening socket (1, also while nobody is
+// held 11 descriptors then: its listening socket (1, also while nobody is
 // connected), the vhost-user connection (1), the backend channel (1), a
 // kick and an error eventfd for each of its 3 rings (6), and a call
 // eventfd for the control and event queues (2). The doorbell queue's call
-// eventfd, the 12th until the session checked and closed it (the device is
-// an Interrupter: nothing is ever pushed to a doorbell queue), is not
-// needed; neither is the memory region's fd, the 13th until
-// memmap.MapRegion closed it once mapped, which is
-// not needed after mmap (pins are mlocks of the mapping, a truncated file
-// is a SIGBUS that memmap.Guard contains, INFLIGHT_SHMFD is not offered, a
-// reconnecting front-end sends its fds again). It runs 5 goroutines: the
+// eventfd is not kept (the session checks and closes it: the device is an
+// Interrupter, nothing is ever pushed to a doorbell queue). Since the live
+// upgrade the memory region's fd is kept too, the 12th (one per region):
+// nothing else needs it after mmap (pins are mlocks of the mapping, a
+// truncated file is a SIGBUS that memmap.Guard contains, INFLIGHT_SHMFD is
+// not offered, a reconnecting front-end sends its fds again), but a
+// handover must pass the file to the next process, and the front-end
+// does not send it again. It runs 5 goroutines: the
 // accept loop (also while listening), the session, and a worker per
 // started ring, each parked in the netpoller on its socket or kick eventfd:
 // no OS thread each (vrdmad runs ~10 threads whatever N) and no CPU while
@@ -122,6 +125,32 @@
 // would take the 3 workers' stacks (and one accept loop could serve all
 // listening sockets), but the 9 eventfds are the front-end's and stay.
 //
-// Non-goals: dirty logging and migration (LOG_SHMFD is not offered), packed
-// rings, in-band notifications, inflight tracking.
+// # Live upgrade
+//
+// A running Server hands its socket and its connected front-end to a new
+// process (vrdmad's upgrade; the front-end notices nothing: no message,
+// no reconnect, no reset). Server.Freeze stops the accept loop (a past
+// deadline on the listener, which stays open and keeps its path), then
+// asks the session goroutine to pause: vhostuser.Conn.Pause sets a past
+// read deadline, and ReadMessage reports ErrPaused only before the first
+// byte of a message (a message it began is read and handled first). On
+// its goroutine the session then records instead of sending the device's
+// config changes (after waiting for one being written), stops and joins
+// every ring worker while keeping its device queue (vring.pause; kicks
+// stay in the eventfds, Queue.Run returns ErrQueueStopped), and describes
+// itself (ServerState, state.go) with dups of its descriptors: the
+// connection, the backend channel, each region's file (memmap keeps it),
+// each ring's eventfds; a started ring's last_avail and used index come
+// from its device queue. Thaw resumes everything (each worker looks at its
+// ring once). Adopt rebuilds a Server from a state and the descriptors as
+// hostile input, maps the same files at new host addresses (front-end
+// and guest addresses, which rings and the device use, are unchanged),
+// makes the started rings' device queues at the carried indices, attaches
+// the device and starts nothing; Serve then resumes the rings and the
+// session and accepts. A frozen server's Close and Disconnect still end
+// its session (its device is reset, its own descriptors closed, nothing is
+// sent), but after a handover the old process exits instead.
+//
+// Non-goals: dirty logging and migration to another host (LOG_SHMFD is
+// not offered), packed rings, in-band notifications, inflight tracking.
 package backend

@@ -28,5 +28,6 @@ func FromListener(ln *net.UnixListener, cfg Config, opts ...Option) (*Server, er
 	}
 	s := newServer(cfg, opts)
 	s.ln = ln
+	s.unlink = false
 	return s, nil
 }

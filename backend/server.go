@@ -71,17 +71,29 @@ type Server struct {
 
 	stats Stats // atomic counters
 
-	mu     sync.Mutex     // taken with no other lock held (doc.go)
-	active *session       // protected by mu
-	peer   Peer           // protected by mu; active's front-end
-	closed bool           // protected by mu
-	wg     sync.WaitGroup // counts admit goroutines (and so sessions)
+	mu       sync.Mutex     // taken with no other lock held but freezeMu (doc.go)
+	active   *session       // protected by mu
+	peer     Peer           // protected by mu; active's front-end
+	closed   bool           // protected by mu
+	closedCh chan struct{}  // immutable; closed by Close
+	wg       sync.WaitGroup // counts admit goroutines (and so sessions)
+	unlink   bool           // protected by mu; Close removes the socket file (Listen made it)
+
+	// Freezing (handover.go). freezeMu serialises Freeze and Thaw.
+	freezeMu  sync.Mutex
+	frozen    bool           // protected by mu; between Freeze and Thaw
+	thawCh    chan struct{}  // protected by mu; closed by Thaw: parked goroutines go on
+	serving   bool           // protected by mu; Serve's accept loop runs
+	parked    bool           // protected by mu; the accept loop is parked for the current Freeze
+	parkedCh  chan struct{}  // protected by mu; closed when the accept loop parks
+	freezeReq *freezeRequest // protected by mu; the frozen session's request, nil when none
+	pending   *session       // protected by mu; an adopted session that Serve has not started
 }
 
 // newServer is a Server for cfg with its options applied and its logger
 // set (silent when no WithLogger).
 func newServer(cfg Config, opts []Option) *Server {
-	s := &Server{cfg: cfg}
+	s := &Server{cfg: cfg, closedCh: make(chan struct{})}
 	for _, o := range opts {
 		o(s)
 	}
@@ -123,6 +135,7 @@ func Listen(cfg Config, opts ...Option) (*Server, error) {
 		}
 	}
 	s.ln = ln
+	s.unlink = true
 	return s, nil
 }
 
@@ -203,11 +216,31 @@ func (s *Server) Stats() StatsSnapshot {
 // answer (a vhost-user back-end has no way to say why; QEMU reports the
 // closed connection, a Go front-end ErrRefused) and the refusal is logged
 // at warn level with both front-ends' pids.
+//
+// On an adopted server (Adopt) it first starts the adopted session: its
+// ring workers (each looks at its ring once: doorbells are not lost) and
+// its message loop, as if the session had been there from the beginning.
+// While the server is frozen the loop accepts nothing.
 func (s *Server) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { s.Close() })
 	defer stop()
+	s.mu.Lock()
+	s.serving = true
+	if sess := s.pending; sess != nil && !s.closed {
+		s.pending = nil
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.runSession(sess, sess.log, sess.runAdopted)
+		}()
+	}
+	s.mu.Unlock()
 	var pause time.Duration // after EMFILE/ENFILE: doubles to a second, reset by an accept
 	for {
+		if !s.waitThawed(true) {
+			s.wg.Wait()
+			return nil
+		}
 		c, err := s.ln.AcceptUnix()
 		if err != nil {
 			s.mu.Lock()
@@ -311,6 +344,14 @@ func (s *Server) admit(c *net.UnixConn) {
 			c.Close()
 			return
 		}
+		if s.frozen {
+			// Accepted just before a Freeze: wait for Thaw (after a
+			// handover this process exits, and the front-end sees its
+			// connection closed, as a refusal).
+			s.mu.Unlock()
+			s.waitThawed(false)
+			continue
+		}
 		prev := s.active
 		if prev == nil {
 			break // with s.mu held
@@ -345,11 +386,22 @@ func (s *Server) admit(c *net.UnixConn) {
 	s.peer = peerOf(cred, time.Now())
 	s.mu.Unlock()
 	log.Info("front-end connected")
-	if err := sess.serve(); err != nil {
+	s.runSession(sess, log, sess.serve)
+}
+
+// runSession runs a session's goroutine (run: serve, or runAdopted) and
+// clears the server's record of it when it has released everything.
+func (s *Server) runSession(sess *session, log *logrus.Entry, run func() error) {
+	if err := run(); err != nil {
 		log.WithError(err).Warn("front-end disconnected: session ended with an error")
 	} else {
 		log.Info("front-end disconnected")
 	}
+	s.endSession(sess)
+}
+
+// endSession forgets sess, which has released everything.
+func (s *Server) endSession(sess *session) {
 	s.mu.Lock()
 	s.active = nil
 	s.peer = Peer{}
@@ -358,19 +410,27 @@ func (s *Server) admit(c *net.UnixConn) {
 }
 
 // Disconnect closes the current front-end's connection, if any; its
-// session releases everything it owned.
+// session releases everything it owned. On a frozen server the session,
+// paused, ends as well (see Freeze); on an adopted server before Serve the
+// session is torn down at once.
 func (s *Server) Disconnect() {
 	s.mu.Lock()
-	sess := s.active
+	sess, pending := s.active, s.pending
+	s.pending = nil
 	s.mu.Unlock()
+	if pending != nil {
+		pending.teardown()
+		s.endSession(pending)
+		return
+	}
 	if sess != nil {
-		sess.closing.Store(true)
-		sess.conn.Close()
+		sess.end()
 	}
 }
 
 // Close stops listening, ends the current session, waits for it to release
-// everything, and removes the socket file. It is idempotent.
+// everything, and removes the socket file (not while frozen: see Freeze).
+// It is idempotent.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -378,6 +438,7 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	close(s.closedCh)
 	s.mu.Unlock()
 	err := s.ln.Close()
 	s.Disconnect()

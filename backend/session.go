@@ -12,7 +12,6 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/vrdma/vrdma/internal/eventfd"
 	"github.com/vrdma/vrdma/memmap"
 	vu "github.com/vrdma/vrdma/virtio/vhostuser"
 )
@@ -52,8 +51,19 @@ type session struct {
 	backendMu   sync.Mutex     // protects backendConn and writes of protocol; a leaf: no blocking call while held
 	backendConn *vu.Conn       // protected by backendMu
 	closing     atomic.Bool    // atomic: the connection is being closed on purpose (teardown, Server.Disconnect)
-	done        chan struct{}  // immutable; closed by Server.admit when the session has released everything
+	done        chan struct{}  // immutable; closed by Server.runSession when the session has released everything
 	resumed     atomic.Bool    // atomic: rings resumed from a base this session never produced
+
+	// Freezing (handover.go). backendFrozen and configPending are
+	// protected by backendMu; notifying counts NotifyConfigChange writes
+	// in flight (Add under backendMu while not frozen).
+	backendFrozen bool           // protected by backendMu: NotifyConfigChange records instead of writing
+	configPending bool           // protected by backendMu: a config change arrived while frozen
+	notifying     sync.WaitGroup // writes on the backend channel in flight
+	pauseMu       sync.Mutex     // a leaf; protects freezeReq
+	freezeReq     *freezeRequest // protected by pauseMu; the Freeze waiting for this session, nil when none
+	kill          chan struct{}  // immutable; closed (killOnce) by end: a paused session ends
+	killOnce      sync.Once
 }
 
 func newSession(c *net.UnixConn, dev Device, log *logrus.Entry, stats *Stats) *session {
@@ -64,6 +74,7 @@ func newSession(c *net.UnixConn, dev Device, log *logrus.Entry, stats *Stats) *s
 		mem:   memmap.NewMemory(),
 		stats: stats,
 		done:  make(chan struct{}),
+		kill:  make(chan struct{}),
 	}
 	n := dev.NumQueues()
 	s.rings = make([]*vring, n)
@@ -101,10 +112,25 @@ func (s *session) NotifyConfigChange() error {
 	if s.protocol&vu.ProtocolBackendReq == 0 {
 		c = nil
 	}
+	if c != nil && s.backendFrozen {
+		// Frozen (handover.go): nothing goes to the front-end; the
+		// change is sent when the session runs again, here or in the
+		// process it was handed to.
+		s.configPending = true
+		c = nil
+	}
+	if c != nil {
+		s.notifying.Add(1)
+	}
 	s.backendMu.Unlock()
 	if c == nil {
 		return nil
 	}
+	defer s.notifying.Done()
+	return writeConfigChange(c)
+}
+
+func writeConfigChange(c *vu.Conn) error {
 	h := vu.Header{Request: uint32(vu.BackendConfigChangeMsg), Flags: vu.FlagVersion}
 	return c.WriteMessage(h, nil, nil)
 }
@@ -114,9 +140,21 @@ func (s *session) NotifyConfigChange() error {
 // before it returns.
 func (s *session) serve() error {
 	s.dev.Attach(s)
+	return s.run()
+}
+
+// run is serve's loop, for a session the device is attached to. Between
+// two messages it may pause for a Freeze (handover.go).
+func (s *session) run() error {
 	defer s.teardown()
 	for {
 		m, err := s.conn.ReadMessage()
+		if errors.Is(err, vu.ErrPaused) {
+			if s.paused() {
+				continue
+			}
+			return nil
+		}
 		if err != nil {
 			if s.closing.Load() || errors.Is(err, net.ErrClosed) || isEOF(err) {
 				return nil
@@ -309,180 +347,6 @@ func (s *session) setBackendChannel(m *vu.Message) error {
 	return nil
 }
 
-// vringState decodes a vring-state payload and finds its ring; with
-// stopped, the ring must not be running (configuration messages).
-func (s *session) vringState(req vu.Request, p []byte, stopped bool) (vu.VringState, *vring, error) {
-	st, err := vu.DecodeVringState(p)
-	if err != nil {
-		return st, nil, err
-	}
-	r, err := s.ring(st.Index)
-	if err != nil {
-		return st, nil, err
-	}
-	if stopped && r.started {
-		return st, nil, fmt.Errorf("ring %d: %s while started", st.Index, req)
-	}
-	return st, r, nil
-}
-
-func (s *session) setVringNum(p []byte) error {
-	st, r, err := s.vringState(vu.SetVringNum, p, true)
-	if err != nil {
-		return err
-	}
-	// "Queue Size value is always a power of 2. The maximum Queue Size
-	// value is 32768." Ours is also bounded by the device.
-	max := uint32(s.dev.MaxQueueSize())
-	if st.Num == 0 || st.Num > max || st.Num&(st.Num-1) != 0 {
-		return fmt.Errorf("ring %d: size %d is not a power of two in [1, %d]", st.Index, st.Num, max)
-	}
-	r.num = uint16(st.Num)
-	return nil
-}
-
-func (s *session) setVringAddr(p []byte) error {
-	a, err := vu.DecodeVringAddr(p)
-	if err != nil {
-		return err
-	}
-	r, err := s.ring(a.Index)
-	if err != nil {
-		return err
-	}
-	if a.Flags&vu.VringAddrFLog != 0 {
-		return fmt.Errorf("%w: dirty logging (migration) of ring %d", errUnsupported, a.Index)
-	}
-	if a.Flags != 0 {
-		return fmt.Errorf("ring %d: unknown address flags %#x", a.Index, a.Flags)
-	}
-	if r.started {
-		return fmt.Errorf("ring %d: SET_VRING_ADDR while started", a.Index)
-	}
-	r.desc, r.avail, r.used = memmap.UVA(a.Desc), memmap.UVA(a.Avail), memmap.UVA(a.Used)
-	r.addrSet = true
-	return nil
-}
-
-func (s *session) setVringBase(p []byte) error {
-	st, r, err := s.vringState(vu.SetVringBase, p, true)
-	if err != nil {
-		return err
-	}
-	// Split rings use the low 16 bits; anything above them is not an
-	// index this device can have produced.
-	if st.Num > 0xffff {
-		return fmt.Errorf("ring %d: base %#x out of range for a split ring", st.Index, st.Num)
-	}
-	// A non-zero base this session did not hand out means the driver ran
-	// before, against a back-end (or session) that is gone: the device's
-	// state is lost, and the device must tell the driver.
-	if st.Num != 0 && !(r.ours && uint16(st.Num) == r.base) {
-		s.resumed.Store(true)
-	}
-	r.base, r.ours = uint16(st.Num), false
-	return nil
-}
-
-func (s *session) getVringBase(p []byte) ([]byte, error) {
-	st, r, err := s.vringState(vu.GetVringBase, p, false)
-	if err != nil {
-		return nil, err
-	}
-	// "Stop the ring ... returns the next available index."
-	base := r.stop()
-	r.kick.Close()
-	r.kick = nil
-	return vu.VringState{Index: st.Index, Num: uint32(base)}.Encode(), nil
-}
-
-func (s *session) setVringFile(m *vu.Message) error {
-	u, err := vu.DecodeU64(m.Payload)
-	if err != nil {
-		return err
-	}
-	index, noFd, err := vu.DecodeVringFile(u)
-	if err != nil {
-		return err
-	}
-	r, err := s.ring(uint32(index))
-	if err != nil {
-		return err
-	}
-	var e *eventfd.EventFD
-	if !noFd {
-		fd, err := m.TakeFd(0)
-		if err != nil {
-			return err
-		}
-		if e, err = eventfd.FromFd(fd); err != nil {
-			return err
-		}
-	}
-	switch m.Req() {
-	case vu.SetVringKick:
-		if noFd {
-			return fmt.Errorf("%w: polled ring %d (no kick fd)", errUnsupported, index)
-		}
-		wasStarted := r.started
-		r.stop()
-		r.kick.Close()
-		r.kick = e
-		// "the ring is started upon receiving a kick": the worker starts
-		// now and its first kick (sent by start) looks for buffers.
-		if r.ready() {
-			r.start()
-		} else if wasStarted {
-			return fmt.Errorf("ring %d: kick set before size and addresses", index)
-		}
-	case vu.SetVringCall:
-		if e != nil && !s.interrupts(int(index)) {
-			// Checked above, and not kept: the device never interrupts
-			// this queue (Interrupter), and the descriptor would be one
-			// more per queue for nothing.
-			e.Close()
-			e = nil
-		}
-		r.q.mu.Lock()
-		old := r.call
-		r.call = e
-		r.q.mu.Unlock()
-		old.Close()
-	case vu.SetVringErr:
-		r.q.mu.Lock()
-		old := r.errfd
-		r.errfd = e
-		r.q.mu.Unlock()
-		old.Close()
-	}
-	return nil
-}
-
-// interrupts reports whether the device may interrupt the driver on queue
-// i (Interrupter; true for a device that does not say).
-func (s *session) interrupts(i int) bool {
-	in, ok := s.dev.(Interrupter)
-	return !ok || in.Interrupts(i)
-}
-
-func (s *session) setVringEnable(p []byte) error {
-	st, r, err := s.vringState(vu.SetVringEnable, p, false)
-	if err != nil {
-		return err
-	}
-	if s.features&vu.FeatureProtocolFeatures == 0 && !s.protocolSet {
-		return fmt.Errorf("%w: SET_VRING_ENABLE without protocol features", errUnsupported)
-	}
-	if st.Num > 1 {
-		return fmt.Errorf("ring %d: enable value %d is not 0 or 1", st.Index, st.Num)
-	}
-	r.enabled.Store(st.Num == 1)
-	if st.Num == 1 && r.started {
-		r.kick.Signal() // look for buffers made available while disabled
-	}
-	return nil
-}
-
 func (s *session) configRange(off, size uint32) error {
 	if s.protocol&vu.ProtocolConfig == 0 {
 		return fmt.Errorf("%w: CONFIG not negotiated", errUnsupported)
@@ -561,6 +425,14 @@ func (s *session) resetDevice() {
 	s.dev.Reset()
 	s.resumed.Store(false)
 	s.features, s.status = 0, 0
+}
+
+// end closes the connection on purpose (Server.Disconnect, Close): the
+// session's goroutine, reading or paused, tears the session down.
+func (s *session) end() {
+	s.closing.Store(true)
+	s.conn.Close()
+	s.killOnce.Do(func() { close(s.kill) })
 }
 
 // teardown releases everything the front-end owned: workers, fds, device

@@ -36,6 +36,8 @@ type vring struct {
 	call     *eventfd.EventFD                // protected by q.mu (written by the session, read by workers)
 	errfd    *eventfd.EventFD                // protected by q.mu
 	started  bool                            // session goroutine
+	paused   bool                            // session goroutine; started, its worker stopped by pause (handover.go)
+	adoptErr error                           // session goroutine; why Adopt could not make the device queue (adopt.go)
 	enabled  atomic.Bool                     // atomic
 	brokenAt atomic.Pointer[error]           // atomic; the error that broke the ring, until it is set up again
 
@@ -101,10 +103,10 @@ func (r *vring) stop() uint16 {
 	if !r.started {
 		return r.base
 	}
-	r.stopping.Store(true)
-	r.kick.Interrupt()
-	<-r.done
-	r.done = nil
+	if !r.paused {
+		r.halt()
+	}
+	r.paused = false
 	r.started = false
 	r.q.mu.Lock()
 	if r.q.vq != nil {
@@ -115,6 +117,42 @@ func (r *vring) stop() uint16 {
 	r.wakeFd.Store(nil)
 	r.q.mu.Unlock()
 	return r.base
+}
+
+// halt stops the worker and joins it; the device queue stays. Kicks that
+// arrive from now on stay in the kick eventfd. Precondition: session
+// goroutine, ring started and its worker running.
+func (r *vring) halt() {
+	r.stopping.Store(true)
+	r.kick.Interrupt()
+	<-r.done
+	r.done = nil
+}
+
+// pause stops a started ring's worker without stopping the ring: its
+// device queue, indices and broken state stay as they are, and Queue.Run
+// returns ErrQueueStopped until resume. Precondition: session goroutine.
+func (r *vring) pause() {
+	if !r.started || r.paused {
+		return
+	}
+	r.halt()
+	r.paused = true
+}
+
+// resume starts the worker of a paused ring again; it looks at the ring
+// once, as after a kick. Precondition: session goroutine.
+func (r *vring) resume() {
+	if !r.paused {
+		return
+	}
+	r.paused = false
+	r.stopping.Store(false)
+	r.kick.Rearm()
+	r.done = make(chan struct{})
+	r.wg.Add(1)
+	go r.worker(r.done)
+	r.kick.Signal()
 }
 
 // translate maps the three ring parts through the memory table.

@@ -42,9 +42,11 @@
 //
 //   - Every Region passed MapRegion's checks: Size > 0, GuestAddr+Size,
 //     UserAddr+Size and MmapOffset+Size do not overflow, and the file held
-//     MmapOffset+Size bytes when it was mapped. A Region owns its mapping,
-//     which goes away on the last Release; MapRegion closes the fd it is
-//     given (the mapping keeps the file open, nothing later needs the fd).
+//     MmapOffset+Size bytes when it was mapped. A Region owns its mapping
+//     and the fd MapRegion was given (one descriptor per region, which a
+//     live upgrade duplicates with DupFd to hand the file on); both go
+//     away on the last Release. Table.Reuse closes the fd of the region it
+//     did not need to map.
 //   - A Table is immutable after construction: at most MaxRegions regions,
 //     sorted by GuestAddr, no two overlapping in guest-physical nor in
 //     front-end virtual space. It holds one reference on each region while

@@ -70,7 +70,7 @@ func dupFD(t testing.TB, fd int) int {
 
 // mapNewFile is mapNew that also returns a descriptor of the region's file
 // (closed when the test ends), for tests that shrink the file behind the
-// mapping: MapRegion closes the fd it is given.
+// mapping: the region's own fd is the region's.
 func mapNewFile(t testing.TB, name string, fileSize uint64, spec RegionSpec) (*Region, int) {
 	t.Helper()
 	fd, err := NewMemfd(name, fileSize)

@@ -54,14 +54,14 @@ func (s RegionSpec) validate() error {
 // counted: MapRegion returns it with one reference, each Table holding it
 // takes another, and the last Release unmaps it.
 //
-// It keeps no descriptor: the fd is closed as soon as the file is mapped
-// (the mapping holds the file open). Nothing needs it later — pinning
-// (mlock) works on the mapping, a truncated file shows as SIGBUS (Guard),
-// inflight tracking is not offered, and a reconnecting front-end sends its
-// fds again — and a connected device then holds one descriptor fewer per
-// region (backend/doc.go, "Cost of a device").
+// It keeps the region's descriptor, one per region, closed with the
+// mapping on the last Release: the mapping alone would hold the file open,
+// and pinning (mlock), SIGBUS containment (Guard) and reconnects need no
+// fd, but a live upgrade hands the file to the next back-end process
+// (DupFd; backend/doc.go, "Live upgrade").
 type Region struct {
 	spec    RegionSpec // immutable
+	fd      int        // immutable; the file mapped, owned, closed by the last Release
 	dev     uint64     // immutable; the file's device and inode, for SameFile
 	ino     uint64     // immutable; unique while the mapping keeps the file
 	mapping []byte     // immutable; the whole mmap, from the aligned offset
@@ -72,8 +72,8 @@ type Region struct {
 // MapRegion maps spec.Size bytes at spec.MmapOffset of fd, MAP_SHARED,
 // read/write.
 //
-// It takes ownership of fd in every case and closes it before it returns:
-// the region needs only the mapping. It refuses a zero Size (ErrBadRegion), any overflow
+// It takes ownership of fd in every case: the region keeps it until its
+// last Release, and an error closes it. It refuses a zero Size (ErrBadRegion), any overflow
 // of GuestAddr+Size, UserAddr+Size or MmapOffset+Size (ErrOverflow), an fd
 // that is not a regular file (ErrBadRegion), and a file smaller than
 // MmapOffset+Size (ErrFileTooSmall); errors are *RegionError. MmapOffset need
@@ -83,10 +83,10 @@ type Region struct {
 // The returned region has one reference, owned by the caller.
 func MapRegion(fd int, spec RegionSpec) (*Region, error) {
 	r, err := mapRegion(fd, spec)
-	if fd >= 0 {
-		unix.Close(fd)
-	}
 	if err != nil {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
 		return nil, &RegionError{Spec: spec, Err: err}
 	}
 	return r, nil
@@ -127,6 +127,7 @@ func mapRegion(fd int, spec RegionSpec) (*Region, error) {
 	liveMappings.Add(1)
 	r := &Region{
 		spec:    spec,
+		fd:      fd,
 		dev:     uint64(st.Dev),
 		ino:     uint64(st.Ino),
 		mapping: m,
@@ -138,6 +139,16 @@ func mapRegion(fd int, spec RegionSpec) (*Region, error) {
 
 // Spec returns the region's description.
 func (r *Region) Spec() RegionSpec { return r.spec }
+
+// DupFd returns a new descriptor (close-on-exec) of the file the region
+// maps, owned by the caller. Precondition: the caller holds a reference.
+func (r *Region) DupFd() (int, error) {
+	fd, err := unix.FcntlInt(uintptr(r.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("memmap: dup region fd: %w", err)
+	}
+	return fd, nil
+}
 
 // Bytes returns the region's memory, exactly Size bytes. The slice is valid
 // only while the caller holds a reference (its own, or one of a Table that
@@ -169,6 +180,7 @@ func (r *Region) Release() {
 	// An error cannot be acted upon here: the mapping is ours and valid,
 	// so munmap fails only on kernel bugs.
 	_ = unix.Munmap(r.mapping)
+	unix.Close(r.fd)
 	liveMappings.Add(-1)
 }
 
@@ -184,7 +196,8 @@ func (r *Region) SameFile(fd int) bool {
 }
 
 // Reuse looks in t for a region with exactly spec that maps the same file
-// as fd. If there is one it closes fd and returns the region with a new
+// as fd. If there is one it closes fd (the region keeps its own) and
+// returns the region with a new
 // reference: a front-end that sends the same memory table again (QEMU does
 // at every device start) keeps the same mappings, and with them the pins
 // PVDMA holds on them. Otherwise it returns nil and leaves fd alone.

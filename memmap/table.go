@@ -118,6 +118,16 @@ func (t *Table) Regions() []RegionSpec {
 	return specs
 }
 
+// Region returns region i of the table, in GuestAddr order (the order of
+// Regions), or nil when i is out of range. It is valid while the caller
+// holds a reference on t.
+func (t *Table) Region(i int) *Region {
+	if i < 0 || i >= len(t.regions) {
+		return nil
+	}
+	return t.regions[i]
+}
+
 // Len returns the number of regions.
 func (t *Table) Len() int { return len(t.regions) }
 

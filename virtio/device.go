@@ -15,6 +15,12 @@ type DeviceQueueConfig struct {
 	EventIdx  bool   // VIRTIO_F_EVENT_IDX negotiated
 	Indirect  bool   // VIRTIO_F_INDIRECT_DESC negotiated (an indirect descriptor otherwise is an error)
 	LastAvail uint16 // from SET_VRING_BASE
+	// UsedIdx, when KeepUsedIdx is set, is the used index to go on from
+	// instead of the one found in the used ring: a back-end that takes a
+	// running queue over from another process carries the device's own
+	// copy (the driver can write the ring's).
+	UsedIdx     uint16
+	KeepUsedIdx bool
 	// MaxChainBytes bounds the total length of a chain's buffers; a longer
 	// chain is an error. Zero means 1<<32 - 1.
 	MaxChainBytes uint64
@@ -47,7 +53,8 @@ type DeviceQueue struct {
 
 // NewDeviceQueue returns the device side of a split virtqueue over r.
 // The used index starts at the value found in the used ring (as a restarted
-// back-end must continue where the previous one stopped).
+// back-end must continue where the previous one stopped), or at
+// cfg.UsedIdx with cfg.KeepUsedIdx.
 func NewDeviceQueue(cfg DeviceQueueConfig, r Rings) (*DeviceQueue, error) {
 	if !validQueueSize(cfg.Size) {
 		return nil, fmt.Errorf("queue %d: size %d is not a power of two in 1..%d: %w", cfg.Index, cfg.Size, MaxQueueSize, ErrInvalid)
@@ -71,6 +78,9 @@ func NewDeviceQueue(cfg DeviceQueueConfig, r Rings) (*DeviceQueue, error) {
 		lastAvail: cfg.LastAvail,
 	}
 	q.usedIdx = abi.LoadUint16(r.Used, ringIdxOff)
+	if cfg.KeepUsedIdx {
+		q.usedIdx = cfg.UsedIdx
+	}
 	q.oldUsed = q.usedIdx
 	return q, nil
 }
@@ -92,6 +102,10 @@ func (q *DeviceQueue) Size() uint16 { return q.size }
 
 // LastAvail returns the next available index to process (GET_VRING_BASE).
 func (q *DeviceQueue) LastAvail() uint16 { return q.lastAvail }
+
+// UsedIdx returns the used index the device publishes next (its copy of
+// used.idx).
+func (q *DeviceQueue) UsedIdx() uint16 { return q.usedIdx }
 
 // Err returns nil, or the error that broke the queue (it matches ErrBroken).
 func (q *DeviceQueue) Err() error { return q.err }

@@ -24,6 +24,10 @@ type Conn struct {
 	writeMu sync.Mutex // serialises writes, so a message's bytes stay together
 	readMu  sync.Mutex // serialises ReadMessage; protects oob
 	oob     []byte     // protected by readMu
+
+	pauseMu sync.Mutex // a leaf; protects paused, kicked and the read deadline (pause.go)
+	paused  bool       // protected by pauseMu; between Pause and Resume
+	kicked  bool       // protected by pauseMu; Pause set a read deadline: a deadline error is a pause
 }
 
 // NewConn wraps a connected unix stream socket. The Conn owns c from now
@@ -102,14 +106,19 @@ func parseRights(oob []byte) ([]int, error) {
 // batch of fds, more than MaxFds
 // fds (MSG_CTRUNC), a bad version, Size > MaxPayloadSize, and EOF or an
 // I/O error inside a message are ErrProtocol, and every fd received is
-// closed. EOF before the first byte returns io.EOF. After any other error
-// the connection must be closed.
+// closed. EOF before the first byte returns io.EOF. While the Conn is
+// paused (Pause) it returns ErrPaused before the first byte of a message,
+// and finishes a message it began. After any other error the connection
+// must be closed.
 //
 // The caller owns the returned message's fds: Check, then TakeFd what it
 // keeps and CloseFds the rest.
 func (c *Conn) ReadMessage() (*Message, error) {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
+	if c.Paused() {
+		return nil, ErrPaused
+	}
 
 	var hb [HeaderSize]byte
 	var fds []int
@@ -127,6 +136,12 @@ func (c *Conn) ReadMessage() (*Message, error) {
 			fds = rfds
 		}
 		got += n
+		if paused, ok := c.interrupted(err, got); ok {
+			if paused {
+				return nil, ErrPaused // nothing consumed
+			}
+			continue
+		}
 		if err != nil {
 			var me *MessageError
 			switch {
@@ -159,6 +174,9 @@ func (c *Conn) ReadMessage() (*Message, error) {
 			return fail(req, nil, "fds arrived with the payload, not the header")
 		}
 		got += n
+		if _, ok := c.interrupted(err, HeaderSize+got); ok {
+			continue // a message that began is finished
+		}
 		if err != nil {
 			var me *MessageError
 			switch {

@@ -36,6 +36,7 @@
 //
 // # Lock order
 //
-// Conn.callMu, then Conn.writeMu or Conn.readMu (never both at once).
-// ReadMessage may run concurrently with WriteMessage.
+// Conn.callMu, then Conn.writeMu or Conn.readMu (never both at once);
+// Conn.pauseMu is a leaf, taken under readMu or alone. ReadMessage may run
+// concurrently with WriteMessage, and Pause and Resume with both.
 package vhostuser

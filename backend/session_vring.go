@@ -1,0 +1,188 @@
+package backend
+
+import (
+	"fmt"
+
+	"github.com/vrdma/vrdma/internal/eventfd"
+	"github.com/vrdma/vrdma/memmap"
+	vu "github.com/vrdma/vrdma/virtio/vhostuser"
+)
+
+// The ring messages: SET_VRING_NUM/ADDR/BASE configure a stopped ring,
+// SET_VRING_KICK starts it, GET_VRING_BASE stops it, SET_VRING_CALL/ERR
+// set its notifiers and SET_VRING_ENABLE enables it (doc.go, "Ring state
+// machine").
+
+// vringState decodes a vring-state payload and finds its ring; with
+// stopped, the ring must not be running (configuration messages).
+func (s *session) vringState(req vu.Request, p []byte, stopped bool) (vu.VringState, *vring, error) {
+	st, err := vu.DecodeVringState(p)
+	if err != nil {
+		return st, nil, err
+	}
+	r, err := s.ring(st.Index)
+	if err != nil {
+		return st, nil, err
+	}
+	if stopped && r.started {
+		return st, nil, fmt.Errorf("ring %d: %s while started", st.Index, req)
+	}
+	return st, r, nil
+}
+
+func (s *session) setVringNum(p []byte) error {
+	st, r, err := s.vringState(vu.SetVringNum, p, true)
+	if err != nil {
+		return err
+	}
+	// "Queue Size value is always a power of 2. The maximum Queue Size
+	// value is 32768." Ours is also bounded by the device.
+	max := uint32(s.dev.MaxQueueSize())
+	if st.Num == 0 || st.Num > max || st.Num&(st.Num-1) != 0 {
+		return fmt.Errorf("ring %d: size %d is not a power of two in [1, %d]", st.Index, st.Num, max)
+	}
+	r.num = uint16(st.Num)
+	return nil
+}
+
+func (s *session) setVringAddr(p []byte) error {
+	a, err := vu.DecodeVringAddr(p)
+	if err != nil {
+		return err
+	}
+	r, err := s.ring(a.Index)
+	if err != nil {
+		return err
+	}
+	if a.Flags&vu.VringAddrFLog != 0 {
+		return fmt.Errorf("%w: dirty logging (migration) of ring %d", errUnsupported, a.Index)
+	}
+	if a.Flags != 0 {
+		return fmt.Errorf("ring %d: unknown address flags %#x", a.Index, a.Flags)
+	}
+	if r.started {
+		return fmt.Errorf("ring %d: SET_VRING_ADDR while started", a.Index)
+	}
+	r.desc, r.avail, r.used = memmap.UVA(a.Desc), memmap.UVA(a.Avail), memmap.UVA(a.Used)
+	r.addrSet = true
+	return nil
+}
+
+func (s *session) setVringBase(p []byte) error {
+	st, r, err := s.vringState(vu.SetVringBase, p, true)
+	if err != nil {
+		return err
+	}
+	// Split rings use the low 16 bits; anything above them is not an
+	// index this device can have produced.
+	if st.Num > 0xffff {
+		return fmt.Errorf("ring %d: base %#x out of range for a split ring", st.Index, st.Num)
+	}
+	// A non-zero base this session did not hand out means the driver ran
+	// before, against a back-end (or session) that is gone: the device's
+	// state is lost, and the device must tell the driver.
+	if st.Num != 0 && !(r.ours && uint16(st.Num) == r.base) {
+		s.resumed.Store(true)
+	}
+	r.base, r.ours = uint16(st.Num), false
+	return nil
+}
+
+func (s *session) getVringBase(p []byte) ([]byte, error) {
+	st, r, err := s.vringState(vu.GetVringBase, p, false)
+	if err != nil {
+		return nil, err
+	}
+	// "Stop the ring ... returns the next available index."
+	base := r.stop()
+	r.kick.Close()
+	r.kick = nil
+	return vu.VringState{Index: st.Index, Num: uint32(base)}.Encode(), nil
+}
+
+func (s *session) setVringFile(m *vu.Message) error {
+	u, err := vu.DecodeU64(m.Payload)
+	if err != nil {
+		return err
+	}
+	index, noFd, err := vu.DecodeVringFile(u)
+	if err != nil {
+		return err
+	}
+	r, err := s.ring(uint32(index))
+	if err != nil {
+		return err
+	}
+	var e *eventfd.EventFD
+	if !noFd {
+		fd, err := m.TakeFd(0)
+		if err != nil {
+			return err
+		}
+		if e, err = eventfd.FromFd(fd); err != nil {
+			return err
+		}
+	}
+	switch m.Req() {
+	case vu.SetVringKick:
+		if noFd {
+			return fmt.Errorf("%w: polled ring %d (no kick fd)", errUnsupported, index)
+		}
+		wasStarted := r.started
+		r.stop()
+		r.kick.Close()
+		r.kick = e
+		// "the ring is started upon receiving a kick": the worker starts
+		// now and its first kick (sent by start) looks for buffers.
+		if r.ready() {
+			r.start()
+		} else if wasStarted {
+			return fmt.Errorf("ring %d: kick set before size and addresses", index)
+		}
+	case vu.SetVringCall:
+		if e != nil && !s.interrupts(int(index)) {
+			// Checked above, and not kept: the device never interrupts
+			// this queue (Interrupter), and the descriptor would be one
+			// more per queue for nothing.
+			e.Close()
+			e = nil
+		}
+		r.q.mu.Lock()
+		old := r.call
+		r.call = e
+		r.q.mu.Unlock()
+		old.Close()
+	case vu.SetVringErr:
+		r.q.mu.Lock()
+		old := r.errfd
+		r.errfd = e
+		r.q.mu.Unlock()
+		old.Close()
+	}
+	return nil
+}
+
+// interrupts reports whether the device may interrupt the driver on queue
+// i (Interrupter; true for a device that does not say).
+func (s *session) interrupts(i int) bool {
+	in, ok := s.dev.(Interrupter)
+	return !ok || in.Interrupts(i)
+}
+
+func (s *session) setVringEnable(p []byte) error {
+	st, r, err := s.vringState(vu.SetVringEnable, p, false)
+	if err != nil {
+		return err
+	}
+	if s.features&vu.FeatureProtocolFeatures == 0 && !s.protocolSet {
+		return fmt.Errorf("%w: SET_VRING_ENABLE without protocol features", errUnsupported)
+	}
+	if st.Num > 1 {
+		return fmt.Errorf("ring %d: enable value %d is not 0 or 1", st.Index, st.Num)
+	}
+	r.enabled.Store(st.Num == 1)
+	if st.Num == 1 && r.started {
+		r.kick.Signal() // look for buffers made available while disabled
+	}
+	return nil
+}
