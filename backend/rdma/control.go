@@ -256,15 +256,44 @@ func (d *Device) withHandle(req []byte, fn func(h uint32) error) error {
 	return fn(h.Handle)
 }
 
-func (d *Device) createPD() (any, error) {
-	if uint32(d.eng.Count(engine.KindPD)) >= d.conf.MaxPD {
-		return nil, errStatus(abi.StatusNoResources)
+// newHandle draws a new handle of kind k (want 0: RNIC.NewHandle) or,
+// importing an object (state.go), takes the one it had: INVALID if want
+// is not a handle the device could have drawn or an object holds it.
+func (d *Device) newHandle(k engine.Kind, bits uint, want uint32) (uint32, error) {
+	if want == 0 {
+		h := d.eng.NewHandle(k, bits)
+		if h == 0 { // a QP number: none free
+			return 0, errStatus(abi.StatusNoResources)
+		}
+		return h, nil
 	}
-	h := d.eng.NewHandle(engine.KindPD, 32)
-	if d.eng.AddPD(h) == nil {
-		return nil, errStatus(abi.StatusNoResources) // the host NIC refused
+	if !d.eng.ClaimHandle(k, want, bits) {
+		return 0, errStatus(abi.StatusInvalid)
+	}
+	return want, nil
+}
+
+func (d *Device) createPD() (any, error) {
+	h, err := d.addPD(0)
+	if err != nil {
+		return nil, err
 	}
 	return &abi.Handle{Handle: h}, nil
+}
+
+// addPD makes a PD with handle want (0: a new one).
+func (d *Device) addPD(want uint32) (uint32, error) {
+	if uint32(d.eng.Count(engine.KindPD)) >= d.conf.MaxPD {
+		return 0, errStatus(abi.StatusNoResources)
+	}
+	h, err := d.newHandle(engine.KindPD, 32, want)
+	if err != nil {
+		return 0, err
+	}
+	if d.eng.AddPD(h) == nil {
+		return 0, errStatus(abi.StatusNoResources) // the host NIC refused
+	}
+	return h, nil
 }
 
 func (d *Device) destroyPD(h uint32) error {
@@ -287,28 +316,46 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 		return nil, errStatus(abi.StatusInvalid)
 	}
 	if m.Flags&abi.RegMRFlagDMA != 0 {
-		return d.regDMAMR(&m, inline)
+		return d.regDMAMR(&m, inline, 0)
 	}
-	switch {
-	case m.PageShift < abi.PageShift || m.PageShift > abi.MaxPageShift:
-		return nil, errStatus(abi.StatusInvalid)
-	case !d.eng.HasPD(m.PDN):
-		return nil, errStatus(abi.StatusNotFound)
-	case m.Access&^d.mrAccess() != 0:
-		return nil, errStatus(abi.StatusInvalid)
-	case m.Access&(abi.AccessRemoteWrite|abi.AccessRemoteAtomic) != 0 && m.Access&abi.AccessLocalWrite == 0:
-		return nil, errStatus(abi.StatusInvalid)
-	case m.Length == 0 || m.Length > d.conf.MaxMRSize || m.IOVA+m.Length < m.IOVA:
-		return nil, errStatus(abi.StatusInvalid)
-	case uint64(m.NPages) != pagesOf(m.IOVA&(1<<m.PageShift-1)+m.Length, uint(m.PageShift)):
-		return nil, errStatus(abi.StatusInvalid)
-	case uint32(d.eng.Count(engine.KindMR)) >= d.conf.MaxMR:
-		return nil, errStatus(abi.StatusNoResources)
+	if err := d.checkRegMR(&m); err != nil {
+		return nil, err
 	}
 	pages, err := pageList(t, inline, m.PageList, m.NPages, uint(m.PageShift))
 	if err != nil {
 		return nil, err
 	}
+	mr, err := d.addMR(t, &m, pages, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &abi.MRKeys{LKey: mr.Key, RKey: mr.RKey}, nil
+}
+
+// checkRegMR validates a REG_MR request (not DMA) but its page list.
+func (d *Device) checkRegMR(m *abi.RegMR) error {
+	switch {
+	case m.PageShift < abi.PageShift || m.PageShift > abi.MaxPageShift:
+		return errStatus(abi.StatusInvalid)
+	case !d.eng.HasPD(m.PDN):
+		return errStatus(abi.StatusNotFound)
+	case m.Access&^d.mrAccess() != 0:
+		return errStatus(abi.StatusInvalid)
+	case m.Access&(abi.AccessRemoteWrite|abi.AccessRemoteAtomic) != 0 && m.Access&abi.AccessLocalWrite == 0:
+		return errStatus(abi.StatusInvalid)
+	case m.Length == 0 || m.Length > d.conf.MaxMRSize || m.IOVA+m.Length < m.IOVA:
+		return errStatus(abi.StatusInvalid)
+	case uint64(m.NPages) != pagesOf(m.IOVA&(1<<m.PageShift-1)+m.Length, uint(m.PageShift)):
+		return errStatus(abi.StatusInvalid)
+	case uint32(d.eng.Count(engine.KindMR)) >= d.conf.MaxMR:
+		return errStatus(abi.StatusNoResources)
+	}
+	return nil
+}
+
+// addMR builds the MR a checked REG_MR request and its page list name,
+// pins its pages and adds it with key want (0: a new key).
+func (d *Device) addMR(t *memmap.Table, m *abi.RegMR, pages []abi.GPA, want uint32) (*engine.MR, error) {
 	// The MR's bytes as contiguous runs (one for contiguous memory, however
 	// large its pages); the device pins the 4 KiB pages holding them.
 	mr := engine.NewMR(0, m.PDN, m.Access, m.IOVA, m.Length, pages, uint(m.PageShift))
@@ -328,8 +375,12 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 			return nil, errStatus(abi.StatusNoResources)
 		}
 	} else {
-		mr.Key = d.eng.NewHandle(engine.KindMR, 32)
-		mr.RKey = mr.Key
+		key, err := d.newHandle(engine.KindMR, 32, want)
+		if err != nil {
+			d.unpinMR(mr)
+			return nil, err
+		}
+		mr.Key, mr.RKey = key, key
 	}
 	if err := d.eng.AddMR(mr); err != nil { // the PD was checked under d.mu
 		mr.ReleaseNIC()
@@ -337,7 +388,7 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 		return nil, errStatus(abi.StatusNotFound)
 	}
 	r.mrExtents += mr.NumExtents()
-	return &abi.MRKeys{LKey: mr.Key, RKey: mr.RKey}, nil
+	return mr, nil
 }
 
 // regDMAMR registers a DMA MR (docs/spec.md § Kernel verbs and the GSI
@@ -345,7 +396,8 @@ func (d *Device) regMR(req []byte, t *memmap.Table) (any, error) {
 // is 0 or LOCAL_WRITE (INVALID otherwise)"; it "pins nothing", "counts
 // against max_mr" and names its PD as any MR. A host NIC's device has no
 // device_caps GSI and answers UNSUPPORTED.
-func (d *Device) regDMAMR(m *abi.RegMR, inline []byte) (any, error) {
+// want is the key of an imported MR (0: a new one).
+func (d *Device) regDMAMR(m *abi.RegMR, inline []byte, want uint32) (any, error) {
 	switch {
 	case d.eng.NIC() != nil:
 		return nil, errStatus(abi.StatusUnsupported)
@@ -358,7 +410,11 @@ func (d *Device) regDMAMR(m *abi.RegMR, inline []byte) (any, error) {
 	case uint32(d.eng.Count(engine.KindMR)) >= d.conf.MaxMR:
 		return nil, errStatus(abi.StatusNoResources)
 	}
-	mr := engine.NewDMAMR(d.eng.NewHandle(engine.KindMR, 32), m.PDN, m.Access)
+	key, err := d.newHandle(engine.KindMR, 32, want)
+	if err != nil {
+		return nil, err
+	}
+	mr := engine.NewDMAMR(key, m.PDN, m.Access)
 	mr.RKey = mr.Key
 	if err := d.eng.AddMR(mr); err != nil { // the PD was checked under d.mu
 		return nil, errStatus(abi.StatusNotFound)
@@ -390,23 +446,47 @@ func (d *Device) createCQ(req []byte, t *memmap.Table) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case c.Reserved != 0 || c.Flags&^abi.CQFlagArmRecord != 0 || !isPow2(c.CQE) || c.CQE > d.conf.MaxCQE:
-		return nil, errStatus(abi.StatusInvalid)
-	case uint64(c.NPages) != pagesFor(uint64(c.CQE)*abi.CQESize):
-		return nil, errStatus(abi.StatusInvalid)
-	case uint32(d.eng.Count(engine.KindCQ)) >= d.conf.MaxCQ:
-		return nil, errStatus(abi.StatusNoResources)
+	if err := d.checkCreateCQ(&c); err != nil {
+		return nil, err
 	}
 	pages, err := pageList(t, inline, c.PageList, c.NPages, abi.PageShift)
 	if err != nil {
 		return nil, err
 	}
+	cq, err := d.addCQ(t, &c, pages, 0, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &abi.Handle{Handle: cq.Num}, nil
+}
+
+// checkCreateCQ validates a CREATE_CQ request but its page list.
+func (d *Device) checkCreateCQ(c *abi.CreateCQ) error {
+	switch {
+	case c.Reserved != 0 || c.Flags&^abi.CQFlagArmRecord != 0 || !isPow2(c.CQE) || c.CQE > d.conf.MaxCQE:
+		return errStatus(abi.StatusInvalid)
+	case uint64(c.NPages) != pagesFor(uint64(c.CQE)*abi.CQESize):
+		return errStatus(abi.StatusInvalid)
+	case uint32(d.eng.Count(engine.KindCQ)) >= d.conf.MaxCQ:
+		return errStatus(abi.StatusNoResources)
+	}
+	return nil
+}
+
+// addCQ builds the CQ a checked CREATE_CQ request and its page list name,
+// pins its ring and record and adds it with handle want (0: a new one).
+// st is an imported CQ's state (nil: a new CQ, which reads its record's
+// arm word).
+func (d *Device) addCQ(t *memmap.Table, c *abi.CreateCQ, pages []abi.GPA, want uint32, st *engine.CQState) (*engine.CQ, error) {
 	armRecord := c.Flags&abi.CQFlagArmRecord != 0
 	if err := d.pinRing(t, pages, c.Record, engine.CQRecordSize(armRecord)); err != nil {
 		return nil, err
 	}
-	h := d.eng.NewHandle(engine.KindCQ, 32)
+	h, err := d.newHandle(engine.KindCQ, 32, want)
+	if err != nil {
+		d.unpinRing(pages)
+		return nil, err
+	}
 	cq := &engine.CQ{
 		Num:       h,
 		Dev:       d.eng,
@@ -419,9 +499,14 @@ func (d *Device) createCQ(req []byte, t *memmap.Table) (any, error) {
 		d.log.WithError(err).Warn("CREATE_CQ: host NIC")
 		return nil, errStatus(abi.StatusNoResources)
 	}
-	cq.InitArm(t)
+	if st == nil {
+		cq.InitArm(t)
+	} else if err := cq.ImportState(*st); err != nil { // no host NIC: ImportState refuses one
+		d.unpinCQ(cq)
+		return nil, err
+	}
 	d.eng.AddCQ(cq)
-	return &abi.Handle{Handle: h}, nil
+	return cq, nil
 }
 
 func (d *Device) destroyCQ(h uint32) error {
@@ -434,45 +519,6 @@ func (d *Device) destroyCQ(h uint32) error {
 	}
 	d.eng.RemoveCQ(h)
 	d.unpinCQ(cq)
-	return nil
-}
-
-func (d *Device) createAH(req []byte) (any, error) {
-	var c abi.CreateAH
-	if _, err := decode(req, &c, false); err != nil {
-		return nil, err
-	}
-	switch {
-	case c.Reserved != 0 || c.PortNum != 1 || c.SGIDIndex >= abi.GIDTableLen:
-		return nil, errStatus(abi.StatusInvalid)
-	case !d.hasGID(c.SGIDIndex):
-		return nil, errStatus(abi.StatusInvalid)
-	case !d.eng.HasPD(c.PDN):
-		return nil, errStatus(abi.StatusNotFound)
-	case uint32(d.eng.Count(engine.KindAH)) >= d.conf.MaxAH:
-		return nil, errStatus(abi.StatusNoResources)
-	}
-	sgid, err := d.eng.ResolveAH(c.SGIDIndex, c.DGID)
-	switch {
-	case errors.Is(err, engine.ErrRemoteAH):
-		// "When the daemon's network does not carry UD, CREATE_AH
-		// answers UNSUPPORTED rather than making an AH whose datagrams
-		// would vanish."
-		return nil, errStatus(abi.StatusUnsupported)
-	case err != nil:
-		return nil, errStatus(abi.StatusInvalid)
-	}
-	h := d.eng.NewHandle(engine.KindAH, 32)
-	if err := d.eng.AddAH(&engine.AH{Num: h, PD: c.PDN, DGID: c.DGID, SGID: sgid}); err != nil {
-		return nil, errStatus(abi.StatusNotFound)
-	}
-	return &abi.Handle{Handle: h}, nil
-}
-
-func (d *Device) destroyAH(h uint32) error {
-	if d.eng.RemoveAH(h) == nil {
-		return errStatus(abi.StatusNotFound)
-	}
 	return nil
 }
 

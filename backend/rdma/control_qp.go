@@ -51,6 +51,22 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := d.checkCreateQP(&c); err != nil {
+		return nil, err
+	}
+	pages, err := pageList(t, inline, c.PageList, c.SQNPages+c.RQNPages, abi.PageShift)
+	if err != nil {
+		return nil, err
+	}
+	qp, err := d.addQP(t, &c, pages, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &abi.Handle{Handle: qp.Num}, nil
+}
+
+// checkCreateQP validates a CREATE_QP request but its page list.
+func (d *Device) checkCreateQP(c *abi.CreateQP) error {
 	scq, rcq := d.eng.LookupCQ(c.SendCQN), d.eng.LookupCQ(c.RecvCQN)
 	l := &d.conf
 	withSRQ := c.Flags&abi.QPFlagSRQ != 0
@@ -60,71 +76,83 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 	ud := c.QPType == abi.QPTypeUD || gsi
 	nic := d.eng.NIC() != nil
 	sqStride, rqStride := uint64(1)<<(c.SQWQEShift&31), uint64(1)<<(c.RQWQEShift&31)
-	var srq *engine.SRQ
 	switch {
 	case c.Flags&^uint32(abi.QPFlagRQNotify|abi.QPFlagSRQ) != 0 || c.SQSigAll > 1 || c.Reserved != 0:
-		return nil, errStatus(abi.StatusInvalid)
+		return errStatus(abi.StatusInvalid)
 	case !withSRQ && c.SRQN != 0:
-		return nil, errStatus(abi.StatusInvalid)
+		return errStatus(abi.StatusInvalid)
 	case withSRQ && (c.MaxRecvWR != 0 || c.MaxRecvSGE != 0 || c.RQWQEShift != 0 || c.RQNPages != 0):
-		return nil, errStatus(abi.StatusInvalid) // "0 with SRQ"
+		return errStatus(abi.StatusInvalid) // "0 with SRQ"
 	case c.QPType != abi.QPTypeRC && !ud:
-		return nil, errStatus(abi.StatusUnsupported)
+		return errStatus(abi.StatusUnsupported)
 	case nic && (ud || withSRQ):
 		// "CREATE_SRQ and CREATE_QP of a UD or GSI QP answer
 		// UNSUPPORTED on such a device"; so does a QP naming an SRQ it
 		// cannot have.
-		return nil, errStatus(abi.StatusUnsupported)
+		return errStatus(abi.StatusUnsupported)
 	case !d.eng.HasPD(c.PDN) || scq == nil || rcq == nil:
-		return nil, errStatus(abi.StatusNotFound)
+		return errStatus(abi.StatusNotFound)
 	}
 	if withSRQ {
-		if srq = d.eng.LookupSRQ(c.SRQN); srq == nil {
-			return nil, errStatus(abi.StatusNotFound)
+		if d.eng.LookupSRQ(c.SRQN) == nil {
+			return errStatus(abi.StatusNotFound)
 		}
 	} else {
 		switch {
 		case !isPow2(c.MaxRecvWR) || c.MaxRecvWR > l.MaxQPWR || c.MaxRecvSGE == 0 || c.MaxRecvSGE > l.MaxSGE:
-			return nil, errStatus(abi.StatusInvalid)
+			return errStatus(abi.StatusInvalid)
 		case c.RQWQEShift < abi.MinRQWQEShift || c.RQWQEShift > abi.MaxWQEShift ||
 			rqStride < abi.RecvWQEHdrSize+abi.SGESize*uint64(c.MaxRecvSGE):
-			return nil, errStatus(abi.StatusInvalid)
+			return errStatus(abi.StatusInvalid)
 		case uint64(c.RQNPages) != pagesFor(uint64(c.MaxRecvWR)*rqStride):
-			return nil, errStatus(abi.StatusInvalid)
+			return errStatus(abi.StatusInvalid)
 		}
 	}
 	switch {
 	case !isPow2(c.MaxSendWR) || c.MaxSendWR > l.MaxQPWR:
-		return nil, errStatus(abi.StatusInvalid)
+		return errStatus(abi.StatusInvalid)
 	case c.MaxSendSGE == 0 || c.MaxSendSGE > l.MaxSGE:
-		return nil, errStatus(abi.StatusInvalid)
+		return errStatus(abi.StatusInvalid)
 	case c.MaxInlineData > l.MaxInlineData || (ud && uint64(c.MaxInlineData) > mtuBytes(l.ActiveMTU)):
-		return nil, errStatus(abi.StatusInvalid)
+		return errStatus(abi.StatusInvalid)
 	case c.SQWQEShift < abi.MinSQWQEShift || c.SQWQEShift > abi.MaxWQEShift:
-		return nil, errStatus(abi.StatusInvalid)
+		return errStatus(abi.StatusInvalid)
 	case sqStride < abi.SendWQEHdrSize+abi.SGESize*uint64(c.MaxSendSGE) ||
 		sqStride < abi.SendWQEHdrSize+uint64(c.MaxInlineData):
-		return nil, errStatus(abi.StatusInvalid)
+		return errStatus(abi.StatusInvalid)
 	case c.DoorbellQueue >= l.NumDoorbellQueues:
-		return nil, errStatus(abi.StatusInvalid)
+		return errStatus(abi.StatusInvalid)
 	case uint64(c.SQNPages) != pagesFor(uint64(c.MaxSendWR)*sqStride):
-		return nil, errStatus(abi.StatusInvalid)
+		return errStatus(abi.StatusInvalid)
 	case gsi && d.eng.GSI() != nil:
 		// "A device has at most one: CREATE_QP of a GSI QP while one
 		// exists is BUSY" (AddQP checks it again under its lock).
-		return nil, errStatus(abi.StatusBusy)
+		return errStatus(abi.StatusBusy)
 	case uint32(d.eng.Count(engine.KindQP)) >= l.MaxQP:
-		return nil, errStatus(abi.StatusNoResources)
+		return errStatus(abi.StatusNoResources)
 	}
-	pages, err := pageList(t, inline, c.PageList, c.SQNPages+c.RQNPages, abi.PageShift)
-	if err != nil {
-		return nil, err
+	return nil
+}
+
+// addQP builds the QP a checked CREATE_QP request and its page list name,
+// pins its rings and record and adds it with number want (0: a new one).
+// An imported QP (want not 0) keeps its record as it is.
+func (d *Device) addQP(t *memmap.Table, c *abi.CreateQP, pages []abi.GPA, want uint32) (*engine.QP, error) {
+	scq, rcq := d.eng.LookupCQ(c.SendCQN), d.eng.LookupCQ(c.RecvCQN)
+	var srq *engine.SRQ
+	if c.Flags&abi.QPFlagSRQ != 0 {
+		srq = d.eng.LookupSRQ(c.SRQN)
 	}
+	gsi := c.QPType == abi.QPTypeGSI
+	ud := c.QPType == abi.QPTypeUD || gsi
+	nic := d.eng.NIC() != nil
+	sqStride, rqStride := uint64(1)<<(c.SQWQEShift&31), uint64(1)<<(c.RQWQEShift&31)
 	rqNotify := c.Flags&abi.QPFlagRQNotify != 0
 	h := uint32(0) // a host NIC's QP takes the NIC's number
 	if !nic {
-		if h = d.eng.NewHandle(engine.KindQP, qpnBits); h == 0 { // reserved on the fabric
-			return nil, errStatus(abi.StatusNoResources)
+		var err error
+		if h, err = d.newHandle(engine.KindQP, qpnBits, want); err != nil { // reserved on the fabric
+			return nil, err
 		}
 	}
 	if err := d.pinRing(t, pages, c.Record, engine.QPRecordSize(rqNotify)); err != nil {
@@ -159,7 +187,9 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 			return nil, errStatus(abi.StatusNoResources)
 		}
 	}
-	qp.InitRecord(t)
+	if want == 0 {
+		qp.InitRecord(t)
+	}
 	if err := d.eng.AddQP(qp); err != nil { // the PD and the GSI QP were checked under d.mu
 		qp.ReleaseNIC()
 		d.eng.ReleaseQPN(h)
@@ -169,7 +199,7 @@ func (d *Device) createQP(req []byte, t *memmap.Table) (any, error) {
 		}
 		return nil, errStatus(abi.StatusNotFound)
 	}
-	return &abi.Handle{Handle: qp.Num}, nil
+	return qp, nil
 }
 
 // mtuBytes is an ibv_mtu value in bytes.

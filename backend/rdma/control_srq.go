@@ -18,38 +18,64 @@ func (d *Device) createSRQ(req []byte, t *memmap.Table) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &d.conf
-	stride := uint64(1) << (c.WQEShift & 31)
-	switch {
-	case c.Reserved != 0:
-		return nil, errStatus(abi.StatusInvalid)
-	case d.eng.NIC() != nil:
-		// "On a device whose RNIC is a host NIC, CREATE_SRQ is
-		// UNSUPPORTED in this revision."
-		return nil, errStatus(abi.StatusUnsupported)
-	case !d.eng.HasPD(c.PDN):
-		return nil, errStatus(abi.StatusNotFound)
-	case !isPow2(c.MaxWR) || c.MaxWR > l.MaxQPWR || c.MaxSGE == 0 || c.MaxSGE > l.MaxSGE || c.SRQLimit > c.MaxWR:
-		return nil, errStatus(abi.StatusInvalid)
-	case c.WQEShift < abi.MinRQWQEShift || c.WQEShift > abi.MaxWQEShift ||
-		stride < abi.RecvWQEHdrSize+abi.SGESize*uint64(c.MaxSGE):
-		return nil, errStatus(abi.StatusInvalid)
-	case c.DoorbellQueue >= l.NumDoorbellQueues:
-		return nil, errStatus(abi.StatusInvalid)
-	case uint64(c.NPages) != pagesFor(uint64(c.MaxWR)*stride):
-		return nil, errStatus(abi.StatusInvalid)
-	case uint32(d.eng.Count(engine.KindSRQ)) >= l.MaxSRQ:
-		return nil, errStatus(abi.StatusNoResources)
+	if err := d.checkCreateSRQ(&c); err != nil {
+		return nil, err
 	}
 	pages, err := pageList(t, inline, c.PageList, c.NPages, abi.PageShift)
 	if err != nil {
 		return nil, err
 	}
+	s, err := d.addSRQ(t, &c, pages, 0, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &abi.Handle{Handle: s.Num}, nil
+}
+
+// checkCreateSRQ validates a CREATE_SRQ request but its page list.
+func (d *Device) checkCreateSRQ(c *abi.CreateSRQ) error {
+	l := &d.conf
+	stride := uint64(1) << (c.WQEShift & 31)
+	switch {
+	case c.Reserved != 0:
+		return errStatus(abi.StatusInvalid)
+	case d.eng.NIC() != nil:
+		// "On a device whose RNIC is a host NIC, CREATE_SRQ is
+		// UNSUPPORTED in this revision."
+		return errStatus(abi.StatusUnsupported)
+	case !d.eng.HasPD(c.PDN):
+		return errStatus(abi.StatusNotFound)
+	case !isPow2(c.MaxWR) || c.MaxWR > l.MaxQPWR || c.MaxSGE == 0 || c.MaxSGE > l.MaxSGE || c.SRQLimit > c.MaxWR:
+		return errStatus(abi.StatusInvalid)
+	case c.WQEShift < abi.MinRQWQEShift || c.WQEShift > abi.MaxWQEShift ||
+		stride < abi.RecvWQEHdrSize+abi.SGESize*uint64(c.MaxSGE):
+		return errStatus(abi.StatusInvalid)
+	case c.DoorbellQueue >= l.NumDoorbellQueues:
+		return errStatus(abi.StatusInvalid)
+	case uint64(c.NPages) != pagesFor(uint64(c.MaxWR)*stride):
+		return errStatus(abi.StatusInvalid)
+	case uint32(d.eng.Count(engine.KindSRQ)) >= l.MaxSRQ:
+		return errStatus(abi.StatusNoResources)
+	}
+	return nil
+}
+
+// addSRQ builds the SRQ a checked CREATE_SRQ request and its page list
+// name, pins its ring and record and adds it with handle want (0: a new
+// one). st is an imported SRQ's state (nil: a new SRQ, whose record's
+// notify word is cleared).
+func (d *Device) addSRQ(t *memmap.Table, c *abi.CreateSRQ, pages []abi.GPA, want uint32, st *engine.SRQState) (*engine.SRQ, error) {
+	stride := uint64(1) << (c.WQEShift & 31)
 	if err := d.pinRing(t, pages, c.Record, abi.SRQRecordSize); err != nil {
 		return nil, err
 	}
+	h, err := d.newHandle(engine.KindSRQ, 32, want)
+	if err != nil {
+		d.unpinRing(pages)
+		return nil, err
+	}
 	s := &engine.SRQ{
-		Num:           d.eng.NewHandle(engine.KindSRQ, 32),
+		Num:           h,
 		PD:            c.PDN,
 		Dev:           d.eng,
 		Ring:          engine.Ring{Pages: pages, Depth: c.MaxWR, Stride: uint32(stride)},
@@ -57,13 +83,18 @@ func (d *Device) createSRQ(req []byte, t *memmap.Table) (any, error) {
 		MaxSGE:        c.MaxSGE,
 		DoorbellQueue: int(c.DoorbellQueue),
 	}
-	s.InitRecord(t)
-	s.SetLimit(c.SRQLimit)
+	if st == nil {
+		s.InitRecord(t)
+		s.SetLimit(c.SRQLimit)
+	} else if err := s.ImportState(*st); err != nil {
+		d.unpinSRQ(s)
+		return nil, err
+	}
 	if err := d.eng.AddSRQ(s); err != nil { // the PD was checked under d.mu
 		d.unpinSRQ(s)
 		return nil, errStatus(abi.StatusNotFound)
 	}
-	return &abi.Handle{Handle: s.Num}, nil
+	return s, nil
 }
 
 func (d *Device) modifySRQ(req []byte) error {

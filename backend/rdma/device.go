@@ -127,6 +127,13 @@ type Device struct {
 	commands atomic.Uint64
 	errors   atomic.Uint64
 
+	// quiesced: no engine pass runs on the doorbell queues until
+	// Unquiesce (quiesce.go); set under mu, read by the visits.
+	quiesced atomic.Bool
+	// imported is what ImportState left for FinishImport (protected by
+	// mu; nil otherwise).
+	imported *imported
+
 	share atomic.Pointer[Share] // never nil
 
 	// Command rate limit; protected by the control queue's lock.

@@ -44,4 +44,30 @@
 // ADD_MEM_REG or REM_MEM_REG neither drops them nor lets the object's
 // DEREG_MR or DESTROY unpin pages another object holds. The data path
 // translates through the current table, as before.
+//
+// Live upgrade (state.go, state_import.go, quiesce.go): a running vrdmad
+// hands each device to a new process and the guest cannot tell. Quiesce
+// stops the device's doorbell visits (a visit that finds the device
+// quiesced only marks its queue; Unquiesce polls every queue once) and
+// publishes what the engine published lazily; ExportState writes the
+// device's objects as DeviceState: every object as the parameters of the
+// command that created it, plus the engine's state of it (engine/state.go).
+// ImportState, in the new process, rebuilds them through the same
+// functions that build them for a guest's command (checkRegMR/addMR,
+// checkCreateCQ/addCQ, checkCreateSRQ/addSRQ, checkCreateQP/addQP, addAH,
+// addPD), with the handles they had (newHandle: engine.RNIC.ClaimHandle),
+// so a state is validated exactly as a guest's commands are; it pins the
+// pages again in this process (the old process keeps its own pins until
+// it exits), registers QP numbers and the GID table on the new fabric,
+// leaves every record in guest memory as it is, and on any error destroys
+// what it made (destroyAll). FinishImport resolves same-host RC peers by
+// dgid once every device is imported, and attaches UD QPs to the network
+// again. Transferred: PDs, MRs (DMA MRs too), AHs, CQs (pi, arm state,
+// overrun), SRQs (ci, limit), RC and UD QPs whose peers are on this host,
+// the GSI QP, the GID table, the handle sequence and the counters. Refused
+// with ErrNotTransferable: a QP connected over the network (its rc.Conn
+// state is not carried yet), memory windows and ALLOC_MR MRs (their
+// bindings and fast registrations are not carried yet), a device on a host
+// NIC (the NIC's objects belong to the old process). Not carried: the map
+// cache of pins released but kept (the new pinner starts empty).
 package rdma

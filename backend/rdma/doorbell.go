@@ -2,6 +2,8 @@ package rdma
 
 import (
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vrdma/vrdma/backend"
@@ -24,6 +26,12 @@ type doorbell struct {
 	dbq  int
 	q    *backend.Queue // immutable while attached
 	task *sched.Task
+
+	// visitMu is held for a whole visit: Quiesce takes it to wait out
+	// the visit in progress. missed: a visit found the device quiesced
+	// (a kick or wake to serve at Unquiesce).
+	visitMu sync.Mutex
+	missed  atomic.Bool
 
 	// Owned by the visiting worker (the pool visits a task with one
 	// worker at a time).
@@ -95,6 +103,12 @@ func (d *Device) wakeDoorbell(dbq int) {
 // b and decides whether the task wants another turn (work found, or
 // spinning for the driver's next post) or sleeps.
 func (db *doorbell) visit(b *sched.Budget) sched.Next {
+	db.visitMu.Lock()
+	defer db.visitMu.Unlock()
+	if db.d.quiesced.Load() {
+		db.missed.Store(true)
+		return sched.Next{}
+	}
 	var next sched.Next
 	err := db.q.Run(func(q *backend.Queue) error {
 		next = db.poll(q, b)

@@ -118,6 +118,26 @@
 // error is detected, never on a successful completion: a QP's counters
 // are allocated by its first error.
 //
+// # Handing a device over to another process
+//
+// A live upgrade of vrdmad moves every object to a new process
+// (state.go). The control path rebuilds each object there with the handle
+// it had (ClaimHandle) and gives it the engine's state of it: a CQ's pi,
+// written count, ci_seen, arm state and overrun (CQState); an SRQ's ci,
+// limit, stopped state and notify word (SRQState); a QP's attributes
+// (state, PSNs, …), sgid, lost-peer and RETRY_EXC flush state, sq_ci,
+// rq_ci, rnrTries, the rq_notify word, QP_LAST_WQE_REACHED and an SRQ WQE
+// it stashed, and its error counters (QPState). The export runs with no
+// pass on the device (Quiesced publishes what was lazy first), the import
+// before any. Not carried: the scratch of an RNR wait (the head WQE is
+// still in the ring at sq_ci and is read again), the RNR deadline (the
+// WQE is retried at once, rnrTries kept), the waiter lists of RQs and SRQs
+// (their requesters retry at once and wait again), the key cache. The peer
+// of an RC QP is resolved again by dgid once every device is imported
+// (ResolvePeers); a UD QP attached to the network is attached again
+// (ReattachUD). A network QP (rc.Conn), memory windows and ALLOC_MR MRs
+// are not transferable yet (Transferable says which).
+//
 // Non-goals: the control commands and their validation (backend/rdma),
 // doorbell-queue notification suppression and the worker loop (the caller
 // of Poll), SRQs, UD, the GSI QP or DMA MRs on a host NIC, the wire protocol
