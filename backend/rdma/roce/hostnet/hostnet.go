@@ -13,15 +13,24 @@
 // device's addresses of the QP's family (the source GID's first) to the
 // peer's addresses.
 //
+// A live upgrade of vrdmad hands the network over to the new process
+// (handover.go): Freeze stops every endpoint (datagrams wait in the
+// sockets) and returns the endpoints' addresses with duplicates of their
+// sockets; the new process's Adopt serves the same sockets, frozen until
+// its Thaw (after the handover is committed, so that a refused handover
+// leaves everything to the old process). A plain RoCEv2 connection is
+// carried as an rc.ConnState (FreezeConn, Restore); a sprayed one cannot be
+// yet (ErrNotTransferable).
+//
 // Non-goals: routing and ECMP (the kernel's and the fabric's), source
-// ports per path (paths differ by address pair; see package spray).
+// ports per path (paths differ by address pair; see package spray),
+// carrying multipath (spray) connections across a handover.
 package hostnet
 
 import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sort"
 	"sync"
 
 	"github.com/vrdma/vrdma/backend/rdma/roce"
@@ -48,9 +57,10 @@ type Network struct {
 	tmpl  udp.Config // immutable: every endpoint's configuration but Addr
 	paths int        // immutable: a QP's paths when it does not say
 
-	mu   sync.Mutex
-	eps  map[netip.Addr]*udp.Endpoint // protected by mu
-	pmtu map[netip.Addr]roce.MTU      // protected by mu: the largest path MTU of each endpoint's link
+	mu     sync.Mutex
+	eps    map[netip.Addr]*udp.Endpoint // protected by mu
+	pmtu   map[netip.Addr]roce.MTU      // protected by mu: the largest path MTU of each endpoint's link
+	frozen bool                         // protected by mu: Freeze or Adopt without Thaw since; new endpoints start frozen
 }
 
 // New returns a network with no endpoint; tmpl configures the endpoints
@@ -69,7 +79,9 @@ func New(tmpl udp.Config, paths int) (*Network, error) {
 // Paths returns the default paths of a QP.
 func (n *Network) Paths() int { return n.paths }
 
-// Listen opens the endpoint of addr, or returns the one already open.
+// Listen opens the endpoint of addr, or returns the one already open. On a
+// frozen network (Freeze, Adopt) the new endpoint is frozen too, until
+// Thaw.
 func (n *Network) Listen(addr netip.Addr) (*udp.Endpoint, error) {
 	addr = addr.Unmap()
 	n.mu.Lock()
@@ -83,6 +95,9 @@ func (n *Network) Listen(addr netip.Addr) (*udp.Endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
+	if n.frozen {
+		_ = e.Freeze() // cannot fail: e is open
+	}
 	n.eps[addr] = e
 	n.pmtu[addr] = udp.LinkPMTU(addr)
 	return e, nil
@@ -92,12 +107,7 @@ func (n *Network) Listen(addr netip.Addr) (*udp.Endpoint, error) {
 func (n *Network) Endpoints() []*udp.Endpoint {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	es := make([]*udp.Endpoint, 0, len(n.eps))
-	for _, e := range n.eps {
-		es = append(es, e)
-	}
-	sort.Slice(es, func(i, j int) bool { return es[i].LocalAddr().Addr().Less(es[j].LocalAddr().Addr()) })
-	return es
+	return n.sortedLocked()
 }
 
 // Connect makes a QP in RTR connected from the host address of sgid to

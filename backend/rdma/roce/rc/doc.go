@@ -90,6 +90,22 @@
 // dropped or NAKed; they change nothing outside this QP. A response can
 // only complete what was sent: its PSN must lie in [una-1, high).
 //
+// # Handover (state.go, restore.go)
+//
+// A QP's state can be taken out as data and taken up by another process
+// (live upgrade of vrdmad): Freeze stops the QP (nothing sent or received,
+// Post and Start fail with ErrFrozen; Thaw undoes it) and returns a
+// ConnState — attributes, the requester's PSNs and outstanding work
+// requests, the responder's expected PSN, MSN, message in progress,
+// queued responses and replay cache. Restore validates it as hostile
+// input and rebuilds the QP: local memory through the Host (a Rebuilder),
+// remote regions through Host.Resolve; the requester goes back to its
+// oldest unacknowledged PSN (go-back-N, as after a timeout) and the
+// responder re-acknowledges its last PSN, so the peer sees only duplicates.
+// The congestion window, retry counts, timers and counters start afresh.
+// Freezer is what a transport that can be carried implements (*QP and
+// package udp's Conn; the spray transport does not).
+//
 // # Concurrency
 //
 // All methods are safe for concurrent use and take QP.mu, the only lock;

@@ -53,6 +53,7 @@ type QP struct {
 	err     bool      // protected by mu: the QP is in the error state
 	closed  bool      // protected by mu
 	started bool      // protected by mu: Start ran (RTS); Post works
+	frozen  bool      // protected by mu: Freeze ran, Thaw not yet: nothing is sent or received
 	pkt     []byte    // protected by mu: the packet being built
 	data    []byte    // protected by mu: gathered payload (without an InPlacePort)
 	room    []byte    // protected by mu: the InPlacePort's room for the packet being built
@@ -104,6 +105,9 @@ func (q *QP) Start(cfg Config) error {
 	if q.err || q.closed || q.started {
 		return ErrState
 	}
+	if q.frozen {
+		return ErrFrozen
+	}
 	c := q.cfg
 	c.SQPSN, c.Timeout, c.RetryCnt, c.RNRRetry, c.MaxRdAtomic = cfg.SQPSN, cfg.Timeout, cfg.RetryCnt, cfg.RNRRetry, cfg.MaxRdAtomic
 	if err := c.fill(); err != nil {
@@ -141,7 +145,8 @@ func (q *QP) Err() bool {
 }
 
 // Post queues a send work request and starts sending it. It returns
-// ErrQueueFull, ErrState or a *WRError without queueing anything.
+// ErrQueueFull, ErrState, ErrFrozen (until Thaw) or a *WRError without
+// queueing anything.
 func (q *QP) Post(wr SendWR) error {
 	if !wr.Opcode.Valid() {
 		return &WRError{ID: wr.ID, Reason: "opcode " + wr.Opcode.String()}
@@ -158,6 +163,10 @@ func (q *QP) Post(wr SendWR) error {
 	if q.err || q.closed || !q.started {
 		q.mu.Unlock()
 		return ErrState
+	}
+	if q.frozen {
+		q.mu.Unlock()
+		return ErrFrozen
 	}
 	if !q.req.push(wr) {
 		q.mu.Unlock()
@@ -188,7 +197,7 @@ func (q *QP) Post(wr SendWR) error {
 func (q *QP) Receive(p *roce.Packet) (accepted bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.err || q.closed {
+	if q.err || q.closed || q.frozen {
 		q.ctr.dropState.Add(1)
 		return false
 	}
@@ -217,7 +226,7 @@ func (q *QP) Receive(p *roce.Packet) (accepted bool) {
 // other callers).
 func (q *QP) Flush() {
 	q.mu.Lock()
-	if !q.err && !q.closed && q.resp.jobs.n == 0 {
+	if !q.err && !q.closed && !q.frozen && q.resp.jobs.n == 0 {
 		q.sendPendingAck()
 	}
 	q.mu.Unlock()
@@ -230,7 +239,7 @@ func (q *QP) Flush() {
 func (q *QP) Pump() {
 	q.mu.Lock()
 	flush := true
-	if !q.err && !q.closed {
+	if !q.err && !q.closed && !q.frozen {
 		flush = q.pumpLocked()
 	}
 	q.mu.Unlock()
@@ -243,7 +252,7 @@ func (q *QP) Pump() {
 // The owner calls it periodically (a fraction of Config.Timeout).
 func (q *QP) Tick() {
 	q.mu.Lock()
-	if q.err || q.closed {
+	if q.err || q.closed || q.frozen {
 		q.mu.Unlock()
 		return
 	}

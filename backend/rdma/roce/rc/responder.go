@@ -19,6 +19,7 @@ const (
 type respJob struct {
 	atomic bool
 	region Region   // READ
+	rkey   uint32   // READ: the R_Key region was resolved with (ConnState)
 	va     uint64   // READ: next address
 	left   uint32   // READ: bytes left
 	first  bool     // READ: next packet is the first
@@ -73,6 +74,7 @@ type responder struct {
 	in      msgKind
 
 	wRegion Region // WRITE in progress
+	wRKey   uint32 // its R_Key (ConnState)
 	wVA     uint64
 	wLeft   uint32
 	wTotal  uint32
@@ -265,7 +267,7 @@ func (q *QP) recvWrite(p *roce.Packet, seg roce.Segment, starts bool) bool {
 			q.nakFatal(p, roce.NAKRemoteAccessError)
 			return false
 		}
-		r.wRegion, r.wVA, r.wLeft, r.wTotal = reg, p.RETH.VA, l, l
+		r.wRegion, r.wRKey, r.wVA, r.wLeft, r.wTotal = reg, p.RETH.RKey, p.RETH.VA, l, l
 	}
 	last := seg == roce.SegmentLast || seg == roce.SegmentOnly
 	if n > r.wLeft || (last && n != r.wLeft) {
@@ -319,7 +321,7 @@ func (q *QP) recvRead(p *roce.Packet) {
 	r.epsn = r.epsn.Add(npkts(l, q.cfg.PMTU))
 	r.msn = (r.msn + 1) & roce.MSNMask
 	q.ctr.rxRequests.Add(1)
-	q.pushJob(respJob{region: reg, va: p.RETH.VA, left: l, first: true, psn: p.BTH.PSN, msn: r.msn})
+	q.pushJob(respJob{region: reg, rkey: p.RETH.RKey, va: p.RETH.VA, left: l, first: true, psn: p.BTH.PSN, msn: r.msn})
 }
 
 func (r *responder) remember(e replayEntry) {
@@ -421,7 +423,7 @@ func (q *QP) duplicate(p *roce.Packet) {
 			return
 		}
 		q.ctr.duplicates.Add(1)
-		q.pushJob(respJob{region: reg, va: p.RETH.VA, left: l, first: true, psn: p.BTH.PSN, msn: r.msn})
+		q.pushJob(respJob{region: reg, rkey: p.RETH.RKey, va: p.RETH.VA, left: l, first: true, psn: p.BTH.PSN, msn: r.msn})
 	default: // atomics
 		for i := range r.replay {
 			e := &r.replay[i]

@@ -85,9 +85,19 @@
 // one message's full-size packets one GSO super-datagram, and the system
 // call rarely holds up a QP's other callers.
 //
+// Freeze stops the three at a clean point (the receiver after its batch:
+// a read deadline in the past keeps it from calling recvmmsg again, so
+// later datagrams wait in the socket), Thaw starts them again and wakes
+// every QP. A handover (handover.go) passes the socket to another process
+// (Dup there, Adopt here: a frozen endpoint over the inherited socket,
+// checked to be UDP and bound to the configured address and port) and
+// carries each connection as an rc.ConnState with its addresses and the
+// peer's learned source port (Conn.Freeze, RestoreConn).
+//
 // # Locks
 //
-// Lock order: a QP's lock (package rc), then txMu (the send batch; a full
+// runMu serialises Freeze, Thaw and Close, and comes before tableMu and
+// any QP's lock. Lock order: a QP's lock (package rc), then txMu (the send batch; a full
 // batch, or any Flush, goes out under it, waiting for socket buffer room
 // through the runtime poller; rc flushes without its QP lock, so only a
 // full batch makes a QP wait for the system call). tableMu serialises NewQP and RemoveQP, which

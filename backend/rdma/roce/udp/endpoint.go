@@ -113,11 +113,15 @@ type counters struct {
 // touches.
 type qpEntry struct {
 	qp   *rc.QP
+	port *port         // qp's
 	peer netip.Addr    // the only source address accepted (qp)
 	h    PacketHandler // instead of qp and peer when not nil
 	ud   ud.Host       // instead of qp and peer when not nil: a UD QP (ud.go)
 	mark uint64
 	src  SourcePort // the peer's source port (qp)
+	// srcPub publishes src once learned, for Conn.Freeze: 1<<16 | port
+	// (atomic; 0 while none is learned).
+	srcPub atomic.Uint32
 }
 
 // SourcePort is the source UDP port a connection's peer sends from,
@@ -202,16 +206,46 @@ type Endpoint struct {
 	wakes  chan func() // Wake's; room for MaxQPs
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // the running goroutines
 	once   sync.Once
+
+	// runMu serialises starting and stopping the goroutines (Freeze,
+	// Thaw, Close; handover.go). Lock order: runMu, then tableMu, then
+	// a QP's lock.
+	runMu  sync.Mutex
+	frozen bool          // protected by runMu: the goroutines are stopped (or not started)
+	stop   chan struct{} // protected by runMu: closed to stop the timer and pump goroutines
 }
 
 // Listen binds cfg.Addr and starts the endpoint's goroutines: one
 // receiving, one running the QPs' timers, one sending what QPs could not
 // send at once. The socket is created in the caller's network namespace.
 func Listen(cfg Config) (*Endpoint, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	network := "udp4"
+	if cfg.Addr.Is6() {
+		network = "udp6"
+	}
+	conn, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(cfg.Addr, cfg.Port)))
+	if err != nil {
+		return nil, fmt.Errorf("udp: bind %v: %w", cfg.Addr, err)
+	}
+	e, err := newEndpoint(cfg, conn)
+	if err != nil {
+		return nil, err
+	}
+	e.runMu.Lock()
+	e.startLocked()
+	e.runMu.Unlock()
+	return e, nil
+}
+
+// fill checks cfg and fills in its defaults.
+func (cfg *Config) fill() error {
 	if !cfg.Addr.IsValid() || cfg.Addr.IsUnspecified() {
-		return nil, fmt.Errorf("%w: address %v", ErrConfig, cfg.Addr)
+		return fmt.Errorf("%w: address %v", ErrConfig, cfg.Addr)
 	}
 	cfg.Addr = cfg.Addr.Unmap()
 	if cfg.Port == 0 {
@@ -230,22 +264,21 @@ func Listen(cfg Config) (*Endpoint, error) {
 		cfg.SocketBuffer = DefaultBuffer
 	}
 	if cfg.Batch < 1 || cfg.Batch > 1024 || cfg.Tick < 0 || cfg.MaxQPs < 1 || cfg.SocketBuffer < 0 {
-		return nil, fmt.Errorf("%w: batch %d, tick %v, max QPs %d", ErrConfig, cfg.Batch, cfg.Tick, cfg.MaxQPs)
+		return fmt.Errorf("%w: batch %d, tick %v, max QPs %d", ErrConfig, cfg.Batch, cfg.Tick, cfg.MaxQPs)
 	}
-	log := cfg.Logger
-	if log == nil {
+	if cfg.Logger == nil {
 		l := logrus.New()
 		l.SetOutput(nopWriter{})
-		log = logrus.NewEntry(l)
+		cfg.Logger = logrus.NewEntry(l)
 	}
-	network := "udp4"
-	if cfg.Addr.Is6() {
-		network = "udp6"
-	}
-	conn, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(cfg.Addr, cfg.Port)))
-	if err != nil {
-		return nil, fmt.Errorf("udp: bind %v: %w", cfg.Addr, err)
-	}
+	return nil
+}
+
+// newEndpoint sets up the bound socket conn (cfg filled) and returns its
+// endpoint, frozen: startLocked starts its goroutines. It closes conn on
+// error.
+func newEndpoint(cfg Config, conn *net.UDPConn) (*Endpoint, error) {
+	log := cfg.Logger
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		conn.Close()
@@ -305,6 +338,7 @@ func Listen(cfg Config) (*Endpoint, error) {
 		touched:    make([]*qpEntry, 0, cfg.Batch),
 		ready:      make(chan *port, cfg.MaxQPs),
 		wakes:      make(chan func(), cfg.MaxQPs),
+		frozen:     true,
 	}
 	e.gso.Store(gso)
 	e.gro.Store(gro)
@@ -313,11 +347,18 @@ func Listen(cfg Config) (*Endpoint, error) {
 	empty := map[uint32]*qpEntry{}
 	e.table.Store(&empty)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	return e, nil
+}
+
+// startLocked starts the goroutines of a frozen endpoint. Precondition:
+// runMu held, frozen, not closed.
+func (e *Endpoint) startLocked() {
+	e.frozen = false
+	e.stop = make(chan struct{})
 	e.wg.Add(3)
 	go e.receive()
-	go e.timers()
-	go e.pumps()
-	return e, nil
+	go e.timers(e.stop)
+	go e.pumps(e.stop)
 }
 
 type nopWriter struct{}
@@ -384,7 +425,7 @@ func (e *Endpoint) newQP(cfg rc.Config, peer netip.AddrPort, host rc.Host,
 		return nil, fmt.Errorf("udp: new QP %#x: %w", cfg.QPN, err)
 	}
 	p.qp = qp
-	if err := e.insert(cfg.QPN, &qpEntry{qp: qp, peer: peer.Addr()}); err != nil {
+	if err := e.insert(cfg.QPN, &qpEntry{qp: qp, port: p, peer: peer.Addr()}); err != nil {
 		return nil, err
 	}
 	return qp, nil
@@ -440,6 +481,8 @@ func (e *Endpoint) RemoveQP(qpn uint32) error {
 func (e *Endpoint) Close() error {
 	var err error
 	e.once.Do(func() {
+		e.runMu.Lock()
+		defer e.runMu.Unlock()
 		e.tableMu.Lock()
 		e.cancel()
 		e.tableMu.Unlock()

@@ -211,7 +211,7 @@ func (e *Endpoint) receive() {
 	var gen uint64
 	for {
 		if err := e.raw.Read(e.recvFn); err != nil {
-			return // closed
+			return // closed, or frozen: Freeze set a read deadline in the past
 		}
 		n := e.rxGot
 		if e.rxErrno != 0 {
@@ -355,7 +355,11 @@ func (e *Endpoint) deliver(b []byte, src netip.AddrPort, gen uint64) {
 	case src.Addr() != ent.peer || !ent.src.Allows(src.Port()):
 		v = WrongPeer
 	default:
+		learned := ent.src.learned
 		ent.src.Learn(src.Port(), ent.qp.Receive(p))
+		if !learned && ent.src.learned {
+			ent.srcPub.Store(1<<16 | uint32(ent.src.port))
+		}
 	}
 	switch v {
 	case WrongPeer:
@@ -388,8 +392,9 @@ func (e *Endpoint) rxFlow(src netip.AddrPort) *roce.Flow {
 	return &e.rxFlowCur
 }
 
-// timers runs every QP's timers each Tick.
-func (e *Endpoint) timers() {
+// timers runs every QP's timers each Tick, until the endpoint is closed or
+// stop is closed (Freeze).
+func (e *Endpoint) timers(stop <-chan struct{}) {
 	defer e.wg.Done()
 	faultsPanic()
 	t := time.NewTicker(e.cfg.Tick)
@@ -397,6 +402,8 @@ func (e *Endpoint) timers() {
 	for {
 		select {
 		case <-e.ctx.Done():
+			return
+		case <-stop:
 			return
 		case <-t.C:
 			for _, ent := range *e.table.Load() {
@@ -407,13 +414,16 @@ func (e *Endpoint) timers() {
 }
 
 // pumps sends, for the QPs that asked (Port.Wake), what they could not
-// send within one burst.
-func (e *Endpoint) pumps() {
+// send within one burst, until the endpoint is closed or stop is closed
+// (Freeze: the ports still queued wait in e.ready for the next run).
+func (e *Endpoint) pumps(stop <-chan struct{}) {
 	defer e.wg.Done()
 	faultsPanic()
 	for {
 		select {
 		case <-e.ctx.Done():
+			return
+		case <-stop:
 			return
 		case p := <-e.ready:
 			p.queued.Store(false)
