@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"runtime"
 	"text/tabwriter"
 	"time"
@@ -162,4 +163,35 @@ func showHealth(out io.Writer, h controlapi.Health) error {
 		fmt.Fprintf(out, "\nproblem %s (%s, since %s; %s)\n  %s\n", p.ID, p.Kind, p.Since.Format(time.RFC3339), clear, p.Message)
 	}
 	return nil
+}
+
+// defineDaemonUpgrade is daemon upgrade: the running vrdmad hands every
+// device over to a new vrdmad process (docs/state.md); exit status 0 once
+// the new one serves them all, 4 (conflict) when it refused and the old
+// one serves on.
+func defineDaemonUpgrade(fs *flag.FlagSet, c *cli) func([]string) error {
+	binary := fs.String("binary", "", "the vrdmad `PATH` to hand over to (default: the file at the running vrdmad's own path)")
+	return func(pos []string) error {
+		if err := wantArgs("daemon upgrade", pos); err != nil {
+			return err
+		}
+		if *binary != "" && !filepath.IsAbs(*binary) {
+			abs, err := filepath.Abs(*binary)
+			if err != nil {
+				return usageErr("--binary %s: %v", *binary, err)
+			}
+			*binary = abs
+		}
+		api := controlapi.New(c.control, controlapi.WithTimeout(controlapi.UpgradeTimeout))
+		a, err := api.Upgrade(context.Background(), *binary)
+		if err != nil {
+			return apiErr(err)
+		}
+		if c.json {
+			return printJSON(c.out, a)
+		}
+		_, err = fmt.Fprintf(c.out, "upgraded: vrdmad %s now serves %d devices (%d connected) as pid %d; data paths paused %.1f ms\n",
+			versionString(a.Version, a.Revision), a.Devices, a.Connected, a.PID, a.PauseMS)
+		return err
+	}
 }

@@ -18,6 +18,7 @@
 //	vrdmactl [--json] vm pci (--qmp SOCKET | --libvirt DOMAIN)
 //	vrdmactl [--control PATH] [--json] daemon status
 //	vrdmactl [--control PATH] [--json] daemon ack [PROBLEM]
+//	vrdmactl [--control PATH] [--json] daemon upgrade [--binary PATH]
 //	vrdmactl [--control PATH] [--json] version
 //	vrdmactl completion bash|zsh
 //
@@ -151,6 +152,7 @@ func init() {
 		{"vm pci", "(--qmp SOCKET | --libvirt DOMAIN [--connect URI])", "list a running QEMU's PCI functions", false, true, defineVMPCI},
 		{"daemon status", "", "show vrdmad's health: status, version, uptime, devices and, while degraded, its problems (exit status 1 while degraded)", true, true, defineDaemonStatus},
 		{"daemon ack", "[PROBLEM]", "acknowledge a problem that stays until an operator has seen it (a state file set aside), or all of them", true, true, defineDaemonAck},
+		{"daemon upgrade", "[--binary PATH]", "hand every device over to a new vrdmad (default: the running one's own path, as a package upgrade left it) without the guests noticing; exit status 0 once it serves them, 4 when it refused and the old one serves on", true, true, defineDaemonUpgrade},
 		{"version", "", "print vrdmactl's version and the running vrdmad's (exit status 5 when vrdmad does not answer)", true, true, defineVersion},
 		{"completion", "bash|zsh", "print a shell completion script (see below)", false, false, defineCompletion},
 	}

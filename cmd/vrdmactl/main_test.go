@@ -306,7 +306,7 @@ func TestCompletion(t *testing.T) {
 	}{
 		{[]string{"vrdmactl", ""}, "completion daemon device help resource version vm"},
 		{[]string{"vrdmactl", "d"}, "daemon device"},
-		{[]string{"vrdmactl", "daemon", ""}, "status ack"},
+		{[]string{"vrdmactl", "daemon", ""}, "status ack upgrade"},
 		{[]string{"vrdmactl", "v"}, "version vm"},
 		{[]string{"vrdmactl", "device", ""}, "add set rm ls show qps cqs mrs pds srqs mws"},
 		{[]string{"vrdmactl", "resource", ""}, "show"},

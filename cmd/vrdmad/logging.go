@@ -156,6 +156,8 @@ func serveUntilStopped(ctx context.Context, log *logrus.Entry, d *daemon.Daemon,
 		select {
 		case <-ctx.Done():
 			return
+		case <-d.HandedOver():
+			return
 		case <-hup:
 			reload(log, d)
 		case <-d.Changed():

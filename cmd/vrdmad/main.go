@@ -82,6 +82,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -185,6 +186,7 @@ type flags struct {
 	addresses    stringList
 	rocePaths    int
 	rnic         string
+	fdstore      bool
 
 	// cmdSockets are the devices of --socket and --socket-path, checked
 	// (check).
@@ -212,6 +214,7 @@ func newFlags() *flags {
 	fs.StringVar(&f.globalPinned, "global-max-pinned", "0", "bound on the pinned bytes of all devices together, `SIZE` (0: none; else 2M … 256T)")
 	fs.StringVar(&f.metricsAddr, "metrics", "", "serve Prometheus metrics on /metrics at `ADDR`: host:port (TCP; bind to loopback or a management network) or unix:PATH")
 	fs.BoolVar(&f.showVersion, "version", false, "print the version and exit")
+	fs.BoolVar(&f.fdstore, "fdstore", false, "under systemd, on SIGTERM keep every device for the next start in the service's file-descriptor store (FileDescriptorStoreMax=): systemctl restart vrdmad then keeps the guests' QPs (docs/state.md)")
 	fs.UintVar(&f.maxQPs, "max-qps", 0, "per-device limit of QPs, 1 … 65536 (0: the built-in default, 1024)")
 	fs.UintVar(&f.maxCQs, "max-cqs", 0, "per-device limit of CQs, 1 … 65536 (0: the built-in default, 1024)")
 	fs.UintVar(&f.maxMRs, "max-mrs", 0, "per-device limit of MRs, 1 … 1048576 (0: the built-in default, 4096)")
@@ -338,14 +341,27 @@ func run(args []string, stdout io.Writer) error {
 		return cli.Usagef("%w", err)
 	}
 
+	// A live upgrade's new process (vrdmactl daemon upgrade): its
+	// descriptors are the old process's, from 3 on, and its devices come
+	// with them, not from the command line or the state file.
+	in, err := daemon.ReceiveHandover()
+	if err != nil {
+		return fmt.Errorf("taking over from the running vrdmad: %w", err)
+	}
+	if in != nil {
+		entry.WithFields(logrus.Fields{"from_pid": in.H.From.PID, "from_version": in.H.From.Version,
+			"devices": len(in.H.Devices), "state_bytes": in.Bytes}).Info("taking over from the running vrdmad")
+	}
 	// Inherited sockets first: nothing else may take their descriptor
 	// numbers. Until a daemon owns them, they are closed on every error.
-	inh, err := inheritSockets(f)
-	if err != nil {
-		return err
+	inh := &inherited{}
+	if in == nil {
+		if inh, err = inheritSockets(f); err != nil {
+			return err
+		}
 	}
 	defer inh.closeRest()
-	if len(f.sockets) == 0 && f.socketPath == "" && f.control == "" && len(inh.devices) == 0 && inh.control == nil && inh.fd == nil {
+	if in == nil && len(f.sockets) == 0 && f.socketPath == "" && f.control == "" && len(inh.devices) == 0 && inh.control == nil && inh.fd == nil {
 		return cli.Usagef("nothing to serve: give --socket, --socket-path, --fd or --control (or start vrdmad by socket activation)")
 	}
 	if inh.control != nil && f.control != "" && f.control != inh.control.Addr().String() {
@@ -363,6 +379,13 @@ func run(args []string, stdout io.Writer) error {
 		return fmt.Errorf("--roce-paths: %w", err)
 	}
 	defer roceNet.Close()
+	if in != nil {
+		if st, fds := in.RoCE(); st != nil {
+			if err := roceNet.Adopt(st, fds); err != nil {
+				return in.Refuse(fmt.Errorf("RoCE network: %w", err))
+			}
+		}
+	}
 	for _, a := range roceAddrs {
 		e, err := roceNet.Listen(a)
 		if err != nil {
@@ -396,10 +419,14 @@ func run(args []string, stdout io.Writer) error {
 	}
 	engineLog.Info("engine pool started")
 	// fail closes the daemon; the deferred pool.Close runs after it.
+	dcfg.OnHandover = func(pid int) { notify(entry, "MAINPID="+strconv.Itoa(pid)) }
 	d := daemon.New(entry, dcfg)
 	fail := func(err error) error {
 		d.Close()
 		return err
+	}
+	if in != nil {
+		return takeOver(ctx, entry, f, d, in, hup)
 	}
 	var saved []daemon.DeviceSpec
 	if f.stateDir != "" {
@@ -470,11 +497,19 @@ func run(args []string, stdout io.Writer) error {
 		if err != nil {
 			return fail(fmt.Errorf("--metrics: %w", err))
 		}
+		d.SetMetricsListener(ms.Listener())
 	}
+	return serve(ctx, entry, d, ms, hup, len(saved), f.fdstore)
+}
+
+// serve runs a daemon whose sockets all serve until it is stopped or has
+// handed over to a new process.
+func serve(ctx context.Context, entry *logrus.Entry, d *daemon.Daemon, ms *metrics.Server, hup <-chan os.Signal, restored int, fdstore bool) error {
+	log := entry.Logger
 	// Every socket now exists and listens, and its server runs: tell the
 	// service manager (Type=notify) that vrdmad is ready.
 	n := len(d.Devices())
-	log.WithFields(logrus.Fields{"devices": n, "restored": len(saved)}).Info("vrdmad serving")
+	log.WithFields(logrus.Fields{"devices": n, "restored": restored}).Info("vrdmad serving")
 	status := statusLine(d.Health())
 	notify(entry, sddaemon.SdNotifyReady+"\nSTATUS="+status)
 	wdDone := make(chan struct{})
@@ -484,6 +519,17 @@ func run(args []string, stdout io.Writer) error {
 	}()
 
 	serveUntilStopped(ctx, entry, d, hup, status)
+	if fdstore && ctx.Err() != nil && handOverToStore(entry, d) {
+		os.Exit(0)
+	}
+	select {
+	case <-d.HandedOver():
+		// Everything this process held is the new one's now: exit
+		// without closing, unlinking, unpinning or resetting anything.
+		log.Info("handed over: exiting")
+		os.Exit(0)
+	default:
+	}
 	log.Info("shutting down")
 	notify(entry, sddaemon.SdNotifyStopping+"\nSTATUS=stopping")
 	<-wdDone

@@ -365,11 +365,13 @@ func (d *Daemon) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, d.Health())
 	})
 	mux.HandleFunc("POST /v1/health/ack", d.postAck)
+	mux.HandleFunc("POST "+controlapi.PathUpgrade, d.postUpgrade)
 	for _, p := range []struct{ pattern, allow string }{
 		{"/v1/devices", "GET, HEAD, POST"},
 		{"/v1/devices/{id}", "GET, HEAD, PATCH, DELETE"},
 		{"/v1/health", "GET, HEAD"},
 		{"/v1/health/ack", "POST"},
+		{controlapi.PathUpgrade, "POST"},
 	} {
 		mux.HandleFunc(p.pattern, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", p.allow)

@@ -107,6 +107,12 @@ type DeviceSpec struct {
 	// API sets it; devices from the command line have it clear. Without
 	// a state directory it has no effect.
 	Persist bool
+
+	// adopt, when set, takes the device up from a live upgrade's handover
+	// (takeover.go) instead of creating or inheriting its socket: the
+	// server is adopted with its front-end, the device's objects are
+	// imported, and nothing serves until ServeAdopted.
+	adopt *adoption
 }
 
 // ServedDevice is one device the daemon serves: its ID, the RDMA device and
@@ -121,6 +127,7 @@ type ServedDevice struct {
 	persist  bool          // immutable: listed in the state file (Persist, with a state directory)
 	record   AddRequest    // immutable: its state-file record (when persist); the share saved is Dev.Share()
 	done     chan struct{} // closed when Serve returned
+	adopted  bool          // protected by Daemon.mu: taken over, not served yet (ServeAdopted)
 }
 
 // Persisted reports whether the device is kept in the state file.
@@ -160,6 +167,10 @@ type Config struct {
 	// means hostnic.Open (rdma-core's libibverbs).
 	RNIC    string
 	OpenNIC func(hostnic.Spec) (rdma.HostNIC, error)
+	// OnHandover, when set, is called once an upgrade has handed every
+	// device over to the process pid (vrdmad tells systemd its new main
+	// PID there).
+	OnHandover func(pid int)
 }
 
 // SocketConfig is how device sockets are created and who may connect.
@@ -187,7 +198,14 @@ type Daemon struct {
 	state        *stateStore              // protected by mu; nil: nothing persisted
 	problems     []controlapi.Problem     // protected by mu; oldest first (health.go)
 	saveFailures atomic.Uint64            // writes of the state file that failed
+	metricsLn    net.Listener             // protected by mu; the metrics listener, handed over with the rest
 	wg           sync.WaitGroup
+
+	// upgradeMu serialises upgrades (taken before mu, never waited for);
+	// handedOver is closed when this process has handed over and answered
+	// (upgrade.go).
+	upgradeMu  sync.Mutex
+	handedOver chan struct{}
 }
 
 // New creates a daemon with no devices.
@@ -199,7 +217,7 @@ func New(log *logrus.Entry, cfg Config) *Daemon {
 		f.SetNetwork(cfg.RoCE, addrGIDs(cfg.RoCEAddrs))
 	}
 	return &Daemon{log: log, cfg: cfg, fabric: f, acct: acct, devices: map[string]*ServedDevice{},
-		started: time.Now(), changed: make(chan struct{}, 1)}
+		started: time.Now(), changed: make(chan struct{}, 1), handedOver: make(chan struct{})}
 }
 
 // addrGIDs are the GIDs of host addresses (udp.GID).
@@ -274,7 +292,7 @@ func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *ServedDevice, err er
 			return nil, fmt.Errorf("%w: %s is served by device %s", ErrSocketInUse, spec.Socket, o.ID)
 		}
 	}
-	if spec.Listener == nil {
+	if spec.Listener == nil && spec.adopt == nil {
 		if err := checkSocketFree(spec.Socket); err != nil {
 			return nil, err
 		}
@@ -317,7 +335,19 @@ func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *ServedDevice, err er
 	sc := d.cfg.Socket
 	bcfg := backend.Config{Socket: spec.Socket, Device: dev, Mode: sc.Mode, Owner: sc.Owner, AllowUIDs: sc.AllowUIDs}
 	var srv *backend.Server
-	if spec.Listener != nil {
+	if spec.adopt != nil {
+		// A failure here is abandoned, not undone (takeover.go): the
+		// caller exits without touching what the old process serves on.
+		hd := spec.adopt.hd
+		if srv, err = backend.Adopt(bcfg, &hd.Server, spec.adopt.fds, backend.WithLogger(log)); err != nil {
+			return nil, fmt.Errorf("take over the vhost-user server: %w", err)
+		}
+		if hd.Device != nil {
+			if err := dev.ImportState(hd.Device); err != nil {
+				return nil, fmt.Errorf("take over the device's objects: %w", err)
+			}
+		}
+	} else if spec.Listener != nil {
 		srv, err = backend.FromListener(spec.Listener, bcfg, backend.WithLogger(log))
 		spec.Listener = nil // the server owns it now, also on failure
 	} else {
@@ -338,17 +368,27 @@ func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *ServedDevice, err er
 			return nil, fmt.Errorf("%w: save: %w", ErrState, err)
 		}
 	}
+	if spec.adopt != nil {
+		dv.adopted = true
+		log.WithFields(logrus.Fields{"socket": spec.Socket, "connected": spec.adopt.hd.Server.Session != nil}).Info("device taken over")
+		return dv, nil
+	}
+	d.serveLocked(dv)
+	log.WithFields(logrus.Fields{"socket": spec.Socket, "persisted": dv.persist}).Info("device added")
+	d.notifyChanged()
+	return dv, nil
+}
+
+// serveLocked starts serving dv's socket. d.mu is held.
+func (d *Daemon) serveLocked(dv *ServedDevice) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
 		defer close(dv.done)
-		if err := srv.Serve(context.Background()); err != nil {
-			log.WithError(err).Error("device server stopped")
+		if err := dv.Server.Serve(context.Background()); err != nil {
+			d.log.WithField("device", dv.ID).WithError(err).Error("device server stopped")
 		}
 	}()
-	log.WithFields(logrus.Fields{"socket": spec.Socket, "persisted": dv.persist}).Info("device added")
-	d.notifyChanged()
-	return dv, nil
 }
 
 // saveLocked writes the state file from the persisted devices; change

@@ -144,6 +144,28 @@ func openStateStore(dir string) (*stateStore, error) {
 
 func (s *stateStore) close() { s.dirf.Close() }
 
+// inheritStateStore makes a store of dir from dirf, the directory's
+// descriptor a live upgrade's old process passed with its lock: flock
+// locks belong to the open file, which both processes share, so locking
+// it again succeeds here and fails for any other vrdmad.
+func inheritStateStore(dir string, dirf *os.File) (*stateStore, error) {
+	if dir == "" || !filepath.IsAbs(dir) {
+		dirf.Close()
+		return nil, &StateError{Path: dir, Err: errors.New("want an absolute directory path")}
+	}
+	dir = filepath.Clean(dir)
+	var a, b unix.Stat_t
+	if err := unix.Fstat(int(dirf.Fd()), &a); err != nil || unix.Stat(dir, &b) != nil || a.Dev != b.Dev || a.Ino != b.Ino {
+		dirf.Close()
+		return nil, &StateError{Path: dir, Err: errors.New("the old vrdmad's state directory is another one (give both the same --state-dir)")}
+	}
+	if err := unix.Flock(int(dirf.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		dirf.Close()
+		return nil, &StateError{Path: dir, Err: fmt.Errorf("lock the state directory: %w", err)}
+	}
+	return &stateStore{dir: dir, path: filepath.Join(dir, StateFile), dirf: dirf}, nil
+}
+
 // corruptCopies lists the state files set aside by earlier starts.
 func (s *stateStore) corruptCopies() []string {
 	m, _ := filepath.Glob(s.path + corruptSuffix + "*")

@@ -188,6 +188,29 @@ func Listen(addr string, src Source, log *logrus.Entry, opts ...Option) (*Server
 			return nil, &ListenError{Addr: addr, Detail: "chmod socket", Err: err}
 		}
 	}
+	return serve(ln, addr, h, log), nil
+}
+
+// Serve serves src's metrics on ln, a listener a live upgrade's old
+// vrdmad passed (its socket file is left as it is, also by Close).
+func Serve(ln net.Listener, src Source, log *logrus.Entry, opts ...Option) (*Server, error) {
+	if log == nil {
+		l := logrus.New()
+		l.SetOutput(discard{})
+		log = logrus.NewEntry(l)
+	}
+	h, err := Handler(src, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if ul, ok := ln.(*net.UnixListener); ok {
+		ul.SetUnlinkOnClose(false)
+	}
+	return serve(ln, ln.Addr().String(), h, log), nil
+}
+
+// serve serves h on ln until Close.
+func serve(ln net.Listener, addr string, h http.Handler, log *logrus.Entry) *Server {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h)
 	s := &Server{
@@ -203,8 +226,11 @@ func Listen(addr string, src Source, log *logrus.Entry, opts ...Option) (*Server
 		}
 	}()
 	s.log.Info("metrics serving")
-	return s, nil
+	return s
 }
+
+// Listener is the socket the server accepts on.
+func (s *Server) Listener() net.Listener { return s.ln }
 
 // removeStale removes a unix socket at path that nobody listens on.
 func removeStale(addr, path string) error {

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -95,6 +96,8 @@ type Config struct {
 	// signals and Pdeathsig are vrdmad's). Its sockets are paths, which
 	// every namespace reaches.
 	NetNS string
+	// Env are variables added to vrdmad's environment ("KEY=VALUE").
+	Env []string
 	// LogLevel is vrdmad's --log-level; empty means DefaultLogLevel.
 	LogLevel string
 	// LogLimit bounds the log kept, in bytes; what comes beyond it is
@@ -124,10 +127,15 @@ type Proc struct {
 	stopTimeout  time.Duration      // immutable
 
 	exited  chan struct{} // closed once cmd.Wait has returned
+	logDone chan struct{} // closed once standard error's writers are all gone
 	waitErr error         // written before exited is closed, read after
 
 	stopOnce sync.Once
 	stopErr  error // written inside stopOnce
+
+	// adopted is the pid of the vrdmad that took over from the child
+	// through a live upgrade (Upgrade), 0 before: Stop and Kill end it.
+	adopted atomic.Int64
 }
 
 // Start runs vrdmad as cfg says and returns once its control API answers
@@ -168,7 +176,7 @@ func launch(cfg Config) (*Proc, error) {
 	}
 	p := &Proc{dir: cfg.Dir, sockets: make(map[string]string, len(cfg.Devices)),
 		log: &logBuffer{limit: limit}, readyTimeout: cfg.ReadyTimeout, stopTimeout: cfg.StopTimeout,
-		exited: make(chan struct{})}
+		exited: make(chan struct{}), logDone: make(chan struct{})}
 	if p.readyTimeout <= 0 {
 		p.readyTimeout = DefaultReadyTimeout
 	}
@@ -215,7 +223,23 @@ func launch(cfg Config) (*Proc, error) {
 		}
 		p.cmd = exec.Command(ip, append([]string{"netns", "exec", cfg.NetNS, cfg.Binary}, args...)...)
 	}
-	p.cmd.Stderr = p.log
+	// Standard error through a pipe this side reads itself rather than
+	// through exec's copying: a live upgrade's new vrdmad (Upgrade)
+	// inherits the pipe and writes to it after this child has exited, so
+	// the reading end must stay open until every writer is gone (exec
+	// closes its own after WaitDelay, and a vrdmad writing to a closed
+	// pipe would die of SIGPIPE).
+	logR, logW, err := os.Pipe()
+	if err != nil {
+		if p.ownDir {
+			os.RemoveAll(p.dir)
+		}
+		return nil, &Error{Op: "start", Err: err}
+	}
+	if len(cfg.Env) > 0 {
+		p.cmd.Env = append(os.Environ(), cfg.Env...)
+	}
+	p.cmd.Stderr = logW
 	p.cmd.WaitDelay = waitDelay
 	// Its own process group keeps terminal signals (^C) away from it: the
 	// caller stops it (Stop, Kill), after what depends on it.
@@ -229,10 +253,18 @@ func launch(cfg Config) (*Proc, error) {
 	go func() {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		if err := p.cmd.Start(); err != nil {
+		err := p.cmd.Start()
+		logW.Close()
+		if err != nil {
+			logR.Close()
 			started <- err
 			return
 		}
+		go func() {
+			defer close(p.logDone)
+			io.Copy(p.log, logR)
+			logR.Close()
+		}()
 		started <- nil
 		p.waitErr = p.cmd.Wait()
 		close(p.exited)
@@ -351,6 +383,11 @@ func (p *Proc) Stop() error {
 // returns the first result.
 func (p *Proc) Kill() error {
 	p.stopOnce.Do(func() {
+		if pid := p.adopted.Load(); pid != 0 {
+			p.stopErr = p.endAdopted(int(pid), syscall.SIGKILL)
+			p.release()
+			return
+		}
 		_ = p.cmd.Process.Kill()
 		<-p.exited
 		var ee *exec.ExitError
@@ -368,6 +405,10 @@ func (p *Proc) Kill() error {
 
 // release frees what the process left to this side, once it has exited.
 func (p *Proc) release() {
+	select {
+	case <-p.logDone:
+	case <-time.After(waitDelay):
+	}
 	p.client.CloseIdleConnections()
 	if p.ownDir {
 		os.RemoveAll(p.dir)
@@ -375,6 +416,9 @@ func (p *Proc) release() {
 }
 
 func (p *Proc) terminate() error {
+	if pid := p.adopted.Load(); pid != 0 {
+		return p.endAdopted(int(pid), syscall.SIGTERM)
+	}
 	// An error here means vrdmad has exited already; Wait tells how.
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	t := time.NewTimer(p.stopTimeout)
@@ -401,9 +445,6 @@ func (p *Proc) Control() string { return p.control }
 // Socket is the vhost-user socket of a device named in Config.Devices, or
 // "" for another ID.
 func (p *Proc) Socket(id string) string { return p.sockets[id] }
-
-// Pid is vrdmad's process ID.
-func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 
 // Log is what vrdmad wrote to standard error so far (all of it once Stop
 // has returned), up to Config.LogLimit bytes.
