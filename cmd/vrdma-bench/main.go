@@ -7,7 +7,8 @@
 // four paths, sprayed and single-path). Every figure stands
 // beside a baseline measured in the same run (memcpy, mlock, pin-all, a
 // bare control round trip, a two-goroutine queue hand-off, one device pair,
-// a victim pair alone, vrdma-perf in one process) because the machines are
+// a victim pair alone, vrdma-perf in one process, a WRITE stream without
+// a live upgrade) because the machines are
 // shared and noisy: the ratios are judged, absolute numbers are printed.
 //
 // Usage:
@@ -18,7 +19,7 @@
 //	            [--cpuprofile FILE] [--trace FILE]
 //	            [--density 500,1000,2000,5000,10000] [--density-idle 10s]
 //	            [--only SECTIONS] [--pairs 1,2,4,8,32,128] [--spin-clients]
-//	            [--engine-threads N]
+//	            [--engine-threads N] [--vrdmad bin/vrdmad] [--upgrades N]
 package main
 
 import (
@@ -61,6 +62,8 @@ Options:
 type options struct {
 	out, png, micro, vmtest, cpuprofile string
 	perf                                string // vrdma-perf, for the perftest section
+	vrdmad                              string // vrdmad, for the upgrade section
+	upgrades                            int    // handovers of the upgrade section
 	trace                               string // runtime/trace output (go tool trace)
 	threads                             int    // --engine-threads
 	only                                string
@@ -85,9 +88,11 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.micro, "micro", "", "go test -bench output to include (optional)")
 	fs.StringVar(&o.vmtest, "vmtest", "bin/vrdma-vmtest", "vrdma-vmtest binary for the spin-up and verbs sections (the verbs section runs it in a guest: static)")
 	fs.StringVar(&o.perf, "perf", "bin/vrdma-perf", "vrdma-perf binary for the perftest section (one process against two)")
+	fs.StringVar(&o.vrdmad, "vrdmad", "bin/vrdmad", "vrdmad binary for the upgrade section (a process that hands over to itself)")
+	fs.IntVar(&o.upgrades, "upgrades", 0, fmt.Sprintf("live upgrades of the upgrade section (0: %d; --quick %d)", upgradeCount, upgradeQuickCount))
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run")
 	fs.StringVar(&o.trace, "trace", "", "write an execution trace of the whole run (go tool trace FILE)")
-	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,perftest,reg,startup,control,scaling,iso,density,roce,verbs)")
+	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,perftest,reg,startup,control,scaling,iso,density,roce,verbs,upgrade)")
 	fs.DurationVar(&o.s.rowTime, "row-time", 500*time.Millisecond, "time box of one repeat of a row")
 	fs.IntVar(&o.s.repeats, "repeats", 3, "repeats per row (the median is reported)")
 	fs.BoolVar(&quick, "quick", false, "small sizes and guests, for a smoke test")
@@ -120,6 +125,14 @@ func parseFlags(args []string) (options, error) {
 		o.s.regSize = 16 << 20
 		o.s.pairs = []int{1, 2, 4}
 		o.density = "" // density_test.go measures it (the section takes minutes)
+	}
+	switch {
+	case o.upgrades < 0:
+		return o, cli.Usagef("--upgrades %d: want 0 (the default) or more", o.upgrades)
+	case o.upgrades == 0 && quick:
+		o.upgrades = upgradeQuickCount
+	case o.upgrades == 0:
+		o.upgrades = upgradeCount
 	}
 	if threads < 0 {
 		return o, cli.Usagef("--engine-threads %d: want 0 (the default) or more", threads)
@@ -373,6 +386,14 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 	if o.want("density") {
 		progress(w, "density")
 		sec, err := densitySection(o, w)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		secs = append(secs, sec)
+	}
+	if o.want("upgrade") {
+		progress(w, "live upgrade")
+		sec, err := upgradeSection(o, w)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}

@@ -76,8 +76,11 @@ func (r row) cells() []string {
 		}
 	}
 	ratio := "—"
-	if x := r.ratio(); x != 0 {
+	switch x := r.ratio(); {
+	case x >= 0.01:
 		ratio = fmt.Sprintf("%.2f×", x)
+	case x != 0: // a figure far beyond its baseline: two significant digits, not 0.00
+		ratio = fmt.Sprintf("%.2g×", x)
 	}
 	return []string{r.name, strings.TrimSpace(fmtNum(r.figure) + " " + r.unit),
 		strings.TrimSpace(r.baseName + ": " + fmtNum(r.baseline) + " " + r.baseUnit), ratio, r.target, met}
