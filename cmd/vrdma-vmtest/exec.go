@@ -43,6 +43,14 @@ it), or the server's command ended, or --ready-timeout after the server's
 command started. So a perftest or ibv_rc_pingpong client never meets a
 server that is not listening yet, and needs no retry loop.
 
+With --upgrades N, vrdmad hands its devices over to a new vrdmad process
+(a live upgrade, vrdmactl daemon upgrade) N times while the commands run:
+the first --upgrade-interval after the client's command started, then every
+--upgrade-interval, as long as the client's command runs. Each handover
+prints one line "VRDMA-UPGRADE {json}" with the old and new pid, the
+daemon's pause_ms and whether it succeeded; a failed one makes the exit
+status 1 (unless a command failed first).
+
 Each guest's NIC has MAC 52:54:00:00:00:0N and its vrdma device the node
 GUID 5254:00ff:fe00:000N (the MAC's EUI-64), which the kernel driver uses
 to bind the RDMA port to eth0 (RoCE GIDs from its addresses). The device
@@ -73,6 +81,8 @@ type execFlags struct {
 	timeout             time.Duration
 	readyTimeout, grace time.Duration
 	verbose, quiet      bool
+	upgrades            int
+	upgradeInterval     time.Duration
 }
 
 // execGuests are the guests of exec (one) or exec-pair (server, client).
@@ -98,6 +108,8 @@ func parseExec(scenario string, args []string, o options, kernelSet bool, binDir
 		fs.StringVar(&f.client, "client", "", "the client guest's `command` (required); {server} is the server's address")
 		fs.DurationVar(&f.readyTimeout, "ready-timeout", guestvm.DefaultReadyTimeout, "longest wait for the server's command to listen before the client's starts (negative: none)")
 		fs.DurationVar(&f.grace, "grace", guestvm.DefaultPeerGrace, "how long one side may run on after the other failed")
+		fs.IntVar(&f.upgrades, "upgrades", 0, "hand vrdmad over to a new process (live upgrade) `N` times while the commands run")
+		fs.DurationVar(&f.upgradeInterval, "upgrade-interval", 5*time.Second, "time before the first handover (after the client's command started) and between two")
 	} else {
 		fs.StringVar(&f.cmd, "cmd", "", "the `command` to run in the guest (required)")
 	}
@@ -133,6 +145,10 @@ func parseExec(scenario string, args []string, o options, kernelSet bool, binDir
 		return bad("--timeout must be positive")
 	case pair && f.grace <= 0:
 		return bad("--grace must be positive")
+	case pair && (f.upgrades < 0 || f.upgrades > 100):
+		return bad("--upgrades %d: want 0..100", f.upgrades)
+	case pair && f.upgradeInterval <= 0:
+		return bad("--upgrade-interval must be positive")
 	}
 	return f, nil
 }
@@ -244,7 +260,14 @@ func runExec(scenario string, args []string, o options, kernelSet bool, binDir s
 		say("boot: %v", err)
 		return code(guestvm.ExitHarness)
 	}
-	res, err := p.Run(ctx, func(role string, l guestvm.StackLine) { pr.print(role, l) })
+	up := newUpgrader(d, f.upgrades, f.upgradeInterval, pr, say)
+	res, err := p.Run(ctx, func(role string, l guestvm.StackLine) {
+		pr.print(role, l)
+		if role == guestvm.RoleClient && l.Kind == guestvm.KindCmdStart {
+			up.start(ctx)
+		}
+	})
+	upFailed := up.stop()
 	cerr := p.Close()
 	report(say, guestvm.RoleServer, p.Server, res.Server, nil)
 	report(say, guestvm.RoleClient, p.Client, res.Client, nil)
@@ -268,6 +291,9 @@ func runExec(scenario string, args []string, o options, kernelSet bool, binDir s
 		fmt.Fprintf(stderr, "=== vrdmad log ===\n%s", d.Log())
 	}
 	c := code(res.ExitCode())
+	if c == 0 && upFailed {
+		c = 1
+	}
 	say("exit %d after %.1f s (server %s, client %s)", c, time.Since(start).Seconds(), status(res.Server, res.ServerStopped), status(res.Client, res.ClientStopped))
 	return c
 }
