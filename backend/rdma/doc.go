@@ -64,8 +64,12 @@
 // dgid once every device is imported, and attaches UD QPs to the network
 // again. Transferred: PDs, MRs (DMA MRs too), AHs, CQs (pi, arm state,
 // overrun), SRQs (ci, limit), RC and UD QPs whose peers are on this host,
-// the GSI QP, the GID table, the handle sequence and the counters. Refused
-// with ErrNotTransferable: a QP connected over the network (its rc.Conn
+// RC QPs connected over RoCEv2 (the engine's side and the transport's
+// rc.ConnState: engine/state_net.go; the network must be frozen for the
+// export, and importQP restores the connection after the MRs, on the
+// network the new process adopted, frozen until the commit), the GSI QP,
+// the GID table, the handle sequence and the counters. Refused with
+// ErrNotTransferable: a QP connected by multipath spray (its transport's
 // state is not carried yet), memory windows and ALLOC_MR MRs (their
 // bindings and fast registrations are not carried yet), a device on a host
 // NIC (the NIC's objects belong to the old process). Not carried: the map

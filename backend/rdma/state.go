@@ -18,8 +18,8 @@ import (
 // state of it (engine/state.go).
 
 // ErrNotTransferable: the device holds something this version cannot hand
-// over (a QP connected over the network, a memory window, an ALLOC_MR MR,
-// a host NIC); wrapped with what it is.
+// over (a QP connected over the network by multipath spray, a memory
+// window, an ALLOC_MR MR, a host NIC); wrapped with what it is.
 var ErrNotTransferable = errors.New("not transferable")
 
 // DeviceState is everything a Device holds for its attached driver, as
@@ -149,7 +149,9 @@ type CountersState struct {
 }
 
 // ExportState describes the device. Precondition: Quiesce'd, and its
-// Server frozen (no command runs). It fails with ErrNotTransferable
+// Server frozen (no command runs); with QPs connected over the network,
+// the network frozen too (hostnet.Network.Freeze: their transports'
+// states are read, engine/state_net.go). It fails with ErrNotTransferable
 // (wrapped with what) for what this version cannot hand over.
 func (d *Device) ExportState() (*DeviceState, error) {
 	d.mu.Lock()

@@ -327,7 +327,7 @@ func (d *Device) importQP(t *memmap.Table, q *QPState, imp *imported) error {
 	if a.MaxRdAtomic > d.conf.MaxQPRdAtom || a.MaxDestRdAtomic > d.conf.MaxQPRdAtom {
 		return stateErr("QP %#x: rd_atomic above the device's", q.Num)
 	}
-	if q.State.Peer {
+	if q.State.Peer || q.State.Net != nil {
 		if sgid, ok := d.eng.GIDAt(int(a.SGIDIndex)); !ok || sgid != q.State.SGID {
 			// The GID it sends from must be the device's (it may
 			// have moved in the table since: any entry will do).
@@ -349,6 +349,15 @@ func (d *Device) importQP(t *memmap.Table, q *QPState, imp *imported) error {
 	if err := qp.ImportState(&q.State); err != nil {
 		_ = d.destroyQP(qp.Num)
 		return err
+	}
+	if q.State.Net != nil {
+		// Its local memory resolves through the MRs imported above;
+		// the connection is restored on the network the process
+		// adopted, frozen until the handover commits.
+		if err := qp.RestoreNet(t, q.State.Net); err != nil {
+			_ = d.destroyQP(qp.Num)
+			return err
+		}
 	}
 	if q.State.Peer {
 		imp.peers[qp.Num] = true

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"errors"
 	"os"
 	"strconv"
 
 	"github.com/sirupsen/logrus"
-	"golang.org/x/sys/unix"
 
 	"github.com/vrdma/vrdma/internal/daemon"
 )
@@ -42,7 +40,7 @@ func handOverToStore(log *logrus.Entry, d *daemon.Daemon) bool {
 		return fail(err)
 	}
 	defer f.Close()
-	if err := notifyFDs("FDSTORE=1\nFDNAME="+daemon.StoreStateName, int(f.Fd())); err != nil {
+	if err := daemon.NotifyWithFDs("FDSTORE=1\nFDNAME="+daemon.StoreStateName, int(f.Fd())); err != nil {
 		return fail(err)
 	}
 	stored = append(stored, daemon.StoreStateName)
@@ -51,7 +49,7 @@ func handOverToStore(log *logrus.Entry, d *daemon.Daemon) bool {
 			continue // an alias of an earlier one
 		}
 		name := daemon.StoreFDPrefix + strconv.Itoa(i)
-		if err := notifyFDs("FDSTORE=1\nFDNAME="+name, fd); err != nil {
+		if err := daemon.NotifyWithFDs("FDSTORE=1\nFDNAME="+name, fd); err != nil {
 			return fail(err)
 		}
 		stored = append(stored, name)
@@ -59,18 +57,4 @@ func handOverToStore(log *logrus.Entry, d *daemon.Daemon) bool {
 	log.WithField("fds", len(stored)).Info("--fdstore: every device is kept for the next start")
 	notify(log, "STOPPING=1\nSTATUS=devices kept in the file-descriptor store for the next start")
 	return true
-}
-
-// notifyFDs sends state with fds to the service manager (sd_pid_notify_with_fds).
-func notifyFDs(state string, fds ...int) error {
-	addr := os.Getenv("NOTIFY_SOCKET")
-	if addr == "" {
-		return errors.New("no NOTIFY_SOCKET")
-	}
-	sock, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(sock)
-	return unix.Sendmsg(sock, []byte(state), unix.UnixRights(fds...), &unix.SockaddrUnix{Name: addr}, 0)
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -73,7 +74,10 @@ func (d *Daemon) HandOverToStore() (*StoreHandover, error) {
 		s.Abort()
 		return nil, err
 	}
-	h.Aliases = aliases(fds.fds)
+	if h.Aliases, err = aliases(fds.fds); err != nil {
+		s.Abort()
+		return nil, err
+	}
 	if s.Doc, err = json.Marshal(h); err != nil {
 		s.Abort()
 		return nil, fmt.Errorf("handover state: %w", err)
@@ -94,15 +98,19 @@ func (s *StoreHandover) Abort() {
 }
 
 // aliases finds the descriptors of fds that are an earlier one's open file
-// description (kcmp KCMP_FILE), where the kernel can tell.
-func aliases(fds []int) []FDAlias {
+// description (kcmp KCMP_FILE), as systemd's store tells them (same_fd).
+// Without kcmp (a seccomp filter, a kernel without
+// CONFIG_CHECKPOINT_RESTORE) it is an error: systemd may then fall back
+// to comparing inodes and flags, which calls every two eventfds the same,
+// and nobody can say which descriptors the store would keep.
+func aliases(fds []int) ([]FDAlias, error) {
 	var out []FDAlias
-	pid := os.Getpid()
+	pid := uintptr(os.Getpid())
 	for i := 1; i < len(fds); i++ {
 		for j := 0; j < i; j++ {
-			r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(pid), uintptr(pid), kcmpFile, uintptr(fds[j]), uintptr(fds[i]), 0)
+			r, _, errno := unix.Syscall6(unix.SYS_KCMP, pid, pid, kcmpFile, uintptr(fds[j]), uintptr(fds[i]), 0)
 			if errno != 0 {
-				return out // no kcmp: store everything
+				return nil, fmt.Errorf("kcmp (which descriptors the store would keep): %w", errno)
 			}
 			if r == 0 {
 				out = append(out, FDAlias{Index: i, SameAs: j})
@@ -110,7 +118,7 @@ func aliases(fds []int) []FDAlias {
 			}
 		}
 	}
-	return out
+	return out, nil
 }
 
 // kcmpFile is KCMP_FILE of <linux/kcmp.h>.
@@ -129,57 +137,132 @@ func (h *Handover) checkAliases() error {
 	return nil
 }
 
+// storeLayout is what LISTEN_FDNAMES says of the store's entries among
+// the descriptors systemd passed (position p is descriptor 3+p).
+type storeLayout struct {
+	// state is the document's position; -1 for none.
+	state int
+	// byIndex maps a list index to its position.
+	byIndex map[int]int
+	// ours are the names of this package's entries, each once, in order.
+	ours []string
+	// extra are positions of ours that nothing takes: a name seen before
+	// (the first is taken), a malformed index.
+	extra []int
+}
+
+// parseStoreNames reads names, LISTEN_FDNAMES split at ':' (one per
+// descriptor passed). A name is ours when it is StoreStateName or
+// StoreFDPrefix with an index in canonical decimal below MaxHandoverFDs.
+func parseStoreNames(names []string) storeLayout {
+	l := storeLayout{state: -1, byIndex: map[int]int{}}
+	seen := map[string]bool{}
+	for p, name := range names {
+		ours := name == StoreStateName || strings.HasPrefix(name, StoreFDPrefix)
+		if !ours {
+			continue
+		}
+		if seen[name] {
+			l.extra = append(l.extra, p)
+			continue
+		}
+		seen[name] = true
+		l.ours = append(l.ours, name)
+		if name == StoreStateName {
+			l.state = p
+			continue
+		}
+		s := strings.TrimPrefix(name, StoreFDPrefix)
+		idx, err := strconv.Atoi(s)
+		if err != nil || idx < 0 || idx >= MaxHandoverFDs || strconv.Itoa(idx) != s {
+			l.extra = append(l.extra, p)
+			continue
+		}
+		l.byIndex[idx] = p
+	}
+	return l
+}
+
+// listenNames returns LISTEN_FDNAMES as n names (missing ones empty).
+func listenNames(n int) []string {
+	names := strings.Split(os.Getenv("LISTEN_FDNAMES"), ":")
+	if len(names) > n {
+		names = names[:n]
+	}
+	for len(names) < n {
+		names = append(names, "")
+	}
+	return names
+}
+
 // receiveFromStore reads a handover systemd passed from its store: nil,
-// nil when LISTEN_FDNAMES has no StoreStateName (a plain start). Every
-// other descriptor systemd passed is closed: a socket unit's socket is in
-// the list too, as a descriptor the old process served.
+// nil when LISTEN_FDNAMES has no StoreStateName (a plain start; entries
+// of ours left in the store without a document are dropped first, see
+// dropStale). Every other descriptor systemd passed is closed: a socket
+// unit's socket is in the list too, as a descriptor the old process
+// served. A store this process cannot take over from is emptied before
+// the error returns, so that the next start (Restart=) is a plain one
+// rather than the same refusal again.
 func receiveFromStore() (*Incoming, error) {
 	if os.Getenv("LISTEN_PID") != strconv.Itoa(os.Getpid()) {
 		return nil, nil
 	}
 	n, err := strconv.Atoi(os.Getenv("LISTEN_FDS"))
-	if err != nil || n <= 0 || n > MaxHandoverFDs {
+	if err != nil || n <= 0 || n > MaxHandoverFDs+1+maxListenFDs {
 		return nil, nil
 	}
-	names := strings.Split(os.Getenv("LISTEN_FDNAMES"), ":")
-	stateFD := -1
-	for i, name := range names {
-		if i < n && name == StoreStateName {
-			stateFD = 3 + i
+	names := listenNames(n)
+	l := parseStoreNames(names)
+	if l.state < 0 {
+		if len(l.ours) > 0 {
+			dropStale(names)
 		}
-	}
-	if stateFD < 0 {
 		return nil, nil
 	}
 	for _, k := range []string{"LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"} {
 		os.Unsetenv(k)
 	}
-	in := &Incoming{store: true}
-	byIndex := map[int]int{}
-	for i := 0; i < n; i++ {
-		fd := 3 + i
-		unix.CloseOnExec(fd)
-		name := ""
-		if i < len(names) {
-			name = names[i]
-		}
-		idx, err := strconv.Atoi(strings.TrimPrefix(name, StoreFDPrefix))
-		switch {
-		case fd == stateFD:
-		case strings.HasPrefix(name, StoreFDPrefix) && err == nil && idx >= 0 && idx < MaxHandoverFDs && byIndex[idx] == 0:
-			byIndex[idx] = fd
-		default:
-			unix.Close(fd)
+	// held are the passed descriptors this function still owns.
+	held := make(map[int]bool, n)
+	for p := range names {
+		unix.CloseOnExec(3 + p)
+		held[3+p] = true
+	}
+	release := func(p int) {
+		unix.Close(3 + p)
+		delete(held, 3+p)
+	}
+	for p, name := range names {
+		if name != StoreStateName && !strings.HasPrefix(name, StoreFDPrefix) {
+			release(p)
 		}
 	}
-	doc, err := readSealed(stateFD)
+	for _, p := range l.extra {
+		release(p)
+	}
+	in := &Incoming{store: true}
+	fail := func(err error) (*Incoming, error) {
+		for fd := range held {
+			unix.Close(fd)
+		}
+		for _, fd := range in.fds {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+		in.fds = nil
+		removeFromStore(l.ours)
+		return nil, fmt.Errorf("handover from the store (its entries are removed: the next start is a plain one): %w", err)
+	}
+	delete(held, 3+l.state) // readSealed closes it
+	doc, err := readSealed(3 + l.state)
 	if err != nil {
-		return in, fmt.Errorf("handover state from the store: %w", err)
+		return fail(fmt.Errorf("state: %w", err))
 	}
 	in.Bytes = len(doc)
 	h, err := DecodeHandover(doc)
 	if err != nil {
-		return in, err
+		return fail(err)
 	}
 	in.H = h
 	alias := make(map[int]int, len(h.Aliases))
@@ -190,28 +273,109 @@ func receiveFromStore() (*Incoming, error) {
 	for i := range in.fds {
 		in.fds[i] = -1
 	}
+	// checkAliases: an alias names an earlier index that is no alias, so
+	// in.fds[j] is set by the time index i needs it.
 	for i := range in.fds {
 		if j, ok := alias[i]; ok {
-			src, ok := byIndex[j]
-			if !ok {
-				return in, fmt.Errorf("handover from the store: descriptor %d (the same as %d) is missing", i, j)
-			}
-			if in.fds[i], err = unix.FcntlInt(uintptr(src), unix.F_DUPFD_CLOEXEC, 0); err != nil {
-				return in, fmt.Errorf("handover from the store: descriptor %d: %w", i, err)
+			if in.fds[i], err = unix.FcntlInt(uintptr(in.fds[j]), unix.F_DUPFD_CLOEXEC, 0); err != nil {
+				return fail(fmt.Errorf("descriptor %d (the same as %d): %w", i, j, err))
 			}
 			continue
 		}
-		fd, ok := byIndex[i]
+		p, ok := l.byIndex[i]
 		if !ok {
-			return in, fmt.Errorf("handover from the store: descriptor %d of %d is missing", i, h.NumFDs)
+			return fail(fmt.Errorf("descriptor %d of %d is missing", i, h.NumFDs))
 		}
-		in.fds[i] = fd
-		delete(byIndex, i)
+		in.fds[i] = 3 + p
+		delete(held, 3+p)
+		delete(l.byIndex, i)
 	}
-	for _, fd := range byIndex {
+	// Entries of ours the document does not name (leftovers): closed
+	// and removed now, or every later start would get them again. The
+	// named ones are removed once taken over (StoreNames).
+	for _, p := range l.byIndex {
+		release(p)
+	}
+	needed := make(map[string]bool, len(in.fds)+1)
+	for _, name := range in.StoreNames() {
+		needed[name] = true
+	}
+	var stale []string
+	for _, name := range l.ours {
+		if !needed[name] {
+			stale = append(stale, name)
+		}
+	}
+	removeFromStore(stale)
+	return in, nil
+}
+
+// dropStale removes entries of ours that came without a document (a
+// handover that failed halfway) from the store and from this process's
+// LISTEN_FDS: the descriptors of the others (socket units') move down to
+// 3… in order, so that socket activation finds them as systemd passed
+// them. LISTEN_PID is this process's.
+func dropStale(names []string) {
+	var keep []string
+	var ours []string
+	seen := map[string]bool{}
+	for p, name := range names {
+		if name == StoreStateName || strings.HasPrefix(name, StoreFDPrefix) {
+			if !seen[name] {
+				seen[name] = true
+				ours = append(ours, name)
+			}
+			continue
+		}
+		// 3+len(keep) <= 3+p: a descriptor of ours (replaced, closing
+		// it) or one moved down already; nothing is closed before the
+		// end, so no number is reused meanwhile.
+		if to := 3 + len(keep); to != 3+p {
+			if err := unix.Dup3(3+p, to, 0); err != nil {
+				// Leave the rest as passed: activation reports it.
+				return
+			}
+		}
+		keep = append(keep, name)
+	}
+	for fd := 3 + len(keep); fd < 3+len(names); fd++ {
 		unix.Close(fd)
 	}
-	return in, nil
+	if len(keep) == 0 {
+		for _, k := range []string{"LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"} {
+			os.Unsetenv(k)
+		}
+	} else {
+		os.Setenv("LISTEN_FDS", strconv.Itoa(len(keep)))
+		os.Setenv("LISTEN_FDNAMES", strings.Join(keep, ":"))
+	}
+	removeFromStore(ours)
+}
+
+// removeFromStore sends FDSTOREREMOVE=1 for each name.
+func removeFromStore(names []string) {
+	for _, n := range names {
+		NotifyWithFDs("FDSTOREREMOVE=1\nFDNAME=" + n)
+	}
+}
+
+// NotifyWithFDs sends state, with fds, to the service manager's
+// NOTIFY_SOCKET (sd_pid_notify_with_fds); an error when there is none.
+func NotifyWithFDs(state string, fds ...int) error {
+	addr := os.Getenv("NOTIFY_SOCKET")
+	if addr == "" {
+		return errors.New("no NOTIFY_SOCKET")
+	}
+	sock, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(sock)
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	return unix.Sendmsg(sock, []byte(state), oob, &unix.SockaddrUnix{Name: addr}, 0)
 }
 
 // StoreNames are the names a handover from the store used, for

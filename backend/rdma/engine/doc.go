@@ -135,8 +135,21 @@
 // (their requesters retry at once and wait again), the key cache. The peer
 // of an RC QP is resolved again by dgid once every device is imported
 // (ResolvePeers); a UD QP attached to the network is attached again
-// (ReattachUD). A network QP (rc.Conn), memory windows and ALLOC_MR MRs
-// are not transferable yet (Transferable says which).
+// (ReattachUD). A QP connected over plain RoCEv2 carries its netQP and its
+// transport (state_net.go, NetQPState): the slots of the WQEs the
+// transport holds (wr_id, opcode, flags; Done … Tail), the receive it is
+// filling, the remote QP it claims, and the rc.ConnState, read with
+// Freeze and let go at once (Thaw) while the daemon holds the network
+// frozen (an export with a running network is refused: a packet accepted
+// after the read would be lost). The import checks it against the QP's
+// attributes, resolves every SGE's lkey again as a WQE's is checked
+// (sendBuf.Describe out, netQP.SendBuffer and RecvBuffer in: rc's
+// Describer and Rebuilder), claims the remote QP on the new fabric and
+// restores the connection on the network the new process adopted, still
+// frozen (ConnRestorer): the old process's sockets, and the requester
+// resends from its oldest unacknowledged PSN once the network thaws. A
+// multipath (spray) connection, memory windows and ALLOC_MR MRs are not
+// transferable yet (Transferable says which).
 //
 // Non-goals: the control commands and their validation (backend/rdma),
 // doorbell-queue notification suppression and the worker loop (the caller

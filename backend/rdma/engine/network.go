@@ -88,6 +88,10 @@ type netQP struct {
 	recvs    []recvBuf
 	recvHead int
 	recvOpen int
+
+	// restoreT is the device's table while RestoreNet rebuilds the
+	// transport (rc.Rebuilder); nil otherwise.
+	restoreT *memmap.Table
 }
 
 // netSlot is one posted send WQE.

@@ -15,7 +15,9 @@ import (
 // it what it holds beyond its creation parameters, exported here as plain
 // data: a CQ's producer index and arm state (CQState), an SRQ's consumer
 // index and limit (SRQState), a QP's attributes, ring positions, RNR and
-// lost-peer state (QPState), the device's counters (CountersState).
+// lost-peer state (QPState) and, for a QP connected over the network, its
+// transport's (NetQPState, state_net.go), the device's counters
+// (CountersState).
 //
 // What is not carried, and why that is safe: a QP's scratch (the head send
 // WQE decoded during an RNR wait: it is still in the ring at sq_ci and is
@@ -23,8 +25,8 @@ import (
 // is kept), the waiter lists of an RQ or SRQ (requesters retry at once,
 // and wait again if there is still no receive: the notify words keep
 // their values), the key cache. Every export runs on a quiesced device
-// (no engine pass, no command, no network transport), every import on a
-// device that nothing runs on yet.
+// (no engine pass, no command) with the network frozen (no transport
+// goroutine), every import on a device that nothing runs on yet.
 
 // ErrState is a state an import refuses (a value out of range, a
 // reference that does not resolve); wrapped with what is wrong.
@@ -36,8 +38,10 @@ func stateErr(format string, a ...any) error {
 
 // Transferable reports why the device's objects cannot be handed over by
 // this version (nil: they can): a host NIC, a QP connected over the
-// network, a memory window or an ALLOC_MR MR. A UD QP attached to the
-// network is transferable (it is attached again: ReattachUD).
+// network by multipath (spray), a memory window or an ALLOC_MR MR. A UD QP
+// attached to the network is transferable (it is attached again:
+// ReattachUD), and so is a QP connected over plain RoCEv2 (its transport's
+// state is carried: state_net.go).
 func (d *RNIC) Transferable() error {
 	if d.NIC() != nil {
 		return errors.New("the device runs on a host NIC")
@@ -57,10 +61,10 @@ func (d *RNIC) Transferable() error {
 	}
 	for _, q := range qs {
 		q.mu.Lock()
-		net := q.net != nil
+		err := q.netTransferableLocked()
 		q.mu.Unlock()
-		if net {
-			return fmt.Errorf("QP %d is connected over the network", q.Num)
+		if err != nil {
+			return err
 		}
 	}
 	return nil

@@ -110,21 +110,36 @@ type QPState struct {
 	LastWQE    bool        `json:"last_wqe"`
 	Stash      *StashState `json:"stash,omitempty"`
 	// UDNet: a UD QP attached to the network (attached again at import).
-	UDNet    bool       `json:"ud_net"`
-	Counters QPCounters `json:"counters"`
+	UDNet bool `json:"ud_net"`
+	// Net: an RC QP connected over the network (RestoreNet rebuilds it
+	// after ImportState). SGID is the network GID it sends from.
+	Net      *NetQPState `json:"net,omitempty"`
+	Counters QPCounters  `json:"counters"`
 }
 
 // ExportState returns q's state. Precondition: no engine pass runs (the device
-// is quiesced) and the QP has no network transport (Transferable).
+// is quiesced) and, for a QP connected over the network, the network is
+// frozen (state_net.go).
 func (q *QP) ExportState() (QPState, error) {
 	q.sqMu.Lock()
 	defer q.sqMu.Unlock()
+	// The transport's lock comes after sqMu and before rqMu and mu.
+	q.mu.Lock()
+	nq := q.net
+	q.mu.Unlock()
+	var ns *NetQPState
+	if nq != nil {
+		var err error
+		if ns, err = nq.export(); err != nil {
+			return QPState{}, err
+		}
+	}
 	q.rqMu.Lock()
 	defer q.rqMu.Unlock()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.net != nil {
-		return QPState{}, fmt.Errorf("QP %d is connected over the network", q.Num)
+	if q.net != nq {
+		return QPState{}, fmt.Errorf("QP %d: its network transport changed during the export", q.Num)
 	}
 	if q.sqCI != q.sqCIPub {
 		return QPState{}, fmt.Errorf("QP %d: sq_ci not published", q.Num)
@@ -134,7 +149,7 @@ func (q *QP) ExportState() (QPState, error) {
 		LostPeer: q.lostPeer, LostEnd: q.lostEnd, LostHaveEnd: q.lostHaveEnd,
 		SQCI: q.sqCI, SQPISeen: q.sqPISeen, RNRTries: q.rnrTries, RetryExc: q.retryExc, RetryEnd: q.retryEnd,
 		RQCI: q.rqCI, RQPISeen: q.rqPISeen, RQFlushing: q.rqFlushing, RQNotify: q.rqNotifyPub, LastWQE: q.lastWQE,
-		UDNet: q.udNet != nil,
+		UDNet: q.udNet != nil, Net: ns,
 	}
 	if st := q.srqStash; st != nil {
 		s.Stash = &StashState{WRID: st.wrID}
@@ -192,14 +207,19 @@ func CheckAttr(s *QPAttrState, ud bool) error {
 // ImportState gives a QP being imported its state, after AddQP (which
 // leaves it in RESET) and before any engine runs on the device. It
 // validates st against the QP (CheckAttr, ring windows, the stash's SGE
-// count); the peer is resolved later (ResolvePeers).
+// count); the peer is resolved later (ResolvePeers), the network
+// transport rebuilt by RestoreNet (st.Net).
 func (q *QP) ImportState(st *QPState) error {
 	if err := CheckAttr(&st.Attr, q.UD); err != nil {
 		return fmt.Errorf("QP %d: %w", q.Num, err)
 	}
 	switch {
-	case st.Attr.State == abi.QPSReset && (st.Peer || st.UDNet):
+	case st.Attr.State == abi.QPSReset && (st.Peer || st.UDNet || st.Net != nil):
 		return stateErr("QP %d: a peer in RESET", q.Num)
+	case st.Peer && st.Net != nil:
+		return stateErr("QP %d: a peer on this host and on the network", q.Num)
+	case st.Net != nil && q.UD:
+		return stateErr("QP %d: a UD QP connected over the network", q.Num)
 	case st.Peer && q.UD:
 		return stateErr("QP %d: a UD QP with a peer", q.Num)
 	case st.UDNet && !q.UD:
