@@ -239,21 +239,12 @@ func (d *Daemon) postAck(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req controlapi.AckRequest
-	if len(bytes.TrimSpace(body)) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
-			writeError(w, http.StatusBadRequest, reqErr("", "malformed JSON: %v", err).Error())
-			return
-		}
-		if _, err := dec.Token(); err != io.EOF {
-			writeError(w, http.StatusBadRequest, reqErr("", "trailing data after the JSON object").Error())
-			return
-		}
-		if len(req.ID) > maxProblemID {
-			writeError(w, http.StatusBadRequest, reqErr("id", "longer than %d bytes", maxProblemID).Error())
-			return
-		}
+	if !decodeOptionalBody(w, body, &req) {
+		return
+	}
+	if len(req.ID) > maxProblemID {
+		writeError(w, http.StatusBadRequest, reqErr("id", "longer than %d bytes", maxProblemID).Error())
+		return
 	}
 	ids, err := d.Ack(req.ID)
 	switch {
@@ -271,4 +262,24 @@ func (d *Daemon) postAck(w http.ResponseWriter, r *http.Request) {
 		ids = []string{}
 	}
 	writeJSON(w, http.StatusOK, controlapi.AckAnswer{Acknowledged: ids, Health: d.Health()})
+}
+
+// decodeOptionalBody decodes a request body that may be empty into v: one
+// JSON object, no unknown key, nothing after it. When it cannot, it has
+// answered 400 and returns false.
+func decodeOptionalBody(w http.ResponseWriter, body []byte, v any) bool {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return true
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, reqErr("", "malformed JSON: %v", err).Error())
+		return false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		writeError(w, http.StatusBadRequest, reqErr("", "trailing data after the JSON object").Error())
+		return false
+	}
+	return true
 }

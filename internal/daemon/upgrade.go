@@ -1,11 +1,9 @@
 package daemon
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -357,17 +355,8 @@ func (d *Daemon) postUpgrade(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req controlapi.UpgradeRequest
-	if len(bytes.TrimSpace(body)) > 0 {
-		dec := json.NewDecoder(bytes.NewReader(body))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&req); err != nil {
-			writeError(w, http.StatusBadRequest, reqErr("", "malformed JSON: %v", err).Error())
-			return
-		}
-		if _, err := dec.Token(); err != io.EOF {
-			writeError(w, http.StatusBadRequest, reqErr("", "trailing data after the JSON object").Error())
-			return
-		}
+	if !decodeOptionalBody(w, body, &req) {
+		return
 	}
 	ans, err := d.Upgrade(req.Binary)
 	switch {
