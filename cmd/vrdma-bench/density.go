@@ -34,12 +34,15 @@ import (
 // device") counts them: the listening socket, and while a front-end is
 // connected its vhost-user socket, its backend channel, a kick and an
 // error eventfd per virtqueue (control, event, one doorbell queue) and a
-// call eventfd per queue that interrupts (not the doorbell queue).
-// Memory-region descriptors are closed once mapped.
+// call eventfd per queue that interrupts (not the doorbell queue), and
+// the guest memory region's file, which the daemon keeps after mapping it
+// so that a live upgrade can hand it to the next process (the front-end
+// does not send it again).
 const (
 	densityListenFds = 1
 	densityQueues    = abi.FirstDoorbellQueue + 1
-	densityDeviceFds = densityListenFds + 2 + 2*densityQueues + abi.FirstDoorbellQueue // 11
+	densityRegions   = 1 // vmm/frontend's guest memory is one memfd
+	densityDeviceFds = densityListenFds + 2 + 2*densityQueues + abi.FirstDoorbellQueue + densityRegions // 12
 )
 
 const (

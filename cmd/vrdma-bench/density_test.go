@@ -87,14 +87,14 @@ func TestDensityFit(t *testing.T) {
 		{10000, 1 << 20, true},
 	}
 	for _, tt := range tests {
-		if got := fitsFds(tt.n, 11, densityDeviceFds, tt.limit); got != tt.want {
+		if got := fitsFds(tt.n, 11, 11, tt.limit); got != tt.want {
 			t.Errorf("fitsFds(%d, limit %d): got %v, want %v", tt.n, tt.limit, got, tt.want)
 		}
 	}
-	if got := largestFit(11, densityDeviceFds, 20000); got != 1811 {
+	if got := largestFit(11, 11, 20000); got != 1811 {
 		t.Errorf("largestFit(limit 20000): got %d, want 1811", got)
 	}
-	if got := largestFit(11, densityDeviceFds, 1<<20); got != daemon.MaxDevices {
+	if got := largestFit(11, 11, 1<<20); got != daemon.MaxDevices {
 		t.Errorf("largestFit(limit 1<<20): got %d, want daemon.MaxDevices (%d)", got, daemon.MaxDevices)
 	}
 }
