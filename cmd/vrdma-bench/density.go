@@ -42,7 +42,8 @@ const (
 	densityListenFds = 1
 	densityQueues    = abi.FirstDoorbellQueue + 1
 	densityRegions   = 1 // vmm/frontend's guest memory is one memfd
-	densityDeviceFds = densityListenFds + 2 + 2*densityQueues + abi.FirstDoorbellQueue + densityRegions // 12
+	// 12 per device
+	densityDeviceFds = densityListenFds + 2 + 2*densityQueues + abi.FirstDoorbellQueue + densityRegions
 )
 
 const (
