@@ -151,6 +151,43 @@
 // its session (its device is reset, its own descriptors closed, nothing is
 // sent), but after a handover the old process exits instead.
 //
-// Non-goals: dirty logging and migration to another host (LOG_SHMFD is
-// not offered), packed rings, in-band notifications, inflight tracking.
+// # Live migration
+//
+// A device that implements StateSaver moves its state with the VM through
+// the front-end (devstate.go): the back-end offers DEVICE_STATE; with every
+// ring stopped, SET_DEVICE_STATE_FD (phase stopped) gives it one end of a
+// pipe. Save: the device's state is taken at once (SaveState, into memory,
+// at most MaxDeviceState bytes; a refusal is the reply's failure, and the
+// front-end cancels the migration) and a goroutine writes it as the
+// front-end reads. Load: a goroutine reads the stream to its end, at most
+// MaxDeviceState bytes (it stops reading past them). CHECK_DEVICE_STATE
+// waits for the goroutine and, for a load, gives the bytes to LoadState on
+// the session goroutine: 0 when all went well. The back-end never returns
+// a channel of its own. The rings, memory and features are not device
+// state: the destination's front-end sets them up as for any start.
+//
+// # Dirty logging
+//
+// While the front-end migrates the guest it must copy every page the
+// back-end writes (session_log.go). The session offers LOG_SHMFD, and
+// VHOST_F_LOG_ALL for a device that says it logs all its writes
+// (DirtyLogger; the vrdma device on the software RNIC does, on a host NIC
+// it does not: the NIC's DMA is invisible). SET_LOG_BASE maps the log
+// (memmap.MapDirtyLog; its fd is closed at once) and answers a u64: 0, or
+// 1 for a log that is malformed, unmappable or does not cover the memory
+// table and the logged used rings (never written). SET_LOG_FD is checked
+// and closed. Logging is on while LOG_ALL is acked and a log is set: the
+// session installs the log in the Memory (memmap.Memory.SetLog), so every
+// table acquired from then on marks into it, and answers only once every
+// worker let go of the tables from before (bounded by logDrainTimeout,
+// then a warning): from the answer on, no write escapes the log. LOG_ALL
+// off drops the log. SET_VRING_ADDR may change VHOST_VRING_F_LOG while the
+// ring runs; the ring's used-ring stores are then marked at its
+// log_guest_addr (vring.LogUsed, called by virtio.DeviceQueue after each
+// store). Descriptor buffers are marked by virtio.Chain.Scatter, the
+// device's engine marks its own writes (backend/rdma/engine, "Dirty
+// logging"). A SET_MEM_TABLE or ADD_MEM_REG whose regions the log does not
+// cover is refused.
+//
+// Non-goals: packed rings, in-band notifications, inflight tracking.
 package backend

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vrdma/vrdma/internal/eventfd"
+	"github.com/vrdma/vrdma/virtio"
 )
 
 // Freezing a Server for a live upgrade (backend/doc.go, "Live upgrade"):
@@ -359,6 +360,12 @@ func (s *session) thaw() {
 // On error it returns the dups made so far for the caller to close.
 // Precondition: session goroutine, rings paused, backend frozen.
 func (s *session) describe() (*SessionState, []int, error) {
+	if s.logBase != nil || s.features&virtio.FeatureLogAll != 0 || s.xfer != nil {
+		// The next process would neither mark the pages QEMU still
+		// copies nor finish the transfer: the guest's memory at the
+		// destination would be stale. Refused; the migration goes on.
+		return nil, nil, fmt.Errorf("backend: freeze: %w: a migration is under way (dirty log or device-state transfer)", ErrMigrating)
+	}
 	var fds []int
 	add := func(fd int, err error) (int, error) {
 		if err != nil {
@@ -439,6 +446,10 @@ func (s *session) describe() (*SessionState, []int, error) {
 	}
 	return st, fds, nil
 }
+
+// ErrMigrating refuses a handover of a session whose front-end is
+// migrating the guest (dirty logging on, or its device state moving).
+var ErrMigrating = errors.New("session is migrating")
 
 // dupFd duplicates fd (close-on-exec).
 func dupFd(fd int) (int, error) {

@@ -146,14 +146,14 @@ func hostileCases() []hostileCase {
 		// Unknown and unsupported requests: refused, the session goes on.
 		{name: "unknown request", run: nack(99, nil)},
 		{name: "unknown request with payload and fd", run: nack(1000, make([]byte, 100), memfd)},
-		{name: "SET_LOG_BASE (not offered)", run: nack(vu.SetLogBase, make([]byte, vu.LogInfoSize), memfd)},
-		{name: "SET_LOG_FD (not offered)", run: nack(vu.SetLogFd, nil, efd)},
+		{name: "SET_LOG_BASE of zero bytes", run: nack(vu.SetLogBase, make([]byte, vu.LogInfoSize), memfd)},
+		{name: "SET_LOG_FD not an eventfd", run: nack(vu.SetLogFd, nil, memfd)},
 		{name: "IOTLB_MSG", run: nack(vu.IOTLBMsg, make([]byte, vu.IOTLBSize))},
 		{name: "SET_VRING_ENDIAN", run: nack(vu.SetVringEndian, state(0, 1))},
 		{name: "SET_INFLIGHT_FD (not offered)", run: nack(vu.SetInflightFd, make([]byte, vu.InflightInfoSize), memfd)},
 		{name: "VRING_KICK in band (not offered)", run: nack(vu.VringKick, state(0, 0))},
 		{name: "SET_FEATURES not offered", run: nack(vu.SetFeatures, vu.EncodeU64(1<<62))},
-		{name: "SET_PROTOCOL_FEATURES LOG_SHMFD", run: nack(vu.SetProtocolFeatures, vu.EncodeU64(ProtocolFeatures|vu.ProtocolLogShmfd))},
+		{name: "SET_PROTOCOL_FEATURES INFLIGHT_SHMFD", run: nack(vu.SetProtocolFeatures, vu.EncodeU64(ProtocolFeatures|vu.ProtocolInflightShmfd))},
 		{name: "SET_STATUS above 8 bits", run: nack(vu.SetStatus, vu.EncodeU64(0x100))},
 
 		// Wrong sizes.
@@ -235,7 +235,7 @@ func hostileCases() []hostileCase {
 		{name: "SET_VRING_NUM above the device maximum", run: nack(vu.SetVringNum, state(1, 512))},
 		{name: "SET_VRING_NUM 2^31", run: nack(vu.SetVringNum, state(1, 1<<31))},
 		{name: "SET_VRING_BASE above 16 bits", run: nack(vu.SetVringBase, state(1, 0x10000))},
-		{name: "SET_VRING_ADDR with F_LOG", run: nack(vu.SetVringAddr, vu.VringAddr{Index: 1, Flags: vu.VringAddrFLog}.Encode())},
+		{name: "SET_VRING_ADDR with F_LOG at an overflowing address", run: nack(vu.SetVringAddr, vu.VringAddr{Index: 1, Flags: vu.VringAddrFLog, Log: 1<<64 - 4}.Encode())},
 		{name: "SET_VRING_ADDR unknown flags", run: nack(vu.SetVringAddr, vu.VringAddr{Index: 1, Flags: 2}.Encode())},
 		{name: "SET_VRING_ENABLE 2", run: nack(vu.SetVringEnable, state(1, 2))},
 		{name: "SET_VRING_NUM while started", run: nack(vu.SetVringNum, state(0, 32))},

@@ -84,8 +84,8 @@ func TestQEMUSequence(t *testing.T) {
 	if got := f.getU64(vu.GetProtocolFeatures); got != ProtocolFeatures {
 		t.Fatalf("GET_PROTOCOL_FEATURES: got %#x, want %#x", got, ProtocolFeatures)
 	}
-	if ProtocolFeatures&vu.ProtocolLogShmfd != 0 {
-		t.Fatal("LOG_SHMFD offered: the device is not migratable")
+	if ProtocolFeatures&vu.ProtocolLogShmfd == 0 {
+		t.Fatal("LOG_SHMFD not offered: the dirty log of a migration has no way in")
 	}
 	f.send(vu.SetProtocolFeatures, vu.EncodeU64(ProtocolFeatures))
 	if got := f.getU64(vu.GetQueueNum); got != 2 {

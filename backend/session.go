@@ -13,15 +13,19 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio"
 	vu "github.com/vrdma/vrdma/virtio/vhostuser"
 )
 
 // ProtocolFeatures are the vhost-user protocol features the back-end
-// offers. Not offered, deliberately: LOG_SHMFD (the device is not
-// migratable yet), INFLIGHT_SHMFD, in-band notifications, host notifiers,
-// DEVICE_STATE.
-const ProtocolFeatures = vu.ProtocolMQ | vu.ProtocolReplyAck | vu.ProtocolBackendReq |
-	vu.ProtocolConfig | vu.ProtocolResetDevice | vu.ProtocolConfigureMemSlots | vu.ProtocolStatus
+// offers. DEVICE_STATE moves a StateSaver device's state (devstate.go).
+// LOG_SHMFD carries a migration's dirty log (session_log.go; the session
+// offers VHOST_F_LOG_ALL for a device that logs its writes, DirtyLogger).
+// Not offered, deliberately: INFLIGHT_SHMFD, in-band notifications, host
+// notifiers.
+const ProtocolFeatures = vu.ProtocolMQ | vu.ProtocolLogShmfd | vu.ProtocolReplyAck | vu.ProtocolBackendReq |
+	vu.ProtocolConfig | vu.ProtocolResetDevice | vu.ProtocolConfigureMemSlots | vu.ProtocolStatus |
+	vu.ProtocolDeviceState
 
 // errUnsupported answers requests for features the back-end did not offer.
 var errUnsupported = errors.New("request not supported")
@@ -54,6 +58,10 @@ type session struct {
 	done        chan struct{}  // immutable; closed by Server.runSession when the session has released everything
 	resumed     atomic.Bool    // atomic: rings resumed from a base this session never produced
 
+	// logBase is the last SET_LOG_BASE's dirty log, one reference, nil
+	// when none (session goroutine; session_log.go).
+	logBase *memmap.DirtyLog
+
 	// Freezing (handover.go). backendFrozen and configPending are
 	// protected by backendMu; notifying counts NotifyConfigChange writes
 	// in flight (Add under backendMu while not frozen).
@@ -64,6 +72,7 @@ type session struct {
 	freezeReq     *freezeRequest // protected by pauseMu; the Freeze waiting for this session, nil when none
 	kill          chan struct{}  // immutable; closed (killOnce) by end: a paused session ends
 	killOnce      sync.Once
+	xfer          *stateTransfer // session goroutine: the device-state transfer under way (devstate.go)
 }
 
 func newSession(c *net.UnixConn, dev Device, log *logrus.Entry, stats *Stats) *session {
@@ -188,6 +197,16 @@ func (s *session) handle(m *vu.Message) error {
 	} else if s.log.Logger.IsLevelEnabled(logrus.DebugLevel) {
 		s.log.WithField("msg", req.String()).Debug("request")
 	}
+	if req == vu.SetLogBase && s.protocol&vu.ProtocolLogShmfd != 0 {
+		// With LOG_SHMFD the front-end waits for an answer (QEMU reads
+		// it before it syncs the previous log): a u64, 0 when the log
+		// is in use, as REPLY_ACK's; a refused log is never written.
+		var status uint64
+		if err != nil {
+			status = 1
+		}
+		return s.reply(req, vu.EncodeU64(status))
+	}
 	if alwaysReplies(req) {
 		if err != nil {
 			// There is no way to say "failed" in these replies but to
@@ -216,7 +235,8 @@ func (s *session) handle(m *vu.Message) error {
 func alwaysReplies(r vu.Request) bool {
 	switch r {
 	case vu.GetFeatures, vu.GetProtocolFeatures, vu.GetVringBase, vu.GetConfig,
-		vu.GetQueueNum, vu.GetMaxMemSlots, vu.GetStatus, vu.GetInflightFd:
+		vu.GetQueueNum, vu.GetMaxMemSlots, vu.GetStatus, vu.GetInflightFd,
+		vu.SetDeviceStateFd, vu.CheckDeviceState:
 		return true
 	}
 	return false
@@ -227,7 +247,13 @@ func (s *session) reply(req vu.Request, payload []byte) error {
 	return s.conn.WriteMessage(h, payload, nil)
 }
 
-func (s *session) offered() uint64 { return s.dev.Features() | vu.FeatureProtocolFeatures }
+func (s *session) offered() uint64 {
+	f := s.dev.Features() | vu.FeatureProtocolFeatures
+	if s.logsDirty() {
+		f |= virtio.FeatureLogAll
+	}
+	return f
+}
 
 func (s *session) ring(index uint32) (*vring, error) {
 	if index >= uint32(len(s.rings)) {
@@ -249,7 +275,9 @@ func (s *session) dispatch(m *vu.Message) ([]byte, error) {
 		if f&^s.offered() != 0 {
 			return nil, fmt.Errorf("features %#x not offered (offered %#x)", f&^s.offered(), s.offered())
 		}
+		was := s.features
 		s.features = f
+		s.setLogAll(was)
 		if f&vu.FeatureProtocolFeatures == 0 {
 			// "If VHOST_USER_F_PROTOCOL_FEATURES has not been negotiated,
 			// the ring starts directly in the enabled state."
@@ -286,9 +314,19 @@ func (s *session) dispatch(m *vu.Message) ([]byte, error) {
 	case vu.SetBackendReqFd:
 		return nil, s.setBackendChannel(m)
 	case vu.SetMemTable:
+		if err := s.checkLogCoversTable(m); err != nil {
+			return nil, err
+		}
 		return nil, s.setMemTable(m)
 	case vu.AddMemReg:
+		if err := s.checkLogCoversTable(m); err != nil {
+			return nil, err
+		}
 		return nil, s.addMemReg(m)
+	case vu.SetLogBase:
+		return nil, s.setLogBase(m)
+	case vu.SetLogFd:
+		return nil, s.setLogFd(m)
 	case vu.RemMemReg:
 		return nil, s.remMemReg(m)
 	case vu.SetVringNum:
@@ -314,6 +352,10 @@ func (s *session) dispatch(m *vu.Message) ([]byte, error) {
 		return nil, s.setStatus(p)
 	case vu.GetStatus:
 		return vu.EncodeU64(uint64(s.status)), nil
+	case vu.SetDeviceStateFd:
+		return s.setDeviceStateFd(m)
+	case vu.CheckDeviceState:
+		return s.checkDeviceState()
 	}
 	return nil, fmt.Errorf("%w: %s", errUnsupported, m.Req())
 }
@@ -425,6 +467,7 @@ func (s *session) resetDevice() {
 	s.dev.Reset()
 	s.resumed.Store(false)
 	s.features, s.status = 0, 0
+	s.dropLog()
 }
 
 // end closes the connection on purpose (Server.Disconnect, Close): the
@@ -452,6 +495,7 @@ func (s *session) teardown() {
 		s.backendConn = nil
 	}
 	s.backendMu.Unlock()
+	s.dropLog()
 	s.mem.Close()
 	s.conn.Close()
 }

@@ -54,14 +54,17 @@ func (s *session) setVringAddr(p []byte) error {
 	if err != nil {
 		return err
 	}
-	if a.Flags&vu.VringAddrFLog != 0 {
-		return fmt.Errorf("%w: dirty logging (migration) of ring %d", errUnsupported, a.Index)
-	}
-	if a.Flags != 0 {
+	if a.Flags&^vu.VringAddrFLog != 0 {
 		return fmt.Errorf("ring %d: unknown address flags %#x", a.Index, a.Flags)
 	}
-	if r.started {
+	same := r.addrSet && r.desc == memmap.UVA(a.Desc) && r.avail == memmap.UVA(a.Avail) && r.used == memmap.UVA(a.Used)
+	if r.started && !same {
+		// Only the log part may change while the ring runs (QEMU
+		// turns VHOST_VRING_F_LOG on and off around a migration).
 		return fmt.Errorf("ring %d: SET_VRING_ADDR while started", a.Index)
+	}
+	if err := s.setVringLog(r, a); err != nil {
+		return err
 	}
 	r.desc, r.avail, r.used = memmap.UVA(a.Desc), memmap.UVA(a.Avail), memmap.UVA(a.Used)
 	r.addrSet = true

@@ -39,6 +39,8 @@ type vring struct {
 	paused   bool                            // session goroutine; started, its worker stopped by pause (handover.go)
 	adoptErr error                           // session goroutine; why Adopt could not make the device queue (adopt.go)
 	enabled  atomic.Bool                     // atomic
+	logUsed  bool                            // protected by q.mu: VHOST_VRING_F_LOG, log used-ring writes
+	logAddr  uint64                          // protected by q.mu: log_guest_addr, where the used ring is logged
 	brokenAt atomic.Pointer[error]           // atomic; the error that broke the ring, until it is set up again
 
 	stopping atomic.Bool     // atomic; set by stop and read by the worker and handlers (Queue.Stopping)
@@ -272,6 +274,7 @@ func (r *vring) run(fn func(q *Queue) error) error {
 	}
 	q.table = t
 	q.dirty = false
+	q.vq.SetUsedLog(r) // LogUsed: the used ring's stores are marked at its log address
 	var ferr error
 	gerr := memmap.Guard(func() { ferr = fn(q) })
 	q.table = nil
@@ -314,6 +317,9 @@ func (r *vring) closeFds() {
 func (r *vring) reset() {
 	r.closeFds()
 	r.num, r.desc, r.avail, r.used, r.addrSet, r.base, r.ours = 0, 0, 0, 0, false, 0, false
+	r.q.mu.Lock()
+	r.logUsed, r.logAddr = false, 0
+	r.q.mu.Unlock()
 	r.enabled.Store(false)
 	r.brokenAt.Store(nil)
 }

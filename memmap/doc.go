@@ -29,7 +29,21 @@
 // dropped at once. So a table change never drops a live object's pin, and
 // destroying an object never unpins pages another object holds.
 //
-// Non-goals: the dirty-page log; anything of the vhost-user wire
+// DirtyLog (dirty.go) is a front-end's dirty log during a migration: a
+// bitmap of 4 KiB guest-physical pages. Memory.SetLog gives it to the
+// current table and every table installed after it (Swap carries it); a
+// writer marks what it wrote through the table it wrote through
+// (Table.MarkDirty, Table.ForEachWrite), after the write, with an atomic
+// OR, and nothing when the table has no log (one nil check). The list of
+// writers is complete because every write into guest memory needs a
+// table's host view, and the packages that write (virtio's used ring and
+// Chain.Scatter, the engine) each route their writes through one or two
+// marking functions (their doc.go files say which). SetLog's Idle channel
+// tells when no worker still writes through a table from before. A mark
+// clips to the log (counted: Missed) and contains a fault of the log's
+// file (Faulted).
+//
+// Non-goals: anything of the vhost-user wire
 // (package virtio/vhostuser decodes messages; this package only sees
 // RegionSpecs and fds); and what the guest shares with the host. The
 // guest-physical address type (abi.GPA) and the atomic accessors for ring
@@ -71,9 +85,10 @@
 //
 // # Lock order
 //
-// Tables, regions and Memory have no mutexes: Memory.cur, Memory.gen and
-// the reference counts are atomics; tables and regions are otherwise
-// immutable. A Pinner has one mutex, Pinner.mu (see pin.go): under it it
+// Tables and regions have no mutexes: Memory.cur, Memory.gen and the
+// reference counts are atomics; tables, regions and dirty logs are
+// otherwise immutable. Memory.mu serialises the installers (Swap, SetLog)
+// only; Acquire takes no lock. A Pinner has one mutex, Pinner.mu (see pin.go): under it it
 // takes region references and updates its Accounting, both atomics, and
 // nothing else. Release of a table
 // releases its regions after its own count reached zero; nothing acquires

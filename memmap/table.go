@@ -25,12 +25,14 @@ type Table struct {
 	regions []*Region // immutable; sorted by GuestAddr; one reference each
 	byGPA   []span    // immutable; same order as regions
 	byUVA   []span    // immutable; sorted by UserAddr
+	log     *DirtyLog // immutable; nil, or the dirty log writers mark (one reference)
 	refs    atomic.Int64
+	idle    chan struct{} // immutable; closed by the last Release
 }
 
 // EmptyTable returns a table with no regions and one reference.
 func EmptyTable() *Table {
-	t := &Table{}
+	t := &Table{idle: make(chan struct{})}
 	t.refs.Store(1)
 	return t
 }
@@ -63,6 +65,7 @@ func NewTable(regions []*Region) (*Table, error) {
 		regions: rs,
 		byGPA:   make([]span, len(rs)),
 		byUVA:   make([]span, len(rs)),
+		idle:    make(chan struct{}),
 	}
 	for i, r := range rs {
 		s := r.spec
@@ -144,7 +147,7 @@ func (t *Table) With(r *Region) (*Table, error) {
 	rs := make([]*Region, 0, len(t.regions)+1)
 	rs = append(rs, t.regions...)
 	rs = append(rs, r)
-	return NewTable(rs)
+	return t.carryLog(NewTable(rs))
 }
 
 // Without returns a new table holding t's regions except the one whose
@@ -160,10 +163,46 @@ func (t *Table) Without(spec RegionSpec) (*Table, error) {
 		rs := make([]*Region, 0, len(t.regions)-1)
 		rs = append(rs, t.regions[:i]...)
 		rs = append(rs, t.regions[i+1:]...)
-		return NewTable(rs)
+		return t.carryLog(NewTable(rs))
 	}
 	return nil, &RangeError{Space: SpaceGuest, Addr: uint64(spec.GuestAddr), Len: spec.Size, Err: ErrNotMapped}
 }
+
+// carryLog gives a table derived from t (With, Without) t's dirty log.
+func (t *Table) carryLog(n *Table, err error) (*Table, error) {
+	if err != nil || t.log == nil {
+		return n, err
+	}
+	if !t.log.tryRef() {
+		panic("memmap: a live table's dirty log was released")
+	}
+	n.log = t.log
+	return n, nil
+}
+
+// withLog returns a table with t's regions and the dirty log l (nil: none),
+// with one reference. t is unchanged; the caller keeps its reference.
+// Precondition: the caller holds references on t and l.
+func (t *Table) withLog(l *DirtyLog) *Table {
+	n := &Table{regions: t.regions, byGPA: t.byGPA, byUVA: t.byUVA, idle: make(chan struct{})}
+	for _, r := range t.regions {
+		if !r.tryRef() {
+			panic("memmap: a live table's region was released")
+		}
+	}
+	if l != nil {
+		if !l.tryRef() {
+			panic("memmap: withLog of a released dirty log")
+		}
+		n.log = l
+	}
+	n.refs.Store(1)
+	return n
+}
+
+// Idle returns a channel that is closed once the table's last reference
+// is released: every worker that held it has let it go (Memory.SetLog).
+func (t *Table) Idle() <-chan struct{} { return t.idle }
 
 // find returns the index of the span holding addr, or -1.
 func find(ss []span, addr uint64) int {
@@ -226,6 +265,19 @@ func (t *Table) SliceUser(uva UVA, n uint64) ([]byte, error) {
 // ErrOverflow. fn's first error stops the walk and is returned as is. The
 // loops are bounded by the number of regions. n == 0 calls nothing.
 func (t *Table) ForEach(gpa abi.GPA, n uint64, fn func([]byte) error) error {
+	return t.forEach(gpa, n, fn, nil)
+}
+
+// ForEachWrite is ForEach for a writer of guest memory: after fn returns
+// for a piece, an error included (fn may have written part of it), the
+// piece's pages are marked in the table's dirty log (MarkDirty).
+func (t *Table) ForEachWrite(gpa abi.GPA, n uint64, fn func([]byte) error) error {
+	return t.forEach(gpa, n, fn, t.log)
+}
+
+// forEach is ForEach, marking each piece in log after fn when log is not
+// nil.
+func (t *Table) forEach(gpa abi.GPA, n uint64, fn func([]byte) error, log *DirtyLog) error {
 	if n == 0 {
 		return nil
 	}
@@ -252,7 +304,11 @@ func (t *Table) ForEach(gpa abi.GPA, n uint64, fn func([]byte) error) error {
 		s := &t.byGPA[i]
 		lo := addr - s.start
 		hi := min(end, s.end) - s.start
-		if err := fn(s.data[lo:hi:hi]); err != nil {
+		err := fn(s.data[lo:hi:hi])
+		if log != nil {
+			log.mark(addr, hi-lo)
+		}
+		if err != nil {
 			return err
 		}
 		addr = s.end
@@ -295,4 +351,8 @@ func (t *Table) Release() {
 	for _, r := range t.regions {
 		r.Release()
 	}
+	if t.log != nil {
+		t.log.Release()
+	}
+	close(t.idle)
 }

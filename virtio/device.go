@@ -42,13 +42,14 @@ type DeviceQueue struct {
 
 	// Owned by the worker that calls the methods.
 	rings       Rings
-	lastAvail   uint16 // next available-ring slot to process
-	usedIdx     uint16 // shadow of used.idx (the device is its only writer)
-	oldUsed     uint16 // usedIdx at the last NeedsNotify
-	usedFlags   uint16 // shadow of used.flags
-	flagsStored bool   // usedFlags was stored into these rings
-	err         error  // sticky: non-nil once broken
-	inIndirect  bool   // walk state, only meaningful inside Pop
+	lastAvail   uint16  // next available-ring slot to process
+	usedIdx     uint16  // shadow of used.idx (the device is its only writer)
+	oldUsed     uint16  // usedIdx at the last NeedsNotify
+	usedFlags   uint16  // shadow of used.flags
+	flagsStored bool    // usedFlags was stored into these rings
+	err         error   // sticky: non-nil once broken
+	inIndirect  bool    // walk state, only meaningful inside Pop
+	ulog        UsedLog // told of every store into the used ring; nil: none (SetUsedLog)
 }
 
 // NewDeviceQueue returns the device side of a split virtqueue over r.
@@ -95,6 +96,18 @@ func (q *DeviceQueue) SetRings(r Rings) error {
 	q.rings = r
 	q.flagsStored = false
 	return nil
+}
+
+// SetUsedLog makes the queue tell l of every store it makes into the used
+// ring, after the store (dirty logging; nil: none).
+func (q *DeviceQueue) SetUsedLog(l UsedLog) { q.ulog = l }
+
+// logUsed tells the used log of a store of n bytes at offset off of the
+// used ring.
+func (q *DeviceQueue) logUsed(off, n int) {
+	if q.ulog != nil {
+		q.ulog.LogUsed(uint64(off), uint64(n))
+	}
 }
 
 // Size returns the queue size.
@@ -198,6 +211,7 @@ func (q *DeviceQueue) Pop(mem Memory, c *Chain) (bool, error) {
 		c.reset(0)
 		return false, err
 	}
+	c.marker, _ = mem.(DirtyMarker)
 	q.lastAvail++
 	return true, nil
 }
@@ -318,6 +332,7 @@ func (q *DeviceQueue) add(mem Memory, c *Chain, idx uint16, d desc) error {
 	b = b[:len(b):len(b)]
 	if write {
 		c.Writable = append(c.Writable, b)
+		c.writableGPA = append(c.writableGPA, abi.GPA(d.addr))
 		c.WritableLen += uint64(d.len)
 	} else {
 		c.Readable = append(c.Readable, b)
@@ -342,6 +357,8 @@ func (q *DeviceQueue) Push(head uint16, written uint32) error {
 	binary.LittleEndian.PutUint32(q.rings.Used[off+4:off+8], written)
 	q.usedIdx++
 	abi.StoreUint16(q.rings.Used, ringIdxOff, q.usedIdx)
+	q.logUsed(off, usedElemSize)
+	q.logUsed(ringIdxOff, 2)
 	return nil
 }
 
@@ -368,10 +385,12 @@ func (q *DeviceQueue) NeedsNotify() bool {
 func (q *DeviceQueue) EnableNotify() {
 	if q.eventIdx {
 		abi.StoreUint16(q.rings.Used, availEventOff(q.size), q.lastAvail)
+		q.logUsed(availEventOff(q.size), 2)
 		return
 	}
 	q.usedFlags &^= UsedFNoNotify
 	abi.StoreUint16(q.rings.Used, ringFlagsOff, q.usedFlags)
+	q.logUsed(ringFlagsOff, 2)
 }
 
 // DisableNotify tells the driver that kicks are not needed (the device is
@@ -381,10 +400,12 @@ func (q *DeviceQueue) DisableNotify() {
 		// An avail_event just behind what the device has consumed is not
 		// crossed again until the index wraps.
 		abi.StoreUint16(q.rings.Used, availEventOff(q.size), q.lastAvail-1)
+		q.logUsed(availEventOff(q.size), 2)
 		return
 	}
 	q.usedFlags |= UsedFNoNotify
 	abi.StoreUint16(q.rings.Used, ringFlagsOff, q.usedFlags)
+	q.logUsed(ringFlagsOff, 2)
 }
 
 // SetUsedFlagNoNotify sets or clears VIRTQ_USED_F_NO_NOTIFY in the used
@@ -405,12 +426,17 @@ func (q *DeviceQueue) SetUsedFlagNoNotify(on bool) {
 	}
 	q.usedFlags, q.flagsStored = f, true
 	abi.StoreUint16(q.rings.Used, ringFlagsOff, f)
+	q.logUsed(ringFlagsOff, 2)
 }
 
 // Chain is one descriptor chain popped by DeviceQueue.Pop. It is reused across
 // Pop calls so that Pop allocates nothing in steady state. Readable and
 // Writable are views of guest memory, valid while the caller holds the Memory
 // it passed to Pop; zero-length descriptors contribute no slice.
+//
+// A device writes into the writable buffers with Scatter, which marks what
+// it wrote in the Memory's dirty log (DirtyMarker); writing into Writable
+// directly is not logged.
 type Chain struct {
 	Head        uint16
 	Readable    [][]byte // device-readable buffers, in order
@@ -418,7 +444,9 @@ type Chain struct {
 	ReadableLen uint64
 	WritableLen uint64
 
-	sawWritable bool // a writable descriptor (possibly empty) was seen
+	sawWritable bool        // a writable descriptor (possibly empty) was seen
+	writableGPA []abi.GPA   // guest-physical address of each Writable buffer
+	marker      DirtyMarker // the Memory Pop translated through, if it logs writes
 }
 
 func (c *Chain) reset(head uint16) {
@@ -427,6 +455,8 @@ func (c *Chain) reset(head uint16) {
 	c.Head = head
 	c.Readable = c.Readable[:0]
 	c.Writable = c.Writable[:0]
+	c.writableGPA = c.writableGPA[:0]
+	c.marker = nil
 	c.ReadableLen = 0
 	c.WritableLen = 0
 	c.sawWritable = false
@@ -446,14 +476,19 @@ func (c *Chain) Gather(dst []byte) int {
 }
 
 // Scatter copies src into the writable buffers of c, in order, and returns the
-// number of bytes copied (at most WritableLen).
+// number of bytes copied (at most WritableLen). It marks the bytes it wrote
+// in the dirty log of the Memory Pop translated through (DirtyMarker).
 func (c *Chain) Scatter(src []byte) int {
 	n := 0
-	for _, b := range c.Writable {
+	for i, b := range c.Writable {
 		if n == len(src) {
 			break
 		}
-		n += copy(b, src[n:])
+		k := copy(b, src[n:])
+		if c.marker != nil && i < len(c.writableGPA) {
+			c.marker.MarkDirty(c.writableGPA[i], uint64(k))
+		}
+		n += k
 	}
 	return n
 }

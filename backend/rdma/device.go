@@ -309,6 +309,12 @@ func (d *Device) Features() uint64 {
 	return virtio.FeatureVersion1 | virtio.FeatureIndirectDesc | virtio.FeatureEventIdx
 }
 
+// LogsDirty reports that every write of the device into guest memory is
+// marked in the dirty log (backend.DirtyLogger; engine/doc.go, "Dirty
+// logging"), so the session offers VHOST_F_LOG_ALL: true for the software
+// RNIC, false on a host NIC, whose DMA the device cannot see.
+func (d *Device) LogsDirty() bool { return d.cfg.NIC == nil }
+
 func (d *Device) NumQueues() int { return abi.FirstDoorbellQueue + d.cfg.DoorbellQueues }
 
 // Interrupts implements backend.Interrupter: only the control and event

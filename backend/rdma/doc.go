@@ -74,4 +74,17 @@
 // bindings and fast registrations are not carried yet), a device on a host
 // NIC (the NIC's objects belong to the old process). Not carried: the map
 // cache of pins released but kept (the new pinner starts empty).
+//
+// Live migration (migrate.go): the Device is a backend.StateSaver.
+// SaveState (every ring stopped) quiesces, exports the same DeviceState in
+// a document of its own (MigrationState: format "vrdma-device-state",
+// version 1) and runs on; it also refuses QPs connected over the network.
+// LoadState decodes the document as hostile input (DecodeMigrationState),
+// ImportState's it, FinishImport's it alone, and then
+// engine.RNIC.RepointPeers connects the fabric's other QPs that were
+// connected to the device's identity: those still pointing at the source
+// device's engine on this daemon, and those imported before this device
+// (both VMs of a pair migrating). Not yet: two devices of one UUID on one
+// fabric (the source and the destination of a migration on the same
+// vrdmad), and fencing a suspended device from its peers' writes.
 package rdma

@@ -87,7 +87,7 @@ type Queue struct {
 // generic device.
 const ProtocolFeatures = vu.ProtocolMQ | vu.ProtocolReplyAck | vu.ProtocolBackendReq |
 	vu.ProtocolConfig | vu.ProtocolResetDevice | vu.ProtocolConfigureMemSlots | vu.ProtocolStatus |
-	vu.ProtocolLogShmfd | vu.ProtocolInflightShmfd | vu.ProtocolBackendSendFd
+	vu.ProtocolLogShmfd | vu.ProtocolInflightShmfd | vu.ProtocolBackendSendFd | vu.ProtocolDeviceState
 
 // Dial connects to the back-end, creates guest memory and performs QEMU's
 // realize sequence: GET_FEATURES, GET_PROTOCOL_FEATURES,

@@ -56,13 +56,14 @@ type ciState struct {
 }
 
 // storeCI stores into rec (the QP's record) the consumer indices that are
-// ahead of what the record holds. Safe from any goroutine; ciMu is a leaf
-// lock.
-func (q *QP) storeCI(rec []byte) {
+// ahead of what the record holds, and reports whether it stored (the
+// caller marks the record in its table's dirty log: markCI). Safe from any
+// goroutine; ciMu is a leaf lock.
+func (q *QP) storeCI(rec []byte) (stored bool) {
 	q.ciMu.Lock()
 	defer q.ciMu.Unlock()
 	if q.ciGone {
-		return
+		return false
 	}
 	for i, off := range [2]int{abi.QPRecordSQCI, abi.QPRecordRQCI} {
 		// Only forwards: a goroutine that read ciDone before another
@@ -71,14 +72,18 @@ func (q *QP) storeCI(rec []byte) {
 		if v := q.ciDone[i].Load(); int32(v-q.ciStored[i]) > 0 {
 			abi.StoreUint32(rec, off, v)
 			q.ciStored[i] = v
+			stored = true
 		}
 	}
+	return stored
 }
 
-// setCI raises queue i's consumer index to v and stores it into rec now.
-func (q *QP) setCI(i int, rec []byte, v uint32) {
+// setCI raises queue i's consumer index to v and stores it into rec now;
+// it reports whether it stored. Callers that hold the table use setCIOn,
+// which marks the dirty log.
+func (q *QP) setCI(i int, rec []byte, v uint32) bool {
 	q.ciDone[i].Store(v)
-	q.storeCI(rec)
+	return q.storeCI(rec)
 }
 
 // resetCI sets both consumer indices to the given values and stores them,
@@ -140,7 +145,7 @@ func (q *QP) storeCIOn(t *memmap.Table) {
 	if t == nil {
 		return
 	}
-	if rec, err := t.Slice(q.Record, QPRecordSize(q.RQNotify)); err == nil {
-		q.storeCI(rec)
+	if rec, err := t.Slice(q.Record, QPRecordSize(q.RQNotify)); err == nil && q.storeCI(rec) {
+		q.markCI(t)
 	}
 }

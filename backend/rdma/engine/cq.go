@@ -94,6 +94,7 @@ func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited bool, lazy *QP) (fire b
 		return false, pushDropped
 	}
 	putCQE(slot, e)
+	t.MarkDirty(c.Ring.slotGPA(c.pi), abi.CQESize)
 	c.pi++
 	c.written++
 	qualifies := solicited || e.Status != abi.WCSuccess
@@ -122,6 +123,7 @@ func (c *CQ) push(t *memmap.Table, e *abi.CQE, solicited bool, lazy *QP) (fire b
 func (c *CQ) storePILocked(t *memmap.Table, rec []byte) (fire bool) {
 	c.storeListedCI(t)
 	abi.StoreUint32(rec, abi.CQRecordPI, c.pi)
+	t.MarkDirty(c.Record+abi.CQRecordPI, 4)
 	c.unpublished = false
 	pending, sol := c.pendAny, c.pendSolicited
 	c.pendAny, c.pendSolicited = false, false

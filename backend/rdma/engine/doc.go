@@ -118,6 +118,19 @@
 // error is detected, never on a successful completion: a QP's counters
 // are allocated by its first error.
 //
+// # Dirty logging
+//
+// While the front-end migrates the guest, every write the engine makes
+// into a guest's memory is marked in the dirty log of the table it wrote
+// through, after the write (memmap.Table.MarkDirty; dirty.go lists the
+// writers): data through an MR goes through MR.RangeWrite (the mover, the
+// atomics, the network transport's copies into guest memory via
+// rangeFor), CQEs and a CQ's pi through CQ.push and storePILocked, record
+// words through setCIOn, markCI, updateRQNotifyOn and SRQ.storeSRQ. A
+// store into guest memory anywhere else is a bug. Not logging costs one
+// nil check per write. A device on a host NIC does not log (the NIC's DMA
+// is invisible): it refuses VHOST_F_LOG_ALL (rdma.Device.LogsDirty).
+//
 // # Handing a device over to another process
 //
 // A live upgrade of vrdmad moves every object to a new process

@@ -123,7 +123,7 @@ func (q *QP) poll(t *memmap.Table, now int64, b *Budget) (worked bool, retry int
 // Precondition: sqMu held; rec is the QP's record on t.
 func (q *QP) publish(t *memmap.Table, rec []byte) {
 	if q.sqCI != q.sqCIPub {
-		q.setCI(sqIdx, rec, q.sqCI)
+		q.setCIOn(t, sqIdx, rec, q.sqCI)
 		q.sqCIPub = q.sqCI
 	}
 	if pq := q.peerPend; pq != nil {
@@ -149,7 +149,7 @@ func (q *QP) publish(t *memmap.Table, rec []byte) {
 // pollLocked is poll's loop. Precondition: sqMu held; rec is the QP's
 // record on t.
 func (q *QP) pollLocked(t *memmap.Table, rec []byte, now int64, b *Budget) (worked bool, retry int64) {
-	q.kickWaiter(rec)
+	q.kickWaiter(t, rec)
 	for budget := pollBudget; budget > 0 && !b.spent(); {
 		q.mu.Lock()
 		st, dead, lost, lostEnd, haveEnd, nq := q.attr.QPState, q.dead, q.lostPeer, q.lostEnd, q.lostHaveEnd, q.net
@@ -502,7 +502,7 @@ func (q *QP) flush(t *memmap.Table, rec []byte, budget int) (n int) {
 			}
 			q.sqCI++
 			q.sqCIPub = q.sqCI
-			q.setCI(sqIdx, rec, q.sqCI) // before the CQE is visible
+			q.setCIOn(t, sqIdx, rec, q.sqCI) // before the CQE is visible
 			d.complete(q.SendCQ, t, &abi.CQE{WRID: wrID, Status: status, Opcode: wcOpcode(op), QPNum: q.Num}, false)
 			n++
 		}
@@ -523,7 +523,7 @@ func (q *QP) flushRecv(t *memmap.Table, rec []byte, budget int) (n int) {
 	// Receives posted from now on need a notification: announced
 	// before rq_pi is read.
 	q.rqFlushing = true
-	q.updateRQNotify(rec)
+	q.updateRQNotifyOn(t, rec)
 	pi := abi.LoadUint32(rec, abi.QPRecordRQPI)
 	if pi-q.rqCI > q.RQ.Depth {
 		return 0
@@ -536,7 +536,7 @@ func (q *QP) flushRecv(t *memmap.Table, rec []byte, budget int) (n int) {
 			wrID = binary.LittleEndian.Uint64(hdr[:])
 		}
 		q.rqCI++
-		q.setCI(rqIdx, rec, q.rqCI)
+		q.setCIOn(t, rqIdx, rec, q.rqCI)
 		q.Dev.complete(q.RecvCQ, t, &abi.CQE{WRID: wrID, Status: abi.WCWRFlushErr, Opcode: abi.WCOpRecv, QPNum: q.Num}, false)
 		n++
 	}

@@ -250,7 +250,7 @@ func (q *QP) postSendNIC(t *memmap.Table, rec []byte, b *Budget) bool {
 	// The slots are free: the record says so before any completion of
 	// theirs can be written.
 	if q.sqCI != q.sqCIPub {
-		q.setCI(sqIdx, rec, q.sqCI)
+		q.setCIOn(t, sqIdx, rec, q.sqCI)
 		q.sqCIPub = q.sqCI
 	}
 	if n > 0 {
@@ -327,7 +327,7 @@ func (d *RNIC) completeNIC(c *CQ, t *memmap.Table, wc *NICWC) {
 		e.WRID, e.Opcode, e.WCFlags = h.rq[idx%q.RQ.Depth], wc.Opcode, wc.WCFlags
 		e.ByteLen, e.ImmData, e.SrcQP = wc.ByteLen, wc.Imm, wc.SrcQP
 		q.rqCI = idx + 1
-		q.setCI(rqIdx, rec, q.rqCI)
+		q.setCIOn(t, rqIdx, rec, q.rqCI)
 		// Receive completions count as solicited: the host does not say
 		// which were, and an extra event is safe where a missing one
 		// is not.

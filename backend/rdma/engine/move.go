@@ -67,7 +67,7 @@ func (m *mover) fromSource(view []byte) error {
 			continue
 		}
 		n := min(rem, uint64(len(m.src)))
-		if err := c.mrs[c.i].Range(c.t, s.Addr+c.off, n, m.dstFn); err != nil {
+		if err := c.mrs[c.i].RangeWrite(c.t, s.Addr+c.off, n, m.dstFn); err != nil {
 			m.dstFailed = true
 			return err
 		}

@@ -141,6 +141,18 @@ func (m *MR) Contains(addr, n uint64) bool {
 // regions split). It checks the whole range first; fn's error stops the walk
 // and is returned. Allocation-free.
 func (m *MR) Range(t *memmap.Table, addr, n uint64, fn func([]byte) error) error {
+	return m.rangeOver(t, addr, n, fn, false)
+}
+
+// RangeWrite is Range for a writer: fn writes into the views, and each is
+// marked in t's dirty log after fn returns (memmap.Table.ForEachWrite).
+// Every copy into guest memory through an MR goes through it (dirty.go).
+func (m *MR) RangeWrite(t *memmap.Table, addr, n uint64, fn func([]byte) error) error {
+	return m.rangeOver(t, addr, n, fn, true)
+}
+
+// rangeOver is Range, or RangeWrite with write.
+func (m *MR) rangeOver(t *memmap.Table, addr, n uint64, fn func([]byte) error, write bool) error {
 	if !m.Contains(addr, n) {
 		return ErrOutOfRange
 	}
@@ -150,6 +162,9 @@ func (m *MR) Range(t *memmap.Table, addr, n uint64, fn func([]byte) error) error
 	if m.DMA {
 		// ForEach checks the whole range in the current table before
 		// the first view.
+		if write {
+			return t.ForEachWrite(abi.GPA(addr), n, fn)
+		}
 		return t.ForEach(abi.GPA(addr), n, fn)
 	}
 	off := addr - m.IOVA
@@ -161,7 +176,13 @@ func (m *MR) Range(t *memmap.Table, addr, n uint64, fn func([]byte) error) error
 		if k > n {
 			k = n
 		}
-		if err := t.ForEach(e.gpa+abi.GPA(in), k, fn); err != nil {
+		var err error
+		if write {
+			err = t.ForEachWrite(e.gpa+abi.GPA(in), k, fn)
+		} else {
+			err = t.ForEach(e.gpa+abi.GPA(in), k, fn)
+		}
+		if err != nil {
 			return err
 		}
 		off += k
@@ -210,6 +231,18 @@ func (r *Ring) Slot(t *memmap.Table, i uint32) ([]byte, error) {
 		return nil, ErrOutOfRange
 	}
 	return t.Slice(r.Pages[page]+abi.GPA(byteOff%abi.PageSize), uint64(r.Stride))
+}
+
+// slotGPA returns the guest-physical address of slot i mod Depth (for the
+// dirty log; Slot has checked it when the slot was written).
+func (r *Ring) slotGPA(i uint32) abi.GPA {
+	i &= r.Depth - 1
+	byteOff := uint64(i) * uint64(r.Stride)
+	page := byteOff / abi.PageSize
+	if page >= uint64(len(r.Pages)) {
+		return 0
+	}
+	return r.Pages[page] + abi.GPA(byteOff%abi.PageSize)
 }
 
 // CQ is a completion queue in guest memory.

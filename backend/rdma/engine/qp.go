@@ -342,7 +342,7 @@ func (q *QP) reset(mask uint32) abi.Status {
 	}
 	q.rqFlushing = false
 	q.rnrWaiter.Store(nil)
-	q.updateRQNotify(rec)
+	q.updateRQNotifyOn(t, rec)
 	q.srqStash, q.lastWQE = nil, false // a stashed SRQ WQE is discarded as posted ones are
 	q.sqCI = abi.LoadUint32(rec, abi.QPRecordSQPI)
 	q.rqCI = 0 // with an SRQ: rq_pi and rq_ci are unused
@@ -351,6 +351,7 @@ func (q *QP) reset(mask uint32) abi.Status {
 	}
 	q.sqCIPub, q.sqPISeen, q.rqPISeen = q.sqCI, q.sqCI, q.rqCI
 	q.resetCI(rec, q.sqCI, q.rqCI)
+	q.markCI(t)
 	if q.HW != nil {
 		q.resetNIC()
 	}
@@ -418,6 +419,7 @@ func (q *QP) InitRecord(t *memmap.Table) {
 	}
 	if rec, err := t.Slice(q.Record, abi.QPNotifyRecordSize); err == nil {
 		abi.StoreUint32(rec, abi.QPRecordRQNotify, v)
+		q.markRQNotify(t)
 	}
 	q.rqNotifyPub = v
 }
@@ -428,11 +430,13 @@ func (q *QP) InitRecord(t *memmap.Table) {
 // amd64): the device stores 1 before it reads rq_pi, the driver stores
 // rq_pi before it reads rq_notify, so a receive posted meanwhile is either
 // seen by the device or notified (docs/spec.md, struct
-// vrdma_qp_notify_record). Precondition: rqMu held (or the QP is not yet
-// reachable); rec is the QP's whole record on the device's table.
-func (q *QP) updateRQNotify(rec []byte) {
+// vrdma_qp_notify_record). It reports whether it stored (callers with the
+// table use updateRQNotifyOn, which marks the dirty log). Precondition:
+// rqMu held (or the QP is not yet reachable); rec is the QP's whole
+// record on the device's table.
+func (q *QP) updateRQNotify(rec []byte) bool {
 	if !q.RQNotify {
-		return
+		return false
 	}
 	v := uint32(0)
 	if q.rqFlushing || q.rnrWaiter.Load() != nil || q.HW != nil {
@@ -441,7 +445,9 @@ func (q *QP) updateRQNotify(rec []byte) {
 	if v != q.rqNotifyPub {
 		abi.StoreUint32(rec, abi.QPRecordRQNotify, v)
 		q.rqNotifyPub = v
+		return true
 	}
+	return false
 }
 
 // awaitRecv is called by w's engine when w's message found this QP's
@@ -449,15 +455,15 @@ func (q *QP) updateRQNotify(rec []byte) {
 // is posted, announces that in rq_notify, and reads rq_pi again (a
 // receive posted before the announcement was not notified). It returns
 // the fresh rq_pi. Precondition: rqMu held; rec is the QP's whole record
-// on its device's table.
-func (q *QP) awaitRecv(rec []byte, w *QP) uint32 {
+// on t, its device's table.
+func (q *QP) awaitRecv(t *memmap.Table, rec []byte, w *QP) uint32 {
 	q.rnrWaiter.Store(w)
-	q.updateRQNotify(rec)
+	q.updateRQNotifyOn(t, rec)
 	pi := abi.LoadUint32(rec, abi.QPRecordRQPI)
 	if pi != q.rqCI {
 		// Posted meanwhile: nobody waits after all.
 		q.rnrWaiter.Store(nil)
-		q.updateRQNotify(rec)
+		q.updateRQNotifyOn(t, rec)
 	}
 	return pi
 }
@@ -466,8 +472,9 @@ func (q *QP) awaitRecv(rec []byte, w *QP) uint32 {
 // receive queue once a receive is there: it clears the waiter, then sets
 // the requester's rnrKick and wakes its engine. Run by this QP's engine
 // (the driver's notification after posting a receive wakes it).
-// Precondition: sqMu held, rqMu not held; rec is the QP's whole record.
-func (q *QP) kickWaiter(rec []byte) {
+// Precondition: sqMu held, rqMu not held; rec is the QP's whole record on
+// t, its device's table.
+func (q *QP) kickWaiter(t *memmap.Table, rec []byte) {
 	if q.rnrWaiter.Load() == nil {
 		return
 	}
@@ -478,7 +485,7 @@ func (q *QP) kickWaiter(rec []byte) {
 		return
 	}
 	q.rnrWaiter.Store(nil)
-	q.updateRQNotify(rec)
+	q.updateRQNotifyOn(t, rec)
 	q.rqMu.Unlock()
 	w.rnrKick.Store(true)
 	if w.Dev != nil {

@@ -183,7 +183,7 @@ func (q *QP) takeRecvWQE(t *memmap.Table, rec, buf []byte, sges []abi.SGE, w *QP
 		}
 		// Receiver not ready: ask the driver for a notification when it
 		// posts a receive, then look once more.
-		if pi = q.awaitRecv(rec, w); pi == q.rqCI {
+		if pi = q.awaitRecv(t, rec, w); pi == q.rqCI {
 			return 0, 0, takeEmpty
 		}
 	}
@@ -394,7 +394,7 @@ func (r *request) atomic(qpAccess uint32) outcome {
 	}
 	a := &sc.atom
 	a.op, a.compareAdd, a.swap, a.done = w.opcode, w.compareAdd, w.swap, false
-	if err := mr.Range(r.pt, w.remoteAddr, 8, a.fn); err != nil || !a.done {
+	if err := mr.RangeWrite(r.pt, w.remoteAddr, 8, a.fn); err != nil || !a.done {
 		return failed(abi.WCRemOpErr)
 	}
 	sc.mv.start(r.t, r.lsge, r.lmr)

@@ -125,7 +125,7 @@ func TestAwaitRecvPostedMeanwhile(t *testing.T) {
 	rec := b.g.slice(t, b.qp.Record, abi.QPNotifyRecordSize)
 	b.postRecv(t, 1, []abi.SGE{b.sge(0, 8)})
 	b.qp.rqMu.Lock()
-	pi := b.qp.awaitRecv(rec, a.qp)
+	pi := b.qp.awaitRecv(b.g.tbl, rec, a.qp)
 	b.qp.rqMu.Unlock()
 	if pi == b.qp.rqCI {
 		t.Fatal("the posted receive was not seen")

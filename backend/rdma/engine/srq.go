@@ -77,7 +77,7 @@ func (s *SRQ) InitRecord(t *memmap.Table) {
 		return
 	}
 	if rec, err := t.Slice(s.Record, abi.SRQRecordSize); err == nil {
-		abi.StoreUint32(rec, abi.SRQRecordNotify, 0)
+		s.storeSRQ(t, rec, abi.SRQRecordNotify, 0)
 	}
 	s.notifyPub = 0
 }
@@ -101,20 +101,21 @@ func (s *SRQ) Limit() uint32 {
 
 // updateNotifyLocked stores the record's notify word if it changed: 1
 // while a requester waits for a WQE. Sequentially consistent, as
-// QP.updateRQNotify's. Precondition: mu held; rec is the whole record.
-func (s *SRQ) updateNotifyLocked(rec []byte) {
+// QP.updateRQNotify's. Precondition: mu held; rec is the whole record on
+// t, s.Dev's table.
+func (s *SRQ) updateNotifyLocked(t *memmap.Table, rec []byte) {
 	v := uint32(0)
 	if len(s.waiters) > 0 {
 		v = 1
 	}
 	if v != s.notifyPub {
-		abi.StoreUint32(rec, abi.SRQRecordNotify, v)
+		s.storeSRQ(t, rec, abi.SRQRecordNotify, v)
 		s.notifyPub = v
 	}
 }
 
 // addWaiterLocked records w as waiting for a WQE. Precondition: mu held.
-func (s *SRQ) addWaiterLocked(w *QP, rec []byte) {
+func (s *SRQ) addWaiterLocked(t *memmap.Table, w *QP, rec []byte) {
 	for _, o := range s.waiters {
 		if o == w {
 			return
@@ -124,11 +125,11 @@ func (s *SRQ) addWaiterLocked(w *QP, rec []byte) {
 		s.waiters = append(s.waiters, w)
 		s.waiting.Store(true)
 	}
-	s.updateNotifyLocked(rec)
+	s.updateNotifyLocked(t, rec)
 }
 
 // removeWaiterLocked forgets w. Precondition: mu held.
-func (s *SRQ) removeWaiterLocked(w *QP, rec []byte) {
+func (s *SRQ) removeWaiterLocked(t *memmap.Table, w *QP, rec []byte) {
 	for i, o := range s.waiters {
 		if o == w {
 			s.waiters = append(s.waiters[:i], s.waiters[i+1:]...)
@@ -139,7 +140,7 @@ func (s *SRQ) removeWaiterLocked(w *QP, rec []byte) {
 		s.waiters = nil
 		s.waiting.Store(false)
 	}
-	s.updateNotifyLocked(rec)
+	s.updateNotifyLocked(t, rec)
 }
 
 // take consumes the SRQ's next WQE for a message: it copies the WQE into
@@ -175,13 +176,13 @@ func (s *SRQ) take(t *memmap.Table, buf []byte, sges []abi.SGE, w *QP) (wrID uin
 		if w == nil {
 			return 0, 0, takeEmpty
 		}
-		s.addWaiterLocked(w, rec)
+		s.addWaiterLocked(t, w, rec)
 		pi = abi.LoadUint32(rec, abi.SRQRecordPI)
 		s.piSeen = pi
 		if pi == s.ci {
 			return 0, 0, takeEmpty
 		}
-		s.removeWaiterLocked(w, rec) // posted meanwhile
+		s.removeWaiterLocked(t, w, rec) // posted meanwhile
 	}
 	if pi-s.ci > s.Ring.Depth {
 		s.stopLocked()
@@ -194,7 +195,7 @@ func (s *SRQ) take(t *memmap.Table, buf []byte, sges []abi.SGE, w *QP) (wrID uin
 	}
 	k := copy(buf, slot)
 	s.ci++
-	abi.StoreUint32(rec, abi.SRQRecordCI, s.ci)
+	s.storeSRQ(t, rec, abi.SRQRecordCI, s.ci)
 	wrID, n, ok := decodeRecv(buf[:k], min(s.MaxSGE, maxRecvSGEs), sges)
 	if s.limit != 0 {
 		// The exact count: pi as the driver has it now.
@@ -260,7 +261,7 @@ func (s *SRQ) takeWaiters(t *memmap.Table) []*QP {
 	ws := s.waiters
 	s.waiters = nil
 	s.waiting.Store(false)
-	s.updateNotifyLocked(rec)
+	s.updateNotifyLocked(t, rec)
 	return ws
 }
 

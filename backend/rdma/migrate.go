@@ -1,0 +1,145 @@
+package rdma
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/vrdma/vrdma/backend"
+)
+
+// Live migration (docs/state.md, "Through QEMU's device-state protocol"):
+// the device is a backend.StateSaver. The source's session calls
+// SaveState when QEMU stops the VM (every ring stopped) and asks for the
+// state (SET_DEVICE_STATE_FD, save); the destination's calls LoadState
+// with what QEMU carried over (load), after QEMU sent the guest memory
+// table and before the rings start. The state is DeviceState, the same
+// objects a live upgrade hands over, in a versioned document of its own.
+
+// MigrationFormat and MigrationVersion head a migration document.
+const (
+	MigrationFormat  = "vrdma-device-state"
+	MigrationVersion = 1
+)
+
+// MaxMigrationState bounds a migration document: backend.MaxDeviceState.
+const MaxMigrationState = backend.MaxDeviceState
+
+// ErrMigrationVersion is a migration document of a version this vrdmad
+// cannot read.
+var ErrMigrationVersion = errors.New("unknown device state version")
+
+// MigrationState is the migration document.
+type MigrationState struct {
+	Format  string `json:"format"`  // MigrationFormat
+	Version int    `json:"version"` // MigrationVersion
+	// Device is the device's objects (ExportState).
+	Device *DeviceState `json:"device"`
+}
+
+var _ backend.StateSaver = (*Device)(nil)
+
+// SaveState implements backend.StateSaver: it writes the device's objects
+// as a MigrationState. Precondition: every ring stopped (the session
+// checks), so no engine pass of the device runs; a quiesce makes that so
+// for a visit in progress and publishes the lazily published indices,
+// and the device runs again afterwards — if the migration fails, the
+// source's rings start again and it goes on. A device holding what cannot
+// migrate fails with ErrNotTransferable (wrapped with what): host NIC
+// devices, memory windows, ALLOC_MR MRs (ExportState), and QPs connected
+// over the network (their remote peers' packets would still reach this
+// host).
+func (d *Device) SaveState(w io.Writer) error {
+	if err := d.Quiesce(); err != nil {
+		d.Unquiesce()
+		return fmt.Errorf("rdma: save: %w", err)
+	}
+	st, err := d.ExportState()
+	d.Unquiesce()
+	if err != nil {
+		return fmt.Errorf("rdma: save: %w", err)
+	}
+	for i := range st.QPs {
+		if q := &st.QPs[i]; q.State.Net != nil {
+			return fmt.Errorf("rdma: save: %w: QP %#x is connected over the network", ErrNotTransferable, q.Num)
+		}
+	}
+	b, err := json.Marshal(&MigrationState{Format: MigrationFormat, Version: MigrationVersion, Device: st})
+	if err != nil {
+		return fmt.Errorf("rdma: save: %w", err)
+	}
+	if len(b) > MaxMigrationState {
+		return fmt.Errorf("rdma: save: %w: %d bytes of state, the bound is %d", ErrNotTransferable, len(b), MaxMigrationState)
+	}
+	if _, err := w.Write(b); err != nil {
+		return fmt.Errorf("rdma: save: %w", err)
+	}
+	return nil
+}
+
+// DecodeMigrationState reads a migration document from r (at most
+// MaxMigrationState bytes) as hostile input: the format and version
+// first and alone, then the whole document with unknown keys refused and
+// nothing after it. ImportState checks the objects.
+func DecodeMigrationState(r io.Reader) (*DeviceState, error) {
+	data, err := io.ReadAll(io.LimitReader(r, MaxMigrationState+1))
+	if err != nil {
+		return nil, fmt.Errorf("device state: %w", err)
+	}
+	if len(data) > MaxMigrationState {
+		return nil, fmt.Errorf("device state: more than %d bytes", MaxMigrationState)
+	}
+	var head struct {
+		Format  string `json:"format"`
+		Version int    `json:"version"`
+	}
+	if err := json.Unmarshal(data, &head); err != nil {
+		return nil, fmt.Errorf("device state: malformed JSON: %w", err)
+	}
+	if head.Format != MigrationFormat {
+		return nil, fmt.Errorf("device state: format %q, want %q", head.Format, MigrationFormat)
+	}
+	if head.Version != MigrationVersion {
+		return nil, fmt.Errorf("%w: version %d; this vrdmad reads version %d", ErrMigrationVersion, head.Version, MigrationVersion)
+	}
+	var m MigrationState
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return nil, fmt.Errorf("device state: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("device state: trailing data after the JSON object")
+	}
+	if m.Device == nil {
+		return nil, errors.New("device state: no device")
+	}
+	return m.Device, nil
+}
+
+// LoadState implements backend.StateSaver: it decodes a migration
+// document (DecodeMigrationState), rebuilds the objects (ImportState:
+// every one checked as the guest's command that made it, its pages pinned
+// here) and resolves their same-host peers (FinishImport). The device
+// must have no objects (a fresh destination) and a guest memory table
+// (QEMU sends it before the state: vmm/qemu/patches/0004). Peers on this
+// daemon that were connected to the source device are found again by
+// their QPs' destination GID (the source's, which this device now holds:
+// it has the source's UUID). On any error the device is left empty.
+func (d *Device) LoadState(r io.Reader) error {
+	st, err := DecodeMigrationState(r)
+	if err != nil {
+		return fmt.Errorf("rdma: load: %w: %v", ErrInvalidState, err)
+	}
+	if err := d.ImportState(st); err != nil {
+		return err
+	}
+	if err := FinishImport([]*Device{d}); err != nil {
+		d.Reset()
+		return fmt.Errorf("rdma: load: %w", err)
+	}
+	d.eng.RepointPeers()
+	return nil
+}
