@@ -69,6 +69,21 @@ type Interrupter interface {
 	Interrupts(queue int) bool
 }
 
+// Suspender is implemented by a Device that must know when its front-end
+// suspends it: QEMU stopping the VM stops every ring (GET_VRING_BASE each)
+// with the driver running (DRIVER_OK, when STATUS was negotiated) and
+// keeps the device's state, for a migration or a pause. Suspend(true)
+// follows the GET_VRING_BASE that stopped the last started ring, before
+// its reply: once it returns, the device must not write guest memory
+// (QEMU copies it afterwards). Suspend(false) precedes the start of a ring
+// while none is started (every first start, also one that follows no
+// suspension: the device ignores what it does not need). Both are called
+// on the session goroutine. A device reset or teardown (Reset) ends a
+// suspension without a call.
+type Suspender interface {
+	Suspend(on bool)
+}
+
 // Host is what the session offers a device.
 type Host interface {
 	// Memory is the guest memory of the connected front-end.

@@ -166,6 +166,15 @@
 // a channel of its own. The rings, memory and features are not device
 // state: the destination's front-end sets them up as for any start.
 //
+// A device that implements Suspender learns when it is suspended: the
+// GET_VRING_BASE that stops the last started ring while the driver runs
+// (DRIVER_OK, when STATUS was negotiated) calls Suspend(true) before its
+// reply, so that the device stops writing guest memory — the vrdma device
+// fences its same-host peers — before QEMU copies the memory a last time;
+// the start of a ring while none is started calls Suspend(false). Both on
+// the session goroutine; a reset or teardown ends a suspension without a
+// call (Device.Reset).
+//
 // # Dirty logging
 //
 // While the front-end migrates the guest it must copy every page the

@@ -73,6 +73,7 @@ type session struct {
 	kill          chan struct{}  // immutable; closed (killOnce) by end: a paused session ends
 	killOnce      sync.Once
 	xfer          *stateTransfer // session goroutine: the device-state transfer under way (devstate.go)
+	suspended     bool           // session goroutine: the device was told it is suspended (Suspender)
 }
 
 func newSession(c *net.UnixConn, dev Device, log *logrus.Entry, stats *Stats) *session {
@@ -442,6 +443,7 @@ func (s *session) setStatus(p []byte) error {
 	// when the VM stops): the device's objects go, rings and memory stay.
 	if u == 0 && s.status != 0 {
 		s.dev.Reset()
+		s.suspended = false
 		s.resumed.Store(false)
 	}
 	s.status = uint8(u)
@@ -465,6 +467,7 @@ func (s *session) resetDevice() {
 		r.reset()
 	}
 	s.dev.Reset()
+	s.suspended = false
 	s.resumed.Store(false)
 	s.features, s.status = 0, 0
 	s.dropLog()

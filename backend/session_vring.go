@@ -5,6 +5,7 @@ import (
 
 	"github.com/vrdma/vrdma/internal/eventfd"
 	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio"
 	vu "github.com/vrdma/vrdma/virtio/vhostuser"
 )
 
@@ -100,7 +101,44 @@ func (s *session) getVringBase(p []byte) ([]byte, error) {
 	base := r.stop()
 	r.kick.Close()
 	r.kick = nil
+	s.suspendIfStopped()
 	return vu.VringState{Index: st.Index, Num: uint32(base)}.Encode(), nil
+}
+
+// suspendIfStopped tells a Suspender that it is suspended once the
+// front-end stopped its last started ring while the driver runs: QEMU
+// stopping the VM (device.go, Suspender).
+func (s *session) suspendIfStopped() {
+	sp, ok := s.dev.(Suspender)
+	if !ok || s.suspended || s.anyStarted() {
+		return
+	}
+	if s.protocol&vu.ProtocolStatus != 0 && s.status&virtio.StatusDriverOK == 0 {
+		return // the driver is not running: a reset, not a suspension
+	}
+	s.suspended = true
+	sp.Suspend(true)
+}
+
+// resumeBeforeStart tells a Suspender that a ring starts while none is
+// started. Precondition: the ring about to start is stopped.
+func (s *session) resumeBeforeStart() {
+	sp, ok := s.dev.(Suspender)
+	if !ok || s.anyStarted() {
+		return
+	}
+	s.suspended = false
+	sp.Suspend(false)
+}
+
+// anyStarted reports whether a ring is started.
+func (s *session) anyStarted() bool {
+	for _, r := range s.rings {
+		if r.started {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *session) setVringFile(m *vu.Message) error {
@@ -138,6 +176,7 @@ func (s *session) setVringFile(m *vu.Message) error {
 		// "the ring is started upon receiving a kick": the worker starts
 		// now and its first kick (sent by start) looks for buffers.
 		if r.ready() {
+			s.resumeBeforeStart()
 			r.start()
 		} else if wasStarted {
 			return fmt.Errorf("ring %d: kick set before size and addresses", index)

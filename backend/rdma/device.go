@@ -1,11 +1,9 @@
 package rdma
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,6 +69,16 @@ type Config struct {
 	// Pool runs the device's doorbell queues; nil means sched.Default(),
 	// a pool shared by every device of the process.
 	Pool *sched.Pool
+	// Incoming creates the destination of a migration from a device of
+	// the same UUID on this daemon (identity.go): the device holds no GID
+	// and no QP number, and is not registered on the Fabric, until a
+	// state is loaded into it (LoadState takes the source's identity) or,
+	// when nobody holds the identity, its driver starts it. Not with NIC.
+	Incoming bool
+	// OnMigratedIn, if not nil, is called after a state was loaded into
+	// an incoming device (it holds the identity now), on the goroutine
+	// that called LoadState, with no lock of the device held.
+	OnMigratedIn func()
 	// NIC, if not nil, runs the device's work on a host RDMA NIC (the
 	// "verbs" RNIC, package hostnic) instead of the software RNIC: the
 	// device then belongs to no Fabric, its limits are capped by the
@@ -134,6 +142,16 @@ type Device struct {
 	// mu; nil otherwise).
 	imported *imported
 
+	// Migration (identity.go), protected by mu: incoming (no state
+	// loaded, no identity held), migratedIn (a state was loaded into an
+	// incoming device), suspended (the front-end stopped every ring:
+	// Suspend). fatalPending: DEVICE_FATAL to post on the event queue
+	// (rings restarted on a migrated-out device).
+	incoming     bool
+	migratedIn   bool
+	suspended    bool
+	fatalPending atomic.Bool
+
 	share atomic.Pointer[Share] // never nil
 
 	// Command rate limit; protected by the control queue's lock.
@@ -175,6 +193,9 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 	}
 	if cfg.UUID == uuid.Nil {
 		cfg.UUID = uuid.New()
+	}
+	if cfg.Incoming && cfg.NIC != nil {
+		return nil, errors.New("rdma: an incoming device (a migration's destination) runs on the software RNIC")
 	}
 	d := &Device{cfg: cfg}
 	share := cfg.Share
@@ -247,6 +268,12 @@ func New(cfg Config, opts ...Option) (*Device, error) {
 	d.eng.SetActiveMTU(d.conf.ActiveMTU) // bounds a UD message
 	d.eng.SetNetGIDs(cfg.NetGIDs)
 	d.eng.SetAllowedGIDs(cfg.AllowedGIDs)
+	if cfg.Incoming {
+		// Fenced and off the fabric until it takes its identity.
+		d.incoming = true
+		d.eng.SetFence(true)
+		return d, nil
+	}
 	if err := cfg.Fabric.Register(d.eng); err != nil {
 		return nil, fmt.Errorf("rdma: %w", err)
 	}
@@ -373,12 +400,23 @@ func (d *Device) Detach() {
 }
 
 // Reset destroys every object the driver created and releases every pin.
+// It ends a suspension (Suspend): with no objects left the fence protects
+// nothing, and peers' requests fail as to a device without the QP rather
+// than wait; an incoming or migrated-out device stays fenced. A
+// migrated-out device's reset touches no peer of the destination: they
+// point at the destination since the handoff.
 func (d *Device) Reset() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.destroyAll()
 	if d.res != nil {
 		d.res = &resources{}
+	}
+	if d.suspended {
+		d.suspended = false
+		if !d.incoming {
+			d.eng.SetFence(false)
+		}
 	}
 }
 
@@ -416,6 +454,10 @@ func (d *Device) HandleQueue(q *backend.Queue) error {
 		// the first one after a resume says the device lost the driver's
 		// objects (docs/spec.md, Reset and disconnect).
 		if h := d.hostp.Load(); h != nil && (*h).Resumed() && !d.lostReported.Swap(true) {
+			return d.writeEvent(q, abi.Event{Type: abi.EventDeviceFatal})
+		}
+		if d.fatalPending.Swap(false) {
+			// Migrated out (Suspend): the objects are the destination's.
 			return d.writeEvent(q, abi.Event{Type: abi.EventDeviceFatal})
 		}
 		return nil
@@ -458,128 +500,4 @@ func (d *Device) writeEvent(q *backend.Queue, ev abi.Event) error {
 	}
 	n := d.eventChain.Scatter(abi.Marshal(&ev))
 	return q.Push(d.eventChain.Head, uint32(n))
-}
-
-// errNoRoom is a control chain whose writable part cannot hold a response
-// header.
-var errNoRoom = errors.New("control response buffer too small")
-
-// handleControl runs the commands waiting on the control queue, in order.
-// When none is left it answers (Notify) and polls for the next one for
-// ControlSpin, yielding the processor between looks, before it returns to
-// sleep on the kick eventfd. The loop is bounded: a queue holds at most its
-// size in chains, Pop fails on an index that jumps further, and the spin
-// ends ControlSpin after the last command.
-func (d *Device) handleControl(q *backend.Queue) error {
-	var idle time.Time
-	for !q.Stopping() {
-		ok, err := q.Pop(&d.chain)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			q.Notify()
-			now := time.Now()
-			if idle.IsZero() {
-				idle = now
-			}
-			if now.Sub(idle) >= d.cfg.ControlSpin {
-				return nil
-			}
-			runtime.Gosched()
-			continue
-		}
-		idle = time.Time{}
-		n := d.execute(&d.chain, q.Memory())
-		if err := q.Push(d.chain.Head, n); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// execute runs one command and writes its response; it returns the bytes
-// written. The request is copied out of guest memory once and only the copy
-// is looked at.
-func (d *Device) execute(c *virtio.Chain, t *memmap.Table) uint32 {
-	d.commands.Add(1)
-	if c.WritableLen < abi.RespHeaderSize {
-		d.errors.Add(1)
-		d.log.WithError(errNoRoom).Warn("control command dropped")
-		return 0
-	}
-	var st abi.Status
-	var payload []byte
-	if !d.admitCommand() {
-		st = abi.StatusQuota
-	} else if c.ReadableLen > maxRequest || c.ReadableLen < abi.CmdHeaderSize {
-		st = abi.StatusInvalid
-	} else {
-		d.req = scratch(d.req, int(c.ReadableLen))
-		req := d.req[:c.Gather(d.req)]
-		var h abi.CmdHeader
-		_ = abi.Unmarshal(req[:abi.CmdHeaderSize], &h)
-		op := abi.Opcode(h.Opcode)
-		if h.Flags != 0 || h.Reserved != 0 {
-			st = abi.StatusInvalid
-		} else {
-			payload, st = d.command(op, req[abi.CmdHeaderSize:], t)
-		}
-		if st != abi.StatusOK {
-			d.log.WithFields(logrus.Fields{"cmd": op.String(), "status": st.String()}).Debug("control command failed")
-		}
-	}
-	if st == abi.StatusOK && uint64(abi.RespHeaderSize+len(payload)) > c.WritableLen {
-		st, payload = abi.StatusInvalid, nil
-	}
-	if st != abi.StatusOK {
-		d.errors.Add(1)
-		payload = nil
-	}
-	d.resp = scratch(d.resp, abi.RespHeaderSize+len(payload))
-	resp := d.resp[:abi.RespHeaderSize+len(payload)]
-	binary.LittleEndian.PutUint32(resp[0:], uint32(st))
-	binary.LittleEndian.PutUint32(resp[4:], 0)
-	copy(resp[abi.RespHeaderSize:], payload)
-	return uint32(c.Scatter(resp))
-}
-
-// minScratch is the least a control scratch buffer is allocated with: most
-// commands and responses fit, so a device that sees only those allocates
-// each buffer once.
-const minScratch = 512
-
-// scratch returns buf if it holds n bytes, else a new buffer of at least n
-// bytes (the next power of two, at least minScratch); n is bounded by
-// maxRequest or maxResponse.
-func scratch(buf []byte, n int) []byte {
-	if len(buf) >= n {
-		return buf
-	}
-	size := minScratch
-	for size < n {
-		size *= 2
-	}
-	return make([]byte, size)
-}
-
-// admitCommand takes a token from the command-rate bucket. Precondition:
-// the control queue is locked.
-func (d *Device) admitCommand() bool {
-	rate := float64(d.cfg.MaxCommandsPerSec)
-	if rate <= 0 {
-		return true
-	}
-	now := time.Now()
-	if d.tokensAt.IsZero() {
-		d.tokens = rate
-	} else {
-		d.tokens = min(rate, d.tokens+now.Sub(d.tokensAt).Seconds()*rate)
-	}
-	d.tokensAt = now
-	if d.tokens < 1 {
-		return false
-	}
-	d.tokens--
-	return true
 }

@@ -84,7 +84,22 @@
 // engine.RNIC.RepointPeers connects the fabric's other QPs that were
 // connected to the device's identity: those still pointing at the source
 // device's engine on this daemon, and those imported before this device
-// (both VMs of a pair migrating). Not yet: two devices of one UUID on one
-// fabric (the source and the destination of a migration on the same
-// vrdmad), and fencing a suspended device from its peers' writes.
+// (both VMs of a pair migrating).
+//
+// Same-host migration (identity.go): the destination is a second device
+// of the source's UUID on the same fabric, created incoming
+// (Config.Incoming): it holds no GID, no QP number and is not registered
+// until LoadState takes the identity from the source (engine.Fabric.Handoff:
+// its GID table and QP numbers move in one step; a failed load gives them
+// back), or, when nobody holds it, its driver starts it. The Device is a
+// backend.Suspender: when its front-end stops every ring with the driver
+// running (QEMU's stop), Suspend(true) fences it (engine/fence.go: its
+// same-host peers hold their RC WQEs, its UD datagrams are dropped) and
+// publishes the engine's indices, before the memory is copied; a ring's
+// start lifts the fence, a reset ends it. A migrated-out source stays
+// fenced, runs no engine pass and refuses commands (its control queue
+// breaks); rings started on it again post DEVICE_FATAL. An incoming device
+// started without a state while the source holds the identity breaks its
+// control queue (ErrIdentityHeld). Device.mu is taken before the fabric's
+// locks and the QPs' responder locks (SetFence's barrier).
 package rdma

@@ -109,6 +109,11 @@ func (db *doorbell) visit(b *sched.Budget) sched.Next {
 		db.missed.Store(true)
 		return sched.Next{}
 	}
+	if db.d.eng.MigratedOut() {
+		// Its QPs' numbers and peers are the destination's: its engine
+		// runs no more (identity.go).
+		return sched.Next{}
+	}
 	var next sched.Next
 	err := db.q.Run(func(q *backend.Queue) error {
 		next = db.poll(q, b)

@@ -128,18 +128,46 @@ func DecodeMigrationState(r io.Reader) (*DeviceState, error) {
 // daemon that were connected to the source device are found again by
 // their QPs' destination GID (the source's, which this device now holds:
 // it has the source's UUID). On any error the device is left empty.
+//
+// An incoming device (Config.Incoming: the source runs on this vrdmad)
+// takes the identity first (identity.go): the source's GIDs and QP
+// numbers move to it, and the source is migrated out; a load that fails
+// gives them back, and the source owns everything as before. Then the
+// peers that were the source's are the device's, and the requests the
+// source's fence held go on into this device.
 func (d *Device) LoadState(r io.Reader) error {
 	st, err := DecodeMigrationState(r)
 	if err != nil {
 		return fmt.Errorf("rdma: load: %w: %v", ErrInvalidState, err)
 	}
+	d.mu.Lock()
+	c, err := d.claimForLoad()
+	d.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("rdma: load: %w", err)
+	}
 	if err := d.ImportState(st); err != nil {
+		d.mu.Lock()
+		c.undo(d)
+		d.mu.Unlock()
 		return err
 	}
 	if err := FinishImport([]*Device{d}); err != nil {
 		d.Reset()
+		d.mu.Lock()
+		c.undo(d)
+		d.mu.Unlock()
 		return fmt.Errorf("rdma: load: %w", err)
 	}
-	d.eng.RepointPeers()
+	d.mu.Lock()
+	if c != nil {
+		c.commit(d)
+	} else {
+		d.eng.RepointPeers()
+	}
+	d.mu.Unlock()
+	if c != nil && d.cfg.OnMigratedIn != nil {
+		d.cfg.OnMigratedIn()
+	}
 	return nil
 }

@@ -254,6 +254,7 @@ type handoverSetup struct {
 	qa, qb, ua, ub *verbs.QP
 	mra, mrb       *verbs.MR
 	ah             *verbs.AH
+	pa, pb         *verbs.PD
 	cfgA, cfgB     Config
 }
 
@@ -303,6 +304,7 @@ func newHandoverSetup(t *testing.T) *handoverSetup {
 	must(t, s.ub.ReadyUD(0x1234))
 	s.ah, err = pa.CreateAH(verbs.AHAttr{DGID: gb})
 	must(t, err)
+	s.pa, s.pb = pa, pb
 	return s
 }
 

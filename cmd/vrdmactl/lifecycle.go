@@ -65,12 +65,14 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 	guid := fs.String("guid", "", "node `GUID` xxxx:xxxx:xxxx:xxxx (default: from a random UUID)")
 	mac := fs.String("mac", "", "pair the device with the guest NIC of this MAC `address` (the node GUID becomes its EUI-64)")
 	gid := fs.String("gid", "", "port `GID` 0, fe80::/64 with the GUID (default: from the GUID)")
+	devUUID := fs.String("uuid", "", "the device's `UUID`, which its node GUID and GID derive from (default: random, or from --guid, --gid, --mac)")
 	doorbells := fs.Int("doorbell-queues", 0, "doorbell queues, one per guest vCPU (0: 1)")
 	var roceBind addrList
 	fs.Var(&roceBind, "roce-bind", "the host `ADDR`ess the device's RoCEv2 traffic to other hosts leaves from, instead of vrdmad's --roce-bind (repeatable)")
 	var addresses addressList
 	fs.Var(&addresses, "address", "assign the device this IP `ADDR`ess or PREFIX: its guest's driver may add the GIDs within it (repeatable; without any the device holds only its port GID)")
 	rnic := fs.String("rnic", "", "what executes the device's work: soft (vrdmad's software RNIC) or verbs:`DEVICE[:PORT]` (the host's RDMA NIC through rdma-core, e.g. verbs:mlx5_0); default: vrdmad's --rnic")
+	incoming := fs.Bool("incoming", false, "the destination of a live migration from a device of this vrdmad: it takes the source's --uuid (or --guid, --gid, --mac) and its GIDs and QP numbers when QEMU loads the source's state into it")
 	sf := defineShare(fs)
 	return func(pos []string) error {
 		if err := wantArgs("device add", pos, "ID"); err != nil {
@@ -96,8 +98,8 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 		if err != nil {
 			return err
 		}
-		req := controlapi.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, MAC: *mac, DoorbellQueues: *doorbells, Share: share,
-			RoCEBind: roceBind, Addresses: addresses, RNIC: *rnic}
+		req := controlapi.AddRequest{ID: id, Socket: *sock, GUID: *guid, GID: *gid, UUID: *devUUID, MAC: *mac, DoorbellQueues: *doorbells, Share: share,
+			RoCEBind: roceBind, Addresses: addresses, RNIC: *rnic, Incoming: *incoming}
 		if *maxQPs != 0 || *maxCQs != 0 || *maxMRs != 0 || pinned != 0 {
 			req.Limits = &controlapi.Limits{MaxQPs: uint32(*maxQPs), MaxCQs: uint32(*maxCQs), MaxMRs: uint32(*maxMRs), MaxPinnedBytes: pinned}
 		}

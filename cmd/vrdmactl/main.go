@@ -4,9 +4,9 @@
 // Usage:
 //
 //	vrdmactl [--control PATH] [--json] device add ID [--socket PATH] [--max-qps N] [--max-cqs N]
-//	         [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G]
+//	         [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G] [--uuid U]
 //	         [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N] [--roce-bind ADDR]...
-//	         [--address ADDR]... [--rnic soft|verbs:DEVICE[:PORT]]
+//	         [--address ADDR]... [--rnic soft|verbs:DEVICE[:PORT]] [--incoming]
 //	vrdmactl [--control PATH] [--json] device set ID [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N]
 //	vrdmactl [--control PATH] [--json] device rm ID
 //	vrdmactl [--control PATH] [--json] device ls
@@ -31,6 +31,12 @@
 // may), 5 vrdmad unreachable (no control socket, nobody answers on it, or
 // its permissions keep the caller out: the error names the group to
 // join).
+//
+// device add --incoming adds the destination of a live migration between
+// two QEMUs served by this vrdmad: it takes the source device's --uuid,
+// holds no GID and no QP number until the destination QEMU loads the
+// source's state into it, and enters vrdmad's state file only then
+// (docs/state.md, "Through QEMU's device-state protocol").
 //
 // device set changes a running device's share of the engine (PATCH
 // /v1/devices/{id}): only the flags given are sent, the rest is kept;
@@ -131,7 +137,7 @@ var commands []command
 
 func init() {
 	commands = []command{
-		{"device add", "ID [--socket PATH] [--max-qps N] [--max-cqs N] [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G] [--doorbell-queues N] [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N] [--roce-bind ADDR]... [--address ADDR]... [--rnic soft|verbs:DEVICE[:PORT]]",
+		{"device add", "ID [--socket PATH] [--max-qps N] [--max-cqs N] [--max-mrs N] [--max-pinned SIZE] [--guid G] [--gid G] [--uuid U] [--doorbell-queues N] [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N] [--roce-bind ADDR]... [--address ADDR]... [--rnic soft|verbs:DEVICE[:PORT]] [--incoming]",
 			"add a device (its socket defaults to ID.sock beside the control socket)", true, true, defineDeviceAdd},
 		{"device set", "ID [--weight N] [--max-bytes-per-s SIZE] [--max-ops-per-s N]",
 			"change a device's share of the engine (only the flags given; a max of 0 removes that bound)", true, true, defineDeviceSet},

@@ -81,7 +81,28 @@ type DeviceInfo struct {
 	// while the device was connected (vhost-user serves one), or one whose
 	// uid vrdmad --allow-uid leaves out.
 	RefusedFrontEnds uint64 `json:"refused_front_ends"`
+	// Migration is the device's part in a live migration between two
+	// QEMUs on this host (docs/state.md, "Through QEMU's device-state
+	// protocol"): MigrationIncoming, MigrationIn or MigrationOut; absent
+	// for a device that took part in none.
+	Migration string `json:"migration,omitempty"`
 }
+
+// Migration states of DeviceInfo.Migration.
+const (
+	// MigrationIncoming: added with incoming, no migration state loaded
+	// yet: the device holds no GID and no QP number, and is not in the
+	// state file.
+	MigrationIncoming = "incoming"
+	// MigrationIn: a migration's state was loaded into the incoming
+	// device: it holds the identity (GIDs, QP numbers) and is saved in the
+	// state file in place of the source.
+	MigrationIn = "migrated-in"
+	// MigrationOut: the device's identity moved to a migration's
+	// destination: it serves no data path, is no longer in the state
+	// file, and is left to be removed.
+	MigrationOut = "migrated-out"
+)
 
 // Peer is a device's connected front-end: the process that connected to
 // its socket, as the kernel saw it then (SO_PEERCRED), and since when.
@@ -194,6 +215,13 @@ type AddRequest struct {
 	// addresses (all of them when none are assigned) and takes no
 	// roce_bind.
 	RNIC string `json:"rnic,omitempty"`
+	// Incoming makes the device the destination of a live migration from
+	// a device of this vrdmad: it may share its UUID (guid, gid, mac)
+	// with that one, the source, and holds no GID and no QP number until
+	// QEMU loads the source's state into it, which moves them over. It is
+	// not saved in the state file until then. The soft RNIC only; the
+	// UUID (or guid, gid, mac) is required.
+	Incoming bool `json:"incoming,omitempty"`
 }
 
 // Removed is the answer of DELETE /v1/devices/{id}. (The fields are in

@@ -78,7 +78,7 @@ func (dv *ServedDevice) Info() DeviceInfo {
 		MAC:         abi.MACOfGUID(cs.NodeGUID).String(),
 		Limits:      Limits{MaxQPs: cs.MaxQP, MaxCQs: cs.MaxCQ, MaxMRs: cs.MaxMR, MaxPinnedBytes: dv.MaxPinned},
 		NumQueues:   dv.Dev.NumQueues(),
-		Persisted:   dv.persist,
+		Persisted:   dv.listed(),
 		Share:       shareInfo(dv.Dev.Share()),
 		GIDs:        gidEntries(dv.Dev.GIDs()),
 		RoCEBind:    addrStrings(dv.roceBind),
@@ -87,6 +87,7 @@ func (dv *ServedDevice) Info() DeviceInfo {
 		Peer:        peer,
 
 		RefusedFrontEnds: st.Refused,
+		Migration:        dv.Dev.Migration(),
 	}
 }
 
@@ -211,11 +212,19 @@ func requestSpec(r AddRequest) (DeviceSpec, error) {
 			return DeviceSpec{}, reqErr("rnic", "%v", err)
 		}
 	}
+	if r.Incoming {
+		if r.UUID == "" && r.GUID == "" && r.GID == "" && r.MAC == "" {
+			return DeviceSpec{}, reqErr("incoming", "a migration's destination takes its source's uuid (or guid, gid, mac): none given")
+		}
+		if r.RNIC != "" && r.RNIC != "soft" {
+			return DeviceSpec{}, reqErr("incoming", "a migration's destination runs on the soft RNIC, not %s", r.RNIC)
+		}
+	}
 	return DeviceSpec{
 		ID:     r.ID,
 		Socket: r.Socket,
 		Device: rdma.Config{ID: r.ID, UUID: u, DoorbellQueues: r.DoorbellQueues, Limits: lim, Share: share,
-			AllowedGIDs: assigned},
+			AllowedGIDs: assigned, Incoming: r.Incoming},
 		MaxPinned: maxPinned,
 		RoCEBind:  bind,
 		RNIC:      r.RNIC,

@@ -33,7 +33,11 @@
 // the file; Close stops every device without touching it, so they come
 // back at the next start. The state directory is flock'ed for the
 // daemon's lifetime: two daemons on one directory would overwrite each
-// other's devices.
+// other's devices. A same-host migration (migrate.go) changes what is
+// listed: an incoming device is not, until the load of a migration's
+// state moves the identity to it; its source is not any more from then
+// on (the file is rewritten then, on a goroutine: the load runs on the
+// device's session, which an upgrade waits for under Daemon.mu).
 //
 // Lock order: Daemon.mu → (backend locks). Device servers run in their own
 // goroutines; Close waits for all of them. The state file is written with
@@ -131,7 +135,20 @@ type ServedDevice struct {
 }
 
 // Persisted reports whether the device is kept in the state file.
-func (dv *ServedDevice) Persisted() bool { return dv.persist }
+func (dv *ServedDevice) Persisted() bool { return dv.listed() }
+
+// listed reports whether the state file lists the device: a persisted
+// device, but not while it waits for a migration's state (incoming: it
+// holds no identity yet, and a restart would recreate it with nothing to
+// load), nor once it migrated out (its identity is the destination's,
+// which the file lists in its place).
+func (dv *ServedDevice) listed() bool {
+	if !dv.persist {
+		return false
+	}
+	m := dv.Dev.Migration()
+	return m != rdma.MigrationIncoming && m != rdma.MigrationOut
+}
 
 // Config is what every device of a daemon shares.
 type Config struct {
@@ -292,6 +309,9 @@ func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *ServedDevice, err er
 			return nil, fmt.Errorf("%w: %s is served by device %s", ErrSocketInUse, spec.Socket, o.ID)
 		}
 	}
+	if err := d.prepareIncomingLocked(&spec); err != nil {
+		return nil, err
+	}
 	if spec.Listener == nil && spec.adopt == nil {
 		if err := checkSocketFree(spec.Socket); err != nil {
 			return nil, err
@@ -404,7 +424,7 @@ func (d *Daemon) saveLocked(change string) error {
 func (d *Daemon) recordsLocked(next string, share rdma.Share) []AddRequest {
 	recs := make([]AddRequest, 0, len(d.devices))
 	for _, dv := range d.devices {
-		if !dv.persist {
+		if !dv.listed() {
 			continue
 		}
 		r := dv.record
@@ -416,28 +436,6 @@ func (d *Daemon) recordsLocked(next string, share rdma.Share) []AddRequest {
 		recs = append(recs, r)
 	}
 	return recs
-}
-
-// checkSocketFree fails with ErrSocketInUse when path exists and is not a
-// socket, or is a socket some process accepts connections on. A socket
-// file nobody listens on is stale; the back-end replaces it.
-func checkSocketFree(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("socket %s: %w", path, err)
-	}
-	if fi.Mode()&os.ModeSocket == 0 {
-		return fmt.Errorf("%w: %s exists and is not a socket", ErrSocketInUse, path)
-	}
-	c, err := net.DialTimeout("unix", path, time.Second)
-	if err == nil {
-		c.Close()
-		return fmt.Errorf("%w: another process listens on %s", ErrSocketInUse, path)
-	}
-	return nil
 }
 
 // RemoveDevice stops serving a device: a connected front-end is

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/coreos/go-systemd/v22/activation"
 	"golang.org/x/sys/unix"
@@ -182,4 +183,26 @@ func ActivationListeners() ([]NamedListener, error) {
 		return nil, fmt.Errorf("socket activation: %w", firstErr)
 	}
 	return out, nil
+}
+
+// checkSocketFree fails with ErrSocketInUse when path exists and is not a
+// socket, or is a socket some process accepts connections on. A socket
+// file nobody listens on is stale; the back-end replaces it.
+func checkSocketFree(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("socket %s: %w", path, err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("%w: %s exists and is not a socket", ErrSocketInUse, path)
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("%w: another process listens on %s", ErrSocketInUse, path)
+	}
+	return nil
 }

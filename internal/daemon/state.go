@@ -351,6 +351,9 @@ func decodeState(b []byte) ([]DeviceSpec, error) {
 		if r.UUID == "" {
 			return nil, fmt.Errorf("%s: uuid missing (a saved device keeps its identity)", where)
 		}
+		if r.Incoming {
+			return nil, fmt.Errorf("%s: incoming (a migration's destination is saved once it holds its identity, as a device like any)", where)
+		}
 		spec, err := requestSpec(r)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)

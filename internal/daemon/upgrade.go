@@ -201,6 +201,9 @@ func (d *Daemon) freezeLocked(f *frozen) (*Handover, *fdList, error) {
 	fds := &fdList{}
 	h := &Handover{Format: HandoverFormat, Version: HandoverVersion, Control: -1, Metrics: -1, StateDir: -1,
 		From: HandoverFrom{PID: os.Getpid(), Version: version.Version, Revision: version.Revision(), Written: time.Now().UTC()}}
+	if err := d.migratingLocked(); err != nil {
+		return nil, fds, err
+	}
 	devs := d.sortedLocked()
 	// The servers first: no command runs, no ring worker, no new
 	// front-end; then the devices' data paths; then the network, whose

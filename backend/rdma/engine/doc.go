@@ -131,6 +131,21 @@
 // nil check per write. A device on a host NIC does not log (the NIC's DMA
 // is invisible): it refuses VHOST_F_LOG_ALL (rdma.Device.LogsDirty).
 //
+// # Fencing and moving an identity (same-host migration)
+//
+// A fenced device (RNIC.SetFence, fence.go) takes no same-host request:
+// the check is made under the responder QP's rqMu (respond, deliver,
+// udNet.receive), and fencing takes every QP's rqMu once, so that it
+// returns when no request is writing. An RC requester whose peer is fenced
+// holds its head WQE (QP.fenceHold: like RNR, but no retry is consumed)
+// until woken (kickRequesters: the fence lifted, or a handoff repointed
+// it) or its backstop timer fires; a UD datagram is dropped. A migration's
+// destination on the same fabric takes the source's GID table and QP
+// numbers in one step (Fabric.Handoff, migrate.go); the source is
+// migrated out and fenced for good; Handoff.Undo gives them back after a
+// failed load, Handoff.Commit repoints the source's peers (RepointPeers)
+// and wakes them.
+//
 // # Handing a device over to another process
 //
 // A live upgrade of vrdmad moves every object to a new process
@@ -290,8 +305,9 @@
 //	QP.mu       (state and attributes)
 //	CQ.mu
 //	QP.ciMu     (a leaf: the record's consumer indices, ci.go)
-//	RNIC.mu, Fabric.mu (leaves but for Fabric.qpnMu, taken under RNIC.mu,
-//	            and MW.mu and FRMR.mu, taken under RNIC.mu by DeregMR)
+//	RNIC.mu, Fabric.mu (leaves but for Fabric.qpnMu, taken under RNIC.mu
+//	            and under Fabric.mu by Handoff, and MW.mu and FRMR.mu,
+//	            taken under RNIC.mu by DeregMR)
 //	MW.mu, FRMR.mu (a window's or ALLOC_MR MR's state changes)
 //	MR.bindMu   (a leaf: the windows bound in an MR)
 //

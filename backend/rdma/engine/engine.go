@@ -251,7 +251,7 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64, nq *netQP) (moved uint
 		var posted bool
 		if o, posted = q.postNet(t, nq, w, sc, ok, now); posted {
 			sc.held = false
-			q.rnrTries, q.rnrWait = 0, 0
+			q.rnrTries, q.rnrWait, q.fenceWaits = 0, 0, 0
 			q.rnrKick.Store(false)
 			q.sqCI++ // stored into the record by publish, or before the WQE's completion (netQP.completeOn)
 			q.ciDone[sqIdx].Store(q.sqCI)
@@ -269,7 +269,7 @@ func (q *QP) step(t *memmap.Table, rec []byte, now int64, nq *netQP) (moved uint
 	}
 	status, total := o.status, o.n
 	sc.held = false
-	q.rnrTries, q.rnrWait = 0, 0
+	q.rnrTries, q.rnrWait, q.fenceWaits = 0, 0, 0
 	q.rnrKick.Store(false)
 	d := q.Dev
 	byteLen := uint32(0)
@@ -415,6 +415,12 @@ func (q *QP) run(t *memmap.Table, w *sendWQE, sc *scratch, now int64) outcome {
 	q.mu.Unlock()
 	if peer == nil {
 		return failed(abi.WCRetryExcErr)
+	}
+	if peer.fenced.Load() {
+		// Before the lookup: a migrated-out peer's QPs may be gone
+		// while the fabric repoints this QP (fence.go). respond
+		// checks again under the responder's rqMu.
+		return q.fenceHold(now)
 	}
 	pq := sc.keys.lookupQP(peer, dest)
 	if pq == nil {

@@ -70,12 +70,16 @@ type Fabric struct {
 
 	qpnMu sync.Mutex       // a leaf, taken under RNIC.mu
 	qpns  map[uint32]*RNIC // QP numbers in use (protected by qpnMu)
+	// handed are the QP numbers a Handoff gave a device that no QP of it
+	// holds yet: its import claims them (ClaimHandle; protected by
+	// qpnMu).
+	handed map[uint32]*RNIC
 }
 
 // NewFabric returns an empty fabric.
 func NewFabric() *Fabric {
 	return &Fabric{byGID: make(map[[16]byte]*RNIC), members: make(map[*RNIC]struct{}),
-		qpns: make(map[uint32]*RNIC), remote: make(map[[16]byte]int), conns: make(map[remoteQP]*netQP)}
+		qpns: make(map[uint32]*RNIC), handed: make(map[uint32]*RNIC), remote: make(map[[16]byte]int), conns: make(map[remoteQP]*netQP)}
 }
 
 // SetNetwork gives the fabric its network and the GIDs of the host
@@ -156,6 +160,25 @@ func (f *Fabric) qpnTaken(d *RNIC, num uint32) bool {
 	defer f.qpnMu.Unlock()
 	o, ok := f.qpns[num]
 	return ok && o != d
+}
+
+// takeHanded claims QP number num for d's import if a Handoff gave it to
+// d: true once (the number is d's already).
+func (f *Fabric) takeHanded(d *RNIC, num uint32) bool {
+	f.qpnMu.Lock()
+	defer f.qpnMu.Unlock()
+	if f.handed[num] != d || f.qpns[num] != d {
+		return false
+	}
+	delete(f.handed, num)
+	return true
+}
+
+// QPNOwner returns the device holding QP number num on the fabric, or nil.
+func (f *Fabric) QPNOwner(num uint32) *RNIC {
+	f.qpnMu.Lock()
+	defer f.qpnMu.Unlock()
+	return f.qpns[num]
 }
 
 // releaseQPN forgets d's QP num.

@@ -1,6 +1,10 @@
 package engine
 
-import "github.com/vrdma/vrdma/virtio/rdma/abi"
+import (
+	"errors"
+
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
+)
 
 // RepointPeers runs after d took up the state of a device migrated to it
 // (rdma.Device.LoadState): d has the source's UUID, so its port GID, GIDs
@@ -50,4 +54,199 @@ func (d *RNIC) RepointPeers() int {
 		}
 	}
 	return n
+}
+
+// Handoff is an identity moved by Fabric.Handoff, until Commit or Undo.
+type Handoff struct {
+	f        *Fabric
+	src, dst *RNIC
+	gids     [abi.GIDTableLen]gidSlot // src's table as it was
+	qpns     []uint32                 // src's QP numbers as they were
+	udNet    []uint32                 // src's UD QPs detached from the network
+	done     bool
+}
+
+// Handoff moves the identity of src, a migration's source on this fabric,
+// to dst, its destination (docs/state.md, "Through QEMU's device-state
+// protocol"): src's GID table (port GID, ADD_GID entries, network GIDs)
+// becomes dst's and src's is emptied, the QP numbers src holds are dst's,
+// dst becomes a member of the fabric, and src is migrated out (fenced for
+// good: a requester still pointing at it holds its WQEs until it is
+// repointed). From then on a lookup by GID or QP number finds dst. It is
+// one step under the fabric's locks: no lookup sees both or neither.
+//
+// src must be a member with dst's port GID (the same UUID), fenced (its
+// front-end suspended it: no request of src's is in flight) and not
+// migrated out; dst must not be a member (an incoming device). The caller
+// imports the state into dst and then calls Commit, or Undo if the import
+// failed.
+func (f *Fabric) Handoff(src, dst *RNIC) (*Handoff, error) {
+	if src == dst || src.fabric != f || dst.fabric != f {
+		return nil, errors.New("handoff: not two devices of this fabric")
+	}
+	h, err := f.handoffLocked(src, dst)
+	if err != nil {
+		return nil, err
+	}
+	h.detachUD()
+	return h, nil
+}
+
+// handoffLocked is Handoff's step under the fabric's locks.
+func (f *Fabric) handoffLocked(src, dst *RNIC) (*Handoff, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case !f.isMember(src):
+		return nil, errors.New("handoff: the source is not on the fabric")
+	case f.isMember(dst):
+		return nil, errors.New("handoff: the destination is on the fabric already")
+	case src.gid != dst.gid:
+		return nil, &GIDError{GID: dst.gid, Err: errors.New("held by a device of another identity")}
+	case src.migratedOut.Load():
+		return nil, errors.New("handoff: the source migrated out already")
+	case !src.fenced.Load():
+		return nil, errors.New("handoff: the source is running (not suspended by its front-end)")
+	}
+	h := &Handoff{f: f, src: src, dst: dst, gids: src.gids}
+	dst.gids = [abi.GIDTableLen]gidSlot{}
+	for i, s := range h.gids {
+		if !s.valid {
+			continue
+		}
+		f.clearLocked(src, i)
+		f.setLocked(dst, i, s.gid)
+	}
+	f.members[dst] = struct{}{}
+	f.qpnMu.Lock()
+	for num, o := range f.qpns {
+		if o == src {
+			f.qpns[num] = dst
+			f.handed[num] = dst
+			h.qpns = append(h.qpns, num)
+		}
+	}
+	f.qpnMu.Unlock()
+	src.migratedOut.Store(true)
+	return h, nil
+}
+
+// detachUD detaches src's UD QPs from the network: their QP numbers are
+// dst's now, and dst's import attaches its own (ReattachUD). src is
+// fenced and suspended: no pass of its engine runs. It takes the QPs'
+// mu and the network's locks, with no fabric lock held.
+func (h *Handoff) detachUD() {
+	for _, q := range h.src.allQPs() {
+		if !q.UD {
+			continue
+		}
+		q.mu.Lock()
+		un := q.udNet
+		q.udNet = nil
+		q.mu.Unlock()
+		if un != nil {
+			un.conn.Close()
+			h.udNet = append(h.udNet, q.Num)
+		}
+	}
+}
+
+// IdentityHolder returns the registered device whose port GID is gid and
+// that did not migrate out — a migration's source, whether or not its
+// table still holds that GID (a driver may delete entry 0) — or nil.
+func (f *Fabric) IdentityHolder(gid [16]byte) *RNIC {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if o := f.byGID[gid]; o != nil && o.gid == gid && !o.migratedOut.Load() {
+		return o
+	}
+	for o := range f.members {
+		if o.gid == gid && !o.migratedOut.Load() {
+			return o
+		}
+	}
+	return nil
+}
+
+// isMember reports whether d is registered. Precondition: f.mu held.
+func (f *Fabric) isMember(d *RNIC) bool {
+	_, ok := f.members[d]
+	return ok
+}
+
+// Commit ends the handoff: the identity stays dst's. dst's peers on the
+// fabric are connected to it (RepointPeers) and woken.
+func (h *Handoff) Commit() {
+	if h.done {
+		return
+	}
+	h.done = true
+	f := h.f
+	f.qpnMu.Lock()
+	for num, o := range f.handed {
+		if o == h.dst {
+			// The state held no QP of this number: free it.
+			delete(f.handed, num)
+			if f.qpns[num] == h.dst {
+				delete(f.qpns, num)
+			}
+		}
+	}
+	f.qpnMu.Unlock()
+	h.dst.RepointPeers()
+	h.dst.kickRequesters()
+}
+
+// Undo gives the identity back to src as it was before Handoff (the load
+// into dst failed; dst has released its objects): dst leaves the fabric
+// with an empty table, src's table and QP numbers are restored, src is no
+// longer migrated out (it stays fenced while its front-end has it
+// suspended), and a peer that connected to dst meanwhile is connected to
+// src again.
+func (h *Handoff) Undo() {
+	if h.done {
+		return
+	}
+	h.done = true
+	f, src, dst := h.f, h.src, h.dst
+	f.mu.Lock()
+	for i := range dst.gids {
+		f.clearLocked(dst, i)
+	}
+	delete(f.members, dst)
+	for i, s := range h.gids {
+		if !s.valid {
+			continue
+		}
+		f.clearLocked(src, i)
+		if o, ok := f.byGID[s.gid]; ok && o != src && !f.isNetGIDLocked(src, s.gid) {
+			continue // taken meanwhile (never by dst: it left)
+		}
+		f.setLocked(src, i, s.gid)
+	}
+	f.qpnMu.Lock()
+	for num, o := range f.qpns {
+		if o == dst {
+			delete(f.qpns, num)
+		}
+	}
+	for num, o := range f.handed {
+		if o == dst {
+			delete(f.handed, num)
+		}
+	}
+	for _, num := range h.qpns {
+		if _, ok := f.qpns[num]; !ok {
+			f.qpns[num] = src
+		}
+	}
+	f.qpnMu.Unlock()
+	src.migratedOut.Store(false)
+	f.mu.Unlock()
+	for _, num := range h.udNet {
+		if err := src.ReattachUD(num); err != nil {
+			src.log.WithError(err).WithField("qp", num).Warn("handoff undone: the UD QP is not attached to the network again")
+		}
+	}
+	src.RepointPeers()
 }

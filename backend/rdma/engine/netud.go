@@ -137,6 +137,9 @@ func (u *udNet) receive(t *memmap.Table, a *ud.Arrival) {
 	d := q.Dev
 	q.rqMu.Lock()
 	defer q.rqMu.Unlock()
+	if fencedDrop(q) {
+		return
+	}
 	q.mu.Lock()
 	st, dead, qkey := q.attr.QPState, q.dead, q.attr.QKey
 	q.mu.Unlock()

@@ -350,6 +350,10 @@ type QP struct {
 	retryEnd uint32      // see retryExc
 	sc       *scratch    // per-QP scratch, allocated on first use
 
+	// fenceWaits counts the waits of the head WQE for a fenced peer
+	// (fence.go): each doubles the backstop delay (protected by sqMu).
+	fenceWaits uint8
+
 	// Published once per poll pass rather than per WQE (protected by
 	// sqMu): the record's sq_ci, the send CQ's pi and the device counters.
 	sqCIPub   uint32 // sq_ci as last handed to storeCI

@@ -65,6 +65,9 @@ func (r *request) respond() outcome {
 	pq := r.pq
 	pq.rqMu.Lock()
 	defer pq.rqMu.Unlock()
+	if pq.Dev != nil && pq.Dev.fenced.Load() {
+		return r.q.fenceHold(r.now) // fence.go: nothing of pq is touched
+	}
 	pq.mu.Lock()
 	pst, pdead, pacc, minRNR := pq.attr.QPState, pq.dead, pq.attr.QPAccessFlags, pq.attr.MinRNRTimer
 	// A QP connected over the network has no peer device (nil): no

@@ -31,6 +31,11 @@ type Stats struct {
 	// dropped: to a QP that does not exist, is not UD, is not in RTR or
 	// RTS, holds another Q_Key or has no receive WQE.
 	UDDropped uint64
+	// FenceHeld counts the times a send WQE of the device was held at
+	// its send queue's head because its same-host peer was fenced
+	// (fence.go: a migration's suspended source, a paused VM); each
+	// retry that finds the fence counts again.
+	FenceHeld uint64
 }
 
 // maxWCStatus bounds the wc statuses counted in Stats.
@@ -87,9 +92,17 @@ type RNIC struct {
 	eventsDropped atomic.Uint64
 	wrongPeer     atomic.Uint64
 	udDropped     atomic.Uint64
+	fenceHeld     atomic.Uint64
 	// mtu is the port's active MTU in bytes, the longest UD message
 	// (SetActiveMTU; 0: 4096).
 	mtu atomic.Uint32
+
+	// fenced: no same-host request writes into the device (fence.go);
+	// set by SetFence and Handoff, read under the responder QP's rqMu.
+	// migratedOut: the device's identity moved to a migration's
+	// destination (Fabric.Handoff); it stays fenced.
+	fenced      atomic.Bool
+	migratedOut atomic.Bool
 }
 
 // NewRNIC returns an RNIC with GID gid on fabric f. It does not register
@@ -276,6 +289,7 @@ func (d *RNIC) Stats() Stats {
 		EventsDropped:    d.eventsDropped.Load(),
 		WrongPeer:        d.wrongPeer.Load(),
 		UDDropped:        d.udDropped.Load(),
+		FenceHeld:        d.fenceHeld.Load(),
 	}
 	for i := range s.Ops {
 		s.Ops[i] = d.ops[i].Load()

@@ -73,7 +73,8 @@ func (d *RNIC) Transferable() error {
 // ClaimHandle takes handle h of kind k for an object being imported, as
 // NewHandle would have drawn it: false if h is not a handle NewHandle
 // could return for bits (zero, too wide, a QP number 0, 1 or 0xffffff) or
-// an object holds it (for a QP number: any device of the fabric).
+// an object holds it (for a QP number: any device of the fabric; a number
+// a Handoff gave d is d's to claim).
 func (d *RNIC) ClaimHandle(k Kind, h uint32, bits uint) bool {
 	if h == 0 || (bits < 32 && h>>bits != 0) {
 		return false
@@ -84,7 +85,7 @@ func (d *RNIC) ClaimHandle(k Kind, h uint32, bits uint) bool {
 		if h < 2 || h >= 1<<bits-1 || d.takenLocked(KindQP, h) {
 			return false
 		}
-		if d.fabric != nil && (d.fabric.qpnReserved(h) || !d.fabric.claimQPN(d, h)) {
+		if d.fabric != nil && !d.fabric.takeHanded(d, h) && (d.fabric.qpnReserved(h) || !d.fabric.claimQPN(d, h)) {
 			return false
 		}
 		return true

@@ -156,6 +156,9 @@ func (r *request) deliver() outcome {
 	pq := r.pq
 	pq.rqMu.Lock()
 	defer pq.rqMu.Unlock()
+	if fencedDrop(pq) {
+		return succeeded(r.total)
+	}
 	pq.mu.Lock()
 	st, dead, qkey := pq.attr.QPState, pq.dead, pq.attr.QKey
 	pq.mu.Unlock()
