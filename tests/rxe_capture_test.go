@@ -407,7 +407,13 @@ func TestRxeCapture(t *testing.T) {
 		}
 	}
 	t.Logf("captures took %v", time.Since(start).Round(time.Second))
-	// What -update-rxe-captures writes: within the budget.
+	// What -update-rxe-captures writes: within the budget. Only then: a
+	// trimmed run keeps the retransmissions of its first messages, as
+	// many as the (shared, noisy) machine caused, so its size varies from
+	// run to run, and nothing is written without the flag.
+	if !*updateRxeCaptures || t.Failed() {
+		return
+	}
 	total := 0
 	for _, w := range out {
 		total += 24
@@ -416,10 +422,7 @@ func TestRxeCapture(t *testing.T) {
 		}
 	}
 	if total > rxeCaptureBudget {
-		t.Errorf("the trimmed captures take %d bytes, more than %d: lower keep", total, rxeCaptureBudget)
-	}
-	if !*updateRxeCaptures || t.Failed() {
-		return
+		t.Fatalf("the trimmed captures take %d bytes, more than %d: lower keep, or run again on a quieter machine", total, rxeCaptureBudget)
 	}
 	dst := filepath.Join(root, rxeCaptureDir)
 	if err := os.MkdirAll(dst, 0o755); err != nil {
