@@ -159,6 +159,17 @@ func (d *Device) LoadState(r io.Reader) error {
 		d.mu.Unlock()
 		return fmt.Errorf("rdma: load: %w", err)
 	}
+	if c == nil {
+		// The source ran on another daemon: a QP connected to a peer
+		// that stayed there has nothing to reach it by here. Refused
+		// (QEMU fails the migration and the source runs on) rather than
+		// loaded into a QP that would time out under the guest.
+		if qs := d.eng.Unresolved(); len(qs) > 0 {
+			d.Reset()
+			return fmt.Errorf("rdma: load: %w: QP %#x (and %d more) is connected to a peer that is not on this host: "+
+				"a migration between daemons carries no same-host connection yet", ErrNotTransferable, qs[0], len(qs)-1)
+		}
+	}
 	d.mu.Lock()
 	if c != nil {
 		c.commit(d)

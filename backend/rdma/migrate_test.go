@@ -22,11 +22,17 @@ import (
 // a new mapping of g's memory; the verbs context drives that one after.
 func migrate(t *testing.T, g *guestOf, cfg Config) (*Device, []byte) {
 	t.Helper()
+	return migrateInto(t, g, g.attachDev(cfg, mapMemory(t, g.file)))
+}
+
+// migrateInto is migrate into d, a destination device made beforehand
+// on a new mapping of g's memory (destinationOf).
+func migrateInto(t *testing.T, g *guestOf, d *Device) (*Device, []byte) {
+	t.Helper()
 	var b bytes.Buffer
 	if err := g.dev.SaveState(&b); err != nil {
 		t.Fatalf("SaveState: %v", err)
 	}
-	d := g.attachDev(cfg, mapMemory(t, g.file))
 	if err := d.LoadState(bytes.NewReader(b.Bytes())); err != nil {
 		t.Fatalf("LoadState: %v", err)
 	}
@@ -38,9 +44,10 @@ func migrate(t *testing.T, g *guestOf, cfg Config) (*Device, []byte) {
 
 // TestMigrate: two devices with an RC pair, MRs, CQs and an SRQ run work,
 // leave some posted and not run, and migrate (both VMs) to devices of
-// another fabric, one after the other: the posted work completes there,
-// QP numbers, keys and attributes are the same, and new work runs both
-// ways.
+// another fabric, made there beforehand, one after the other: the posted
+// work completes there, QP numbers, keys and attributes are the same, and
+// new work runs both ways. A device that arrives where its peer has no
+// device is refused (TestMigrateAwayFromPeer).
 func TestMigrate(t *testing.T) {
 	s := newHandoverSetup(t)
 	for i := range 4 {
@@ -67,8 +74,9 @@ func TestMigrate(t *testing.T) {
 	f2 := engine.NewFabric()
 	cfgA, cfgB := s.cfgA, s.cfgB
 	cfgA.Fabric, cfgB.Fabric = f2, f2
+	nb := s.b.attachDev(cfgB, mapMemory(t, s.b.file))
 	na, doc := migrate(t, s.a, cfgA)
-	nb, _ := migrate(t, s.b, cfgB)
+	migrateInto(t, s.b, nb)
 	var head struct {
 		Format  string `json:"format"`
 		Version int    `json:"version"`
@@ -135,8 +143,9 @@ func TestLoadStateRejects(t *testing.T) {
 		qpns = append(qpns, q.Num)
 	}
 	f2 := engine.NewFabric()
-	cfg := s.cfgB
-	cfg.Fabric = f2
+	cfg, cfgA := s.cfgB, s.cfgA
+	cfg.Fabric, cfgA.Fabric = f2, f2
+	s.a.attachDev(cfgA, mapMemory(t, s.a.file)) // the peer's destination: its QP's dgid resolves
 	d := s.b.attachDev(cfg, mapMemory(t, s.b.file))
 	for _, c := range []struct {
 		name string
@@ -209,5 +218,36 @@ func pumpVisits(t *testing.T, d *Device) {
 	t.Helper()
 	if d.quiesced.Load() {
 		t.Fatal("the device is still quiesced")
+	}
+}
+
+// TestMigrateAwayFromPeer: a device whose RC QP is connected to a device
+// of its own daemon migrates to another daemon, where nothing holds the
+// peer's GID: the load is refused with ErrNotTransferable (a same-host
+// connection does not become a RoCEv2 one), the destination is left with
+// nothing, and the source runs on with its peer.
+func TestMigrateAwayFromPeer(t *testing.T) {
+	s := newHandoverSetup(t)
+	var b bytes.Buffer
+	must(t, s.a.dev.SaveState(&b))
+	cfgA := s.cfgA
+	cfgA.Fabric = engine.NewFabric()
+	d := s.a.attachDev(cfgA, mapMemory(t, s.a.file))
+	err := d.LoadState(bytes.NewReader(b.Bytes()))
+	if !errors.Is(err, ErrNotTransferable) || !strings.Contains(err.Error(), "not on this host") {
+		t.Fatalf("LoadState: got %v, want ErrNotTransferable naming the peer not on this host", err)
+	}
+	if c := d.Census(); c.QPs != 0 || c.MRs != 0 || c.CQs != 0 || c.PDs != 0 {
+		t.Fatalf("the refused destination holds %+v, want nothing", c)
+	}
+	copy(s.mrb.Bytes()[0:64], bytes.Repeat([]byte{0xd4}, 64))
+	must(t, s.qb.PostSend(verbs.SendWR{WRID: 9, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+		SGL: []abi.SGE{s.mrb.SGE(0, 64)}, RemoteAddr: s.mra.Addr + 8192, RKey: s.mra.RKey}))
+	pump(t, s.a.dev, s.b.dev)
+	if wc := pollN(t, s.sb, 1); wc[0].WRID != 9 || wc[0].Status != abi.WCSuccess {
+		t.Fatalf("b's WRITE into the source after the refusal: %+v", wc)
+	}
+	if !bytes.Equal(s.mra.Bytes()[8192:8256], bytes.Repeat([]byte{0xd4}, 64)) {
+		t.Fatal("b's WRITE did not land in the source's MR")
 	}
 }

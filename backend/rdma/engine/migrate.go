@@ -250,3 +250,24 @@ func (h *Handoff) Undo() {
 	}
 	src.RepointPeers()
 }
+
+// Unresolved returns the numbers of d's RC QPs that are connected (RTR,
+// RTS or SQD), not over the network, and have no peer device: after a
+// migration's load on a daemon where the source did not run, the QPs
+// whose peer stayed on the source's host. Nothing on this host can carry
+// them (a same-host QP does not become a RoCEv2 one).
+func (d *RNIC) Unresolved() []uint32 {
+	var out []uint32
+	for _, q := range d.allQPs() {
+		q.mu.Lock()
+		st, peer, nq := q.attr.QPState, q.peer, q.net
+		q.mu.Unlock()
+		if q.UD || nq != nil || peer != nil {
+			continue
+		}
+		if st == abi.QPSRTR || st == abi.QPSRTS || st == abi.QPSSQD {
+			out = append(out, q.Num)
+		}
+	}
+	return out
+}
