@@ -8,8 +8,10 @@
 // beside a baseline measured in the same run (memcpy, mlock, pin-all, a
 // bare control round trip, a two-goroutine queue hand-off, one device pair,
 // a victim pair alone, vrdma-perf in one process, a WRITE stream without
-// a live upgrade) because the machines are
-// shared and noisy: the ratios are judged, absolute numbers are printed.
+// a live upgrade, the same TCG guest migrated without its vrdma device)
+// because the machines are shared and noisy: the ratios are judged,
+// absolute numbers are printed. The migrate section (migrate.go) is the
+// one that boots TCG guests (through --vmtest).
 //
 // Usage:
 //
@@ -92,7 +94,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.upgrades, "upgrades", 0, fmt.Sprintf("live upgrades of the upgrade section (0: %d; --quick %d)", upgradeCount, upgradeQuickCount))
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the whole run")
 	fs.StringVar(&o.trace, "trace", "", "write an execution trace of the whole run (go tool trace FILE)")
-	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,perftest,reg,startup,control,scaling,iso,density,roce,verbs,upgrade)")
+	fs.StringVar(&o.only, "only", "", "run only these sections (comma-separated: bw,rate,lat,perftest,reg,startup,control,scaling,iso,density,roce,verbs,upgrade,migrate)")
 	fs.DurationVar(&o.s.rowTime, "row-time", 500*time.Millisecond, "time box of one repeat of a row")
 	fs.IntVar(&o.s.repeats, "repeats", 3, "repeats per row (the median is reported)")
 	fs.BoolVar(&quick, "quick", false, "small sizes and guests, for a smoke test")
@@ -394,6 +396,14 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 	if o.want("upgrade") {
 		progress(w, "live upgrade")
 		sec, err := upgradeSection(o, w)
+		if err != nil {
+			return nil, nil, nil, nil, err
+		}
+		secs = append(secs, sec)
+	}
+	if o.want("migrate") {
+		progress(w, "live migration (TCG guests)")
+		sec, err := migrateSection(o, w)
 		if err != nil {
 			return nil, nil, nil, nil, err
 		}

@@ -4,8 +4,8 @@
 //
 //	vrdma-guest probe    [--device ADDR]
 //	vrdma-guest selftest [--device ADDR]
-//	vrdma-guest server   [--device ADDR] --op OP --size N --iters N [--lat-iters N] [--tx-depth N]
-//	vrdma-guest client   [--device ADDR] --op OP --size N --iters N [--lat-iters N] [--tx-depth N]
+//	vrdma-guest server   [--device ADDR] --op OP --size N --iters N [--lat-iters N] [--tx-depth N] [--duration D]
+//	vrdma-guest client   [--device ADDR] --op OP --size N --iters N [--lat-iters N] [--tx-depth N] [--duration D]
 //	vrdma-guest hotplug  [--rounds N] [--timeout D] [--ack]
 //	vrdma-guest restart  [--device ADDR] [--rounds N] [--timeout D] [--ack]
 //
@@ -26,6 +26,11 @@
 // prints an "event: detached" result; with --ack it then waits for a
 // "VRDMA-NEXT" line on stdin, so it never powers off before the host saw
 // DEVICE_DELETED.
+//
+// With --duration (both sides) the bandwidth pass is a stream that goes on
+// until D has passed, every operation verified as without it; the results
+// then tell the bytes moved and the longest pause between completions
+// (max_gap_ms), what a live migration of either guest costs the stream.
 //
 // Results are "VRDMA-RESULT {json}" lines. server and client print one
 // "VRDMA-EXCHANGE {json endpoint, role}" line, then read one
@@ -142,6 +147,7 @@ func (e *env) run(args []string) error {
 		fs.IntVar(&cfg.LatIters, "lat-iters", 100, "latency iterations")
 		fs.IntVar(&cfg.TxDepth, "tx-depth", perftest.DefaultTxDepth, "work requests in flight")
 		fs.DurationVar(&cfg.Timeout, "timeout", perftest.DefaultTimeout, "longest wait without progress")
+		fs.DurationVar(&cfg.Duration, "duration", 0, "stream for this long (at least --iters operations); both sides need it")
 	}
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -71,6 +71,20 @@ func TestSelftestAndProbe(t *testing.T) {
 // TestServerClient relays the EXCHANGE lines of two runs as PEER lines.
 func TestServerClient(t *testing.T) {
 	socks := daemonSockets(t)
+	t.Run("iters", func(t *testing.T) {
+		serverClient(t, socks, []string{"--op", "send", "--size", "1000", "--iters", "200", "--lat-iters", "20", "--tx-depth", "8"}, 200)
+	})
+	// --duration: a stream of at least --iters operations, with the
+	// bytes moved and the longest gap in both results.
+	t.Run("duration", func(t *testing.T) {
+		serverClient(t, socks, []string{"--op", "send", "--size", "1000", "--iters", "10", "--lat-iters", "20", "--tx-depth", "8", "--duration", "200ms"}, -10)
+	})
+}
+
+// serverClient runs a server and a client with args and checks both
+// results: verified, iters as wantIters (negative: more than -wantIters,
+// and then bytes and max_gap_ms present).
+func serverClient(t *testing.T, socks []string, args []string, wantIters int) {
 	sIn, sInW := io.Pipe()
 	cIn, cInW := io.Pipe()
 	sOut, sOutW := io.Pipe()
@@ -89,7 +103,6 @@ func TestServerClient(t *testing.T) {
 	sRes, cRes := make(chan string, 1), make(chan string, 1)
 	go relay(sOut, cInW, sRes)
 	go relay(cOut, sInW, cRes)
-	args := []string{"--op", "send", "--size", "1000", "--iters", "200", "--lat-iters", "20", "--tx-depth", "8"}
 	errs := make(chan error, 2)
 	go func() {
 		errs <- testEnv(t, socks[0], sIn, sOutW).run(append([]string{"server"}, args...))
@@ -118,8 +131,17 @@ func TestServerClient(t *testing.T) {
 				t.Errorf("result lacks %q: %s", k, out)
 			}
 		}
-		if m["verified"] != true || m["iters"] != float64(200) {
-			t.Errorf("got %s", out)
+		iters, _ := m["iters"].(float64)
+		if m["verified"] != true || (wantIters >= 0 && iters != float64(wantIters)) || (wantIters < 0 && iters <= float64(-wantIters)) {
+			t.Errorf("got %s, want verified and iters %d", out, wantIters)
+		}
+		if wantIters < 0 {
+			if b, _ := m["bytes"].(float64); b != (iters+20)*1000 {
+				t.Errorf("got %s, want bytes (iters + lat-iters) * 1000", out)
+			}
+			if g, _ := m["max_gap_ms"].(float64); g <= 0 {
+				t.Errorf("got %s, want max_gap_ms > 0", out)
+			}
 		}
 	}
 }
@@ -170,7 +192,7 @@ func newLines(r io.Reader) <-chan string {
 // value the harnesses read.
 func TestResultSchema(t *testing.T) {
 	want := perftest.Result{Op: "write", Size: 4096, Iters: 7, GBytesPerS: 1.25, Mops: 0.5, LatP50: 3.5, LatP99: 9.25,
-		Verified: true, LatAvg: 4, LatIters: 3, Seconds: 2, TxDepth: 8, Slots: 2, Role: "client"}
+		Verified: true, LatAvg: 4, LatIters: 3, Seconds: 2, TxDepth: 8, Slots: 2, Role: "client", MaxGapMS: 12.5, Bytes: 40960}
 	var b bytes.Buffer
 	if err := guestresult.Write(&b, want); err != nil {
 		t.Fatal(err)
@@ -186,7 +208,7 @@ func TestResultSchema(t *testing.T) {
 	}
 	r.Raw = nil
 	if !reflect.DeepEqual(r, guestresult.Result{Role: want.Role, Op: want.Op, Size: want.Size, Iters: want.Iters, GBytesPerS: want.GBytesPerS,
-		Mops: want.Mops, LatP50: want.LatP50, LatP99: want.LatP99, Verified: want.Verified}) {
+		Mops: want.Mops, LatP50: want.LatP50, LatP99: want.LatP99, Verified: want.Verified, MaxGapMS: want.MaxGapMS, Bytes: want.Bytes}) {
 		t.Errorf("the harness reads %+v from %s", r, line)
 	}
 }

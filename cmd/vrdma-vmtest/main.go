@@ -7,6 +7,7 @@
 //	vrdma-vmtest [flags] exec --cmd 'ibv_devinfo -v'
 //	vrdma-vmtest [flags] exec-pair --server 'ib_write_bw -d vrdma0' --client 'ib_write_bw -d vrdma0 {server}'
 //	vrdma-vmtest [flags] pair --op write --size 65536 --iters 1000
+//	vrdma-vmtest [flags] migrate [--op write|send] [--cancel] [--no-device] [--duration D]
 //	vrdma-vmtest [flags] probe
 //	vrdma-vmtest [flags] selftest
 //	vrdma-vmtest [flags] spinup [--rounds N] [--json]
@@ -20,7 +21,10 @@
 //
 // pair boots a server and a client VM (one device each) that exchange their
 // endpoints through the harness and move data between each other; both
-// must report verified results. probe and selftest use one VM. spinup
+// must report verified results. migrate live-migrates one of two such
+// VMs, with a verified RDMA stream between them, to a second QEMU and
+// prints one VRDMA-MIGRATE JSON line (migrateUsage in migrate.go). probe
+// and selftest use one VM. spinup
 // boots one VM without a vrdma device and measures hot-plug with vrdmactl
 // (device add + vm attach until the guest probed the device, vm detach +
 // device rm); --json prints {"attach_s", "detach_s", "rounds", ...}.
@@ -67,6 +71,10 @@ scenarios:
                                     two such VMs run CMD against each other
                                     (vrdma-vmtest exec --help says more)
   pair --op OP --size N --iters N   two VMs, server and client, OP between them
+  migrate [--op write|send] [--cancel] [--no-device]
+                                    two VMs with a verified stream between them,
+                                    one live-migrated to a second QEMU
+                                    (vrdma-vmtest migrate --help says more)
   probe                             one VM: find and initialise the device
   selftest                          one VM: every verb on a loopback QP pair
   spinup [--rounds N] [--json]      one VM: hot-plug spin-up and tear-down times
@@ -145,10 +153,13 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	var (
 		pf pairFlags
 		sf spinupFlags
+		mf migrateFlags
 	)
 	switch scenario {
 	case "pair":
 		pf, err = parsePair(rest, stderr)
+	case "migrate":
+		mf, err = parseMigrate(rest, stderr)
 	case "spinup":
 		sf, err = parseSpinup(rest, stderr)
 	case "probe", "selftest":
@@ -191,6 +202,8 @@ func run(argv []string, stdout, stderr io.Writer) int {
 	switch scenario {
 	case "pair":
 		err = runPair(ctx, o, pf, stdout, stderr)
+	case "migrate":
+		err = runMigrate(ctx, o, mf, stdout, stderr)
 	case "spinup":
 		err = runSpinup(ctx, o, sf, stdout, stderr)
 		if err == nil && sf.json {

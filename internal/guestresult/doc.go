@@ -16,7 +16,9 @@
 //
 //	probe      role, config, device, port, gid
 //	selftest   role, op, verified, us (one line per verb, then op "all")
-//	server     Result (internal/perftest.Result, which the guest prints)
+//	server     Result (internal/perftest.Result, which the guest prints;
+//	           max_gap_ms and bytes when it measured them, e.g. a
+//	           --duration stream across a live migration)
 //	client     Result, as server
 //	hotplug    Hotplug: a Step per event (waiting, usable, attached, detached)
 //	restart    Restart: a Step per event (ready, device_fatal, not_found, reset, recovered)

@@ -34,6 +34,11 @@ type Result struct {
 	LatP50     float64 `json:"lat_us_p50"`
 	LatP99     float64 `json:"lat_us_p99"`
 	Verified   bool    `json:"verified"`
+	// MaxGapMS is the longest time between two completions of a stream
+	// (perftest.Result's max_gap_ms): its longest pause. Bytes is the
+	// data it moved. Zero when the role does not report them.
+	MaxGapMS float64 `json:"max_gap_ms"`
+	Bytes    uint64  `json:"bytes"`
 	// Raw is the JSON object exactly as the guest printed it, every key
 	// included.
 	Raw json.RawMessage `json:"-"`

@@ -29,7 +29,12 @@ func TestParse(t *testing.T) {
 	if got, want := r.Line(), Prefix+" "+perfLine; got != want {
 		t.Errorf("Line: got %q, want %q", got, want)
 	}
-	for _, bad := range []string{``, ` `, `[]`, `"x"`, `{`, `{"size":-1}`, `{"verified":"yes"}`, `{} {}`, `{}x`, `{"iters":1e99}`, `null`} {
+	// A stream's line (vrdma-guest --duration) adds max_gap_ms and bytes.
+	s, err := Parse(`{"role":"client","op":"send","verified":true,"max_gap_ms":812.5,"bytes":1048576}`)
+	if err != nil || s.MaxGapMS != 812.5 || s.Bytes != 1<<20 || !s.Verified {
+		t.Errorf("stream line: got %+v, %v; want max_gap_ms 812.5, bytes 1048576", s, err)
+	}
+	for _, bad := range []string{``, ` `, `[]`, `"x"`, `{`, `{"size":-1}`, `{"verified":"yes"}`, `{} {}`, `{}x`, `{"iters":1e99}`, `null`, `{"bytes":-1}`, `{"max_gap_ms":"1"}`} {
 		t.Run(bad, func(t *testing.T) {
 			r, err := Parse(bad)
 			if err == nil {

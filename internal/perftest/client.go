@@ -33,11 +33,19 @@ func (s *Side) Run(peer Endpoint) (Result, error) {
 	}
 	c := &client{Side: s, peer: peer}
 	start := time.Now()
-	for c.done < uint64(s.cfg.Iters) {
-		for c.posted < uint64(s.cfg.Iters) && c.posted-c.done < uint64(s.depth) {
+	c.gap.start(start)
+	// more: Iters operations, and with a duration until it has passed.
+	more := func() bool {
+		return c.posted < uint64(s.cfg.Iters) || (s.cfg.Duration > 0 && time.Since(start) < s.cfg.Duration)
+	}
+	for {
+		for c.posted-c.done < uint64(s.depth) && more() {
 			if err := c.post(); err != nil {
 				return Result{}, err
 			}
+		}
+		if c.done == c.posted {
+			break
 		}
 		if err := c.complete(c.done + 1); err != nil {
 			return Result{}, err
@@ -58,11 +66,16 @@ func (s *Side) Run(peer Endpoint) (Result, error) {
 	}
 	r := result(s.cfg, bwOps, elapsed, lat)
 	r.Slots, r.TxDepth, r.Role = s.slots, s.depth, "client"
+	r.MaxGapMS, r.Bytes = c.gap.ms(), c.posted*s.cfg.Size
 	// Done: the measurements go to the server, which verifies and answers.
 	m := message{kind: kindDone, op: opIndex(s.cfg.Op), count: c.posted, size: s.cfg.Size,
 		gbps: r.GBytesPerS, mops: r.Mops, p50: r.LatP50, p99: r.LatP99, avg: r.LatAvg, secs: r.Seconds,
 		iters: uint64(r.Iters), latIter: uint64(r.LatIters)}
-	if err := s.sendCtrl(&m); err != nil {
+	send := s.sendCtrl
+	if s.cfg.sendStream() {
+		send = s.sendDoneImm
+	}
+	if err := send(&m); err != nil {
 		return Result{}, fmt.Errorf("send done: %w", err)
 	}
 	var sent, got bool
@@ -136,6 +149,7 @@ type client struct {
 	*Side
 	peer         Endpoint
 	posted, done uint64
+	gap          gapMeter // between completions of data operations
 }
 
 func (c *client) post() error {
@@ -176,6 +190,7 @@ func (c *client) complete(until uint64) error {
 		if err != nil {
 			return fmt.Errorf("posted %d, completed %d: %w", c.posted, c.done, err)
 		}
+		c.gap.mark(time.Now())
 		for i := range wcs {
 			wc := &wcs[i]
 			if wc.Status != abi.WCSuccess {

@@ -16,7 +16,14 @@
 // answered by the server's verdict after it verified its own buffer, so
 // both sides report verified=true only when both checked the data.
 //
-// Non-goals: UD, multiple QPs, duration-bound runs across processes.
+// Config.Duration turns the bandwidth pass into a stream that runs until
+// the duration has passed (a live migration's harness spans the migration
+// with it); the server of a send stream cannot count its receives in
+// advance, so it posts them until the client's done arrives in one, a SEND
+// with immediate data. Results carry the bytes moved and the longest gap
+// between completions (max_gap_ms): the stream's longest pause.
+//
+// Non-goals: UD, multiple QPs.
 //
 // Invariants: every wait is bounded (Config.Timeout without progress);
 // completions are checked in order; receives are posted before the peer can

@@ -47,7 +47,18 @@ type Config struct {
 	// Paths asks the device to spray the QP over that many paths (0: the
 	// device's default; docs/spec.md MODIFY_QP PATHS).
 	Paths uint32
+	// Duration, when positive, makes the bandwidth pass a stream that
+	// goes on until Duration has passed (and at least Iters operations
+	// were done): long enough to span an event such as a live migration.
+	// Both sides need it (the server of a send stream posts receives
+	// until the client's done arrives, a SEND with immediate data, in a
+	// data buffer: Size must hold a control message). Zero: Iters
+	// operations.
+	Duration time.Duration
 }
+
+// MaxDuration bounds Config.Duration.
+const MaxDuration = 24 * time.Hour
 
 func (c *Config) fill() error {
 	if !slices.Contains(Ops, c.Op) {
@@ -77,8 +88,19 @@ func (c *Config) fill() error {
 	if c.LatIters < 0 || c.TxDepth < 1 || c.TxDepth > 4096 {
 		return fmt.Errorf("lat-iters %d, tx-depth %d: out of range", c.LatIters, c.TxDepth)
 	}
+	if c.Duration < 0 || c.Duration > MaxDuration {
+		return fmt.Errorf("duration %v: want 0 … %v", c.Duration, MaxDuration)
+	}
+	if c.sendStream() && c.Size < ctrlSize {
+		return fmt.Errorf("size %d: a send stream (duration) needs at least %d bytes, the client's done message", c.Size, ctrlSize)
+	}
 	return nil
 }
+
+// sendStream reports whether the server cannot know the number of
+// messages in advance: a send with a duration. It posts receives until
+// the client's done message arrives in one, marked by immediate data.
+func (c *Config) sendStream() bool { return c.Duration > 0 && c.Op == "send" }
 
 // slots is the number of message buffers per side.
 func (c *Config) connectOpts() verbs.ConnectOpts {
@@ -127,6 +149,13 @@ type Result struct {
 	TxDepth    int     `json:"tx_depth"`
 	Slots      int     `json:"buffers"`
 	Role       string  `json:"role,omitempty"`
+	// MaxGapMS is the longest time between two consecutive completions
+	// of the data stream, in milliseconds: the client's over all its
+	// operations; the server's over its receives (send only, else 0). A
+	// pause of the stream (a live migration's switch-over) shows here.
+	MaxGapMS float64 `json:"max_gap_ms,omitempty"`
+	// Bytes is the data the operations moved (both passes).
+	Bytes uint64 `json:"bytes,omitempty"`
 }
 
 // Side is one device's resources for a test.
@@ -339,6 +368,35 @@ func (s *Side) sendCtrl(m *message) error {
 		SGL: []abi.SGE{s.mr.SGE(int(s.ctrl), ctrlSize)}})
 }
 
+// sendDoneImm sends m like sendCtrl, as a SEND with immediate data magic:
+// the done message of a send stream, which lands in one of the server's
+// data buffers (Config.sendStream).
+func (s *Side) sendDoneImm(m *message) error {
+	m.encode(s.ctrlBuf(0))
+	return s.postSend(verbs.SendWR{WRID: ctrlWRID, Opcode: abi.WROpSendWithImm, Flags: abi.WRFlagSignaled, Imm: magic,
+		SGL: []abi.SGE{s.mr.SGE(int(s.ctrl), ctrlSize)}})
+}
+
+// gapMeter keeps the longest time between consecutive completions.
+type gapMeter struct {
+	last time.Time
+	max  time.Duration
+}
+
+// start sets the time the first gap counts from.
+func (g *gapMeter) start(t time.Time) { g.last = t }
+
+// mark notes completions seen at t.
+func (g *gapMeter) mark(t time.Time) {
+	if !g.last.IsZero() {
+		g.max = max(g.max, t.Sub(g.last))
+	}
+	g.last = t
+}
+
+// ms is the longest gap in milliseconds.
+func (g *gapMeter) ms() float64 { return float64(g.max) / float64(time.Millisecond) }
+
 // postSend posts wr, waiting (bounded) while the send queue is full.
 func (s *Side) postSend(wr verbs.SendWR) error {
 	var deadline time.Time
@@ -357,8 +415,11 @@ func (s *Side) postSend(wr verbs.SendWR) error {
 }
 
 // poll waits for at least one completion (bounded by the timeout).
-func (s *Side) poll() ([]verbs.WC, error) {
-	deadline := time.Now().Add(s.cfg.Timeout)
+func (s *Side) poll() ([]verbs.WC, error) { return s.pollFor(s.cfg.Timeout) }
+
+// pollFor waits for at least one completion, at most d.
+func (s *Side) pollFor(d time.Duration) ([]verbs.WC, error) {
+	deadline := time.Now().Add(d)
 	for spins := 0; ; spins++ {
 		n, err := s.cq.Poll(s.wc)
 		if err != nil {
@@ -369,7 +430,7 @@ func (s *Side) poll() ([]verbs.WC, error) {
 		}
 		if spins&1023 == 1023 {
 			if time.Now().After(deadline) {
-				return nil, fmt.Errorf("no completion for %v", s.cfg.Timeout)
+				return nil, fmt.Errorf("no completion for %v", d)
 			}
 			if spins > 1<<16 {
 				time.Sleep(50 * time.Microsecond)

@@ -168,3 +168,94 @@ func BenchmarkPattern(b *testing.B) {
 		}
 	}
 }
+
+// TestDurationStream runs a duration-bound stream: the client goes on past
+// Iters until Duration has passed, the server of a send stream takes the
+// client's done message from a data buffer, and both report the bytes
+// moved and the longest gap between completions.
+func TestDurationStream(t *testing.T) {
+	ca, cb := open(t)
+	for _, op := range []string{"write", "send"} {
+		t.Run(op, func(t *testing.T) {
+			const dur = 300 * time.Millisecond
+			cfg := Config{Op: op, Size: 4096, Iters: 1, LatIters: 5, TxDepth: 8, Verify: true, Timeout: 20 * time.Second, Duration: dur}
+			srv, err := NewSide(ca, cfg, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			cli, err := NewSide(cb, cfg, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cli.Close()
+			type res struct {
+				r   Result
+				err error
+			}
+			ch := make(chan res, 1)
+			ce := cli.Endpoint()
+			go func() {
+				r, err := srv.Serve(ce)
+				ch <- res{r, err}
+			}()
+			cr, err := cli.Run(srv.Endpoint())
+			if err != nil {
+				t.Fatalf("client: %v", err)
+			}
+			sr := <-ch
+			if sr.err != nil {
+				t.Fatalf("server: %v", sr.err)
+			}
+			if !cr.Verified || !sr.r.Verified {
+				t.Errorf("verified: client %v, server %v", cr.Verified, sr.r.Verified)
+			}
+			if cr.Seconds < dur.Seconds() || cr.Iters <= 1 {
+				t.Errorf("client ran %d operations in %.3f s, want more than Iters for at least %v", cr.Iters, cr.Seconds, dur)
+			}
+			want := uint64(cr.Iters+cr.LatIters) * cfg.Size
+			if cr.Bytes != want || sr.r.Bytes != want {
+				t.Errorf("bytes: client %d, server %d, want %d", cr.Bytes, sr.r.Bytes, want)
+			}
+			if cr.MaxGapMS <= 0 {
+				t.Errorf("client max_gap_ms %v, want > 0", cr.MaxGapMS)
+			}
+			if (op == "send") != (sr.r.MaxGapMS > 0) {
+				t.Errorf("server max_gap_ms %v for %s, want > 0 for send only", sr.r.MaxGapMS, op)
+			}
+		})
+	}
+}
+
+func TestDurationConfig(t *testing.T) {
+	for _, c := range []Config{
+		{Op: "write", Size: 8, Iters: 1, Duration: -time.Second},
+		{Op: "write", Size: 8, Iters: 1, Duration: MaxDuration + 1},
+		{Op: "send", Size: ctrlSize - 1, Iters: 1, Duration: time.Second},
+	} {
+		if err := c.fill(); err == nil {
+			t.Errorf("%+v: accepted", c)
+		}
+	}
+	for _, c := range []Config{
+		{Op: "send", Size: ctrlSize, Iters: 1, Duration: time.Second},
+		{Op: "send", Size: 8, Iters: 1}, // no stream: any size
+		{Op: "write", Size: 8, Iters: 1, Duration: time.Second},
+	} {
+		if err := c.fill(); err != nil {
+			t.Errorf("%+v: %v", c, err)
+		}
+	}
+}
+
+func TestGapMeter(t *testing.T) {
+	var g gapMeter
+	t0 := time.Unix(100, 0)
+	g.start(t0)
+	for _, d := range []time.Duration{time.Millisecond, 5 * time.Millisecond, 7 * time.Millisecond, 8 * time.Millisecond} {
+		g.mark(t0.Add(d))
+	}
+	if got := g.ms(); got != 4 {
+		t.Errorf("got %v ms, want 4 (between 1 ms and 5 ms)", got)
+	}
+}

@@ -3,6 +3,7 @@ package perftest
 import (
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
@@ -25,10 +26,13 @@ func (s *Side) Serve(peer Endpoint) (Result, error) {
 		return Result{}, fmt.Errorf("post hello receive: %w", err)
 	}
 	total := uint64(s.cfg.Iters + s.cfg.LatIters)
+	// A send stream's length is the client's to decide: receives are
+	// posted until its done message arrives in one of them.
+	stream := s.cfg.sendStream()
 	var dataPosted, dataRecvd uint64
-	doneRecv := false
+	doneRecv := stream
 	postMore := func() error {
-		for s.cfg.Op == "send" && dataPosted < total && dataPosted-dataRecvd < uint64(s.depth) {
+		for s.cfg.Op == "send" && (stream || dataPosted < total) && dataPosted-dataRecvd < uint64(s.depth) {
 			if err := s.qp.PostRecv(verbs.RecvWR{WRID: dataPosted,
 				SGL: []abi.SGE{{Addr: s.slotAddr(dataPosted), Length: uint32(s.cfg.Size), LKey: s.mr.LKey}}}); err != nil {
 				return fmt.Errorf("post receive %d: %w", dataPosted, err)
@@ -48,8 +52,11 @@ func (s *Side) Serve(peer Endpoint) (Result, error) {
 	}
 	var bad string // first verification failure
 	var done message
+	var gap gapMeter // between receives of data
 	for gotDone := false; !gotDone; {
-		wcs, err := s.poll()
+		// The client's stream runs Duration before anything but its
+		// receives complete here.
+		wcs, err := s.pollFor(s.cfg.Timeout + s.cfg.Duration)
 		if err != nil {
 			return Result{}, fmt.Errorf("waiting for the client (received %d of %d): %w", dataRecvd, total, err)
 		}
@@ -76,6 +83,18 @@ func (s *Side) Serve(peer Endpoint) (Result, error) {
 			case wc.WRID&ctrlWRID == 0 && s.cfg.Op == "send":
 				if wc.WRID != dataRecvd {
 					return Result{}, fmt.Errorf("receive %d completed, want %d (out of order)", wc.WRID, dataRecvd)
+				}
+				if stream && wc.Flags&abi.WCFlagWithImm != 0 && wc.Imm == magic {
+					if done, err = decode(s.slot(dataRecvd)); err != nil || done.kind != kindDone || wc.ByteLen != ctrlSize {
+						return Result{}, fmt.Errorf("client done: malformed (%v, %d bytes)", err, wc.ByteLen)
+					}
+					gotDone = true
+					continue
+				}
+				if gap.last.IsZero() {
+					gap.start(time.Now())
+				} else {
+					gap.mark(time.Now())
 				}
 				if s.cfg.Verify && bad == "" && (wc.ByteLen != uint32(s.cfg.Size) || !PatternOK(s.slot(dataRecvd), dataRecvd)) {
 					bad = fmt.Sprintf("message %d: %d bytes, pattern mismatch", dataRecvd, wc.ByteLen)
@@ -114,7 +133,8 @@ func (s *Side) Serve(peer Endpoint) (Result, error) {
 	}
 	r := Result{Op: s.cfg.Op, Size: s.cfg.Size, Iters: int(done.iters), GBytesPerS: done.gbps, Mops: done.mops,
 		LatP50: done.p50, LatP99: done.p99, LatAvg: done.avg, LatIters: int(done.latIter), Seconds: done.secs,
-		TxDepth: s.depth, Slots: s.slots, Role: "server", Verified: s.cfg.Verify && bad == ""}
+		TxDepth: s.depth, Slots: s.slots, Role: "server", Verified: s.cfg.Verify && bad == "",
+		MaxGapMS: gap.ms(), Bytes: done.count * s.cfg.Size}
 	if bad != "" {
 		return r, fmt.Errorf("verification failed: %s", bad)
 	}

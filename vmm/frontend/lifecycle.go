@@ -137,7 +137,10 @@ func (f *Frontend) Reconnect(ctx context.Context) error {
 // SET_STATUS. Rings are allocated in guest memory on first start and kept
 // (with their indices) across Stop/Start.
 func (f *Frontend) Start(queues ...int) error {
-	feat := f.DeviceFeatures &^ vu.FeatureProtocolFeatures
+	// VHOST_F_LOG_ALL is offered by a back-end that logs its writes, and
+	// acked by QEMU only while it migrates the guest (dirty logging on):
+	// never as a device feature of a start.
+	feat := f.DeviceFeatures &^ (vu.FeatureProtocolFeatures | virtio.FeatureLogAll)
 	if f.cfg.Features != 0 {
 		feat &= f.cfg.Features
 	}

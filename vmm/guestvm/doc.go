@@ -49,13 +49,27 @@
 // stops one side PeerGrace after the other failed; StackPairResult.ExitCode
 // is `vrdma-vmtest exec-pair`'s exit status.
 //
+// Live migration (migrate.go). Guest.StartMigration starts a second QEMU
+// with the guest's machine (qemu.Config.Incoming), its own console socket
+// and the devices MigrateConfig names (back-ends ready to take the
+// source's over: vrdmad's incoming devices), and migrates the guest there;
+// Migration.Wait follows it to the end and, once the destination runs,
+// switches the Guest over: VM returns the destination, WriteLine writes to
+// its console, and the console reader reads the source's console to its
+// end (the source QEMU quits) and goes on with the destination's, so the
+// line log, WaitResult and Lines readers never notice (a line cut by the
+// switch-over is whole). Migration.Cancel cancels one in flight; a
+// failed or cancelled migration kills the destination, and the guest runs
+// on in the source. Guest.Migrate is both steps.
+//
 // Non-goals: building the guest images, running the back-end (vrdmad) and
 // speaking vhost-user; a guest's devices must already be listening.
 //
 // Invariants:
-//   - QEMU never outlives its Guest: Close kills it (and vmm/qemu starts it
-//     with Pdeathsig, so it dies with this process too). Boot leaves nothing
-//     behind on failure.
+//   - QEMU never outlives its Guest: Close kills it, and the destination
+//     of a migration in flight (vmm/qemu starts both with Pdeathsig, so
+//     they die with this process too). Boot and StartMigration leave
+//     nothing behind on failure.
 //   - Everything the guest prints is kept (the newest 16 MiB) for failure
 //     reports (Guest.Log); a line longer than 64 KiB is cut there. Guest
 //     output is untrusted: lines are parsed defensively and never panic.
@@ -63,6 +77,8 @@
 //     their own cursor: readers never steal lines from each other, and a
 //     slow reader never stalls the console.
 //
-// Lock order: Guest.mu (the line log) is a leaf; Guest.wmu (writes to the
-// console) is a leaf and never held with mu.
+// Lock order: Migration.mu, then Guest.vmMu (the QEMU, its directory, the
+// migration in flight), then Guest.wmu (writes to the console, and the
+// connection they go to). The line log's mutex and consoleStream.mu are
+// leaves.
 package guestvm

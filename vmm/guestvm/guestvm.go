@@ -185,15 +185,29 @@ func buildOptions(opts []Option) options {
 }
 
 // Guest is a booted guest VM and the protocol line to the program inside.
+// A live migration (Migrate) moves it to another QEMU: the Guest, its
+// console's lines and its readers stay, the QEMU behind them changes.
 type Guest struct {
 	name string        // immutable
 	log  *logrus.Entry // immutable
-	vm   *qemu.VM      // immutable
-	dir  string        // immutable; private directory of the console socket
-	conn net.Conn      // immutable; the console (guest's ttyS1)
-	line *lineLog      // the console's lines
+	// qcfg is the machine Boot started, without the console's chardev: a
+	// migration's destination starts the same one. Immutable.
+	qcfg qemu.Config
+	line *lineLog // the console's lines
+	// con is what the console reader reads: the QEMU's console socket,
+	// then, after a migration, the destination's.
+	con *consoleStream
 
-	wmu sync.Mutex // serialises WriteLine
+	wmu  sync.Mutex // serialises WriteLine and a switch-over's change of conn
+	conn net.Conn   // protected by wmu; the console (guest's ttyS1) lines are written to
+
+	vmMu sync.Mutex // protects vm, dir, oldSerial, mig
+	vm   *qemu.VM   // the QEMU the guest runs in; replaced by a completed migration
+	dir  string     // vm's private directory (console socket)
+	// oldSerial is the kernel console (ttyS0) of the QEMUs the guest
+	// migrated away from, for Log.
+	oldSerial string
+	mig       *Migration // the migration in flight, or nil
 
 	done       chan struct{} // closed by Close
 	readerDone chan struct{} // closed when the console reader ended
@@ -229,15 +243,35 @@ func Boot(ctx context.Context, cfg Config, opts ...Option) (*Guest, error) {
 func boot(ctx context.Context, name string, qcfg qemu.Config, opts []Option) (*Guest, error) {
 	o := buildOptions(opts)
 	log := o.log.WithField("guest", name)
+	start := time.Now()
+	vm, conn, dir, err := startQEMU(ctx, name, qcfg, log)
+	if err != nil {
+		return nil, err
+	}
+	g := &Guest{
+		name: name, log: log, qcfg: qcfg, vm: vm, dir: dir, conn: conn, con: newConsoleStream(conn),
+		line: newLineLog(), done: make(chan struct{}), readerDone: make(chan struct{}), booted: start,
+	}
+	go func() {
+		defer close(g.readerDone)
+		readLines(g.con, g.line)
+	}()
+	log.WithField("pid", vm.PID()).Debug("guest booting")
+	return g, nil
+}
 
+// startQEMU starts QEMU with qcfg and the guest's console (ttyS1) on a unix
+// socket in a private directory, and connects to it. On failure nothing
+// stays behind; on success the caller owns vm, conn and dir.
+func startQEMU(ctx context.Context, name string, qcfg qemu.Config, log *logrus.Entry) (*qemu.VM, net.Conn, string, error) {
 	dir, err := os.MkdirTemp("", "vrdma-guest-")
 	if err != nil {
-		return nil, fmt.Errorf("guest %s: console directory: %w", name, err)
+		return nil, nil, "", fmt.Errorf("guest %s: console directory: %w", name, err)
 	}
 	sock := filepath.Join(dir, "console.sock")
 	if len(sock) > maxSocketPath {
 		os.RemoveAll(dir)
-		return nil, configErr("console socket", fmt.Sprintf("%s is longer than a unix socket path may be (set TMPDIR shorter)", sock))
+		return nil, nil, "", configErr("console socket", fmt.Sprintf("%s is longer than a unix socket path may be (set TMPDIR shorter)", sock))
 	}
 
 	// QEMU waits (wait=on) for the console's first connection before it
@@ -259,7 +293,7 @@ func boot(ctx context.Context, name string, qcfg qemu.Config, opts []Option) (*G
 			}
 		}
 	}()
-	fail := func(vm *qemu.VM, err error) (*Guest, error) {
+	fail := func(vm *qemu.VM, err error) (*qemu.VM, net.Conn, string, error) {
 		stopDial()
 		if c := <-dialed; c != nil {
 			c.Close()
@@ -268,14 +302,13 @@ func boot(ctx context.Context, name string, qcfg qemu.Config, opts []Option) (*G
 			vm.Kill()
 		}
 		os.RemoveAll(dir)
-		return nil, err
+		return nil, nil, "", err
 	}
 
 	qcfg.ExtraArgs = append([]string{
 		"-chardev", "socket,id=" + consoleID + ",path=" + strings.ReplaceAll(sock, ",", ",,") + ",server=on,wait=on",
 		"-serial", "chardev:" + consoleID,
 	}, qcfg.ExtraArgs...)
-	start := time.Now()
 	vm, err := qemu.Start(ctx, qcfg, qemu.WithLogger(log))
 	if err != nil {
 		return fail(nil, fmt.Errorf("guest %s: start qemu: %w", name, err))
@@ -290,27 +323,23 @@ func boot(ctx context.Context, name string, qcfg qemu.Config, opts []Option) (*G
 	if conn == nil {
 		return fail(vm, fmt.Errorf("guest %s: no console connection", name))
 	}
-	g := &Guest{
-		name: name, log: log, vm: vm, dir: dir, conn: conn, line: newLineLog(),
-		done: make(chan struct{}), readerDone: make(chan struct{}), booted: start,
-	}
-	go func() {
-		defer close(g.readerDone)
-		readLines(conn, g.line)
-	}()
-	log.WithField("pid", vm.PID()).Debug("guest booting")
-	return g, nil
+	return vm, conn, dir, nil
 }
 
 // Name returns the guest's name.
 func (g *Guest) Name() string { return g.name }
 
-// VM returns the guest's QEMU (QMP, PID, Kill).
-func (g *Guest) VM() *qemu.VM { return g.vm }
+// VM returns the guest's QEMU (QMP, PID, Kill): after a completed
+// migration, the destination's.
+func (g *Guest) VM() *qemu.VM {
+	g.vmMu.Lock()
+	defer g.vmMu.Unlock()
+	return g.vm
+}
 
 // Kill kills the guest's QEMU with SIGKILL, as a host crash or power loss
 // would; the console then closes. Close is still needed.
-func (g *Guest) Kill() error { return g.vm.Kill() }
+func (g *Guest) Kill() error { return g.VM().Kill() }
 
 // Lines returns every console line from the guest's boot on, in order, on
 // a channel of its own; each call starts again at the first line. The
@@ -366,6 +395,8 @@ func (g *Guest) WriteLine(s string) error {
 		return fmt.Errorf("guest %s: write line: %w", g.name, net.ErrClosed)
 	default:
 	}
+	// A line written while a migration switches over may be lost: the
+	// source's UART state may already have gone to the destination.
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
 	g.conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
@@ -452,31 +483,45 @@ func (g *Guest) Console() string { return g.line.text() }
 // Log returns everything known about the guest for a failure report: the
 // protocol line, the kernel console (ttyS0) and QEMU's stderr.
 func (g *Guest) Log() string {
+	g.vmMu.Lock()
+	vm, old := g.vm, g.oldSerial
+	g.vmMu.Unlock()
 	var b strings.Builder
 	fmt.Fprintf(&b, "=== guest %s: console (ttyS1) ===\n%s", g.name, g.Console())
-	fmt.Fprintf(&b, "=== guest %s: kernel (ttyS0) ===\n%s\n", g.name, g.vm.Serial())
-	if s := g.vm.Stderr(); s != "" {
+	fmt.Fprintf(&b, "=== guest %s: kernel (ttyS0) ===\n%s%s\n", g.name, old, vm.Serial())
+	if s := vm.Stderr(); s != "" {
 		fmt.Fprintf(&b, "=== guest %s: qemu stderr ===\n%s\n", g.name, s)
 	}
 	return b.String()
 }
 
 // Close stops the guest: a guest that printed VRDMA-EXIT gets a few seconds
-// to power off by itself, then QEMU is killed. It removes the console
-// socket and waits for every goroutine of the Guest. It is idempotent.
+// to power off by itself, then QEMU is killed (and the destination of a
+// migration in flight). It removes the console socket and waits for every
+// goroutine of the Guest. It is idempotent.
 func (g *Guest) Close() error {
 	g.closeOnce.Do(func() {
+		vm := g.VM()
 		if g.sawExit() {
 			select {
-			case <-g.vm.Exited():
+			case <-vm.Exited():
 			case <-time.After(exitGrace):
 			}
 		}
 		close(g.done)
-		g.closeErr = g.vm.Kill()
-		g.conn.Close()
+		g.vmMu.Lock()
+		mig := g.mig
+		g.vmMu.Unlock()
+		if mig != nil {
+			mig.abort()
+		}
+		g.vmMu.Lock()
+		vm, dir := g.vm, g.dir
+		g.vmMu.Unlock()
+		g.closeErr = vm.Kill()
+		g.con.close()
 		<-g.readerDone
-		if err := os.RemoveAll(g.dir); err != nil && g.closeErr == nil {
+		if err := os.RemoveAll(dir); err != nil && g.closeErr == nil {
 			g.closeErr = err
 		}
 	})

@@ -127,6 +127,12 @@ type Config struct {
 	// DeviceName); DeviceNameGeneric keeps the generic device on a QEMU
 	// that has both. Args takes the name as its argument instead.
 	DeviceName string
+	// Incoming starts the machine as a migration's destination
+	// ("-incoming defer"): it waits, paused, until VM.MigrateIncoming
+	// names where the stream comes from, and runs once it loaded the
+	// state. Its Devices need back-ends of their own, and everything else
+	// must match the source's Config (migrate.go).
+	Incoming bool
 	// ExtraArgs are appended to the command line unchanged.
 	ExtraArgs []string
 }
@@ -427,6 +433,9 @@ func (c Config) Args(deviceName string) ([]string, error) {
 	}
 	for i, n := range c.NICs {
 		args = append(args, "-netdev", n.netdevValue(i), "-device", n.deviceValue())
+	}
+	if c.Incoming {
+		args = append(args, "-incoming", "defer")
 	}
 	args = append(args, c.ExtraArgs...)
 	return args, nil

@@ -43,6 +43,21 @@
 // realize wait for the back-end and re-initialises vhost on reconnect, so
 // VhostUserDevice.ReconnectMs works (docs/spec.md, "Reset and disconnect").
 //
+// Live migration (migrate.go): Config.Incoming starts a destination
+// (-incoming defer) with the source's machine and back-ends of its own;
+// VM.MigrateIncoming makes it listen on a unix socket, VM.Migrate sends
+// the source there (the events capability, MigrationParams' max-bandwidth
+// and downtime-limit), VM.WaitMigration follows query-migrate to a final
+// status (bounded; QEMU's downtime, total time and RAM sent in
+// MigrationInfo), VM.CancelMigration stops one in flight (migrate_cancel,
+// until "cancelled") and VM.WaitRunning waits for the destination's vCPUs.
+// The same functions take any qmp.Monitor (MigrateQMP, ...). The device's
+// state travels with QEMU's: patches/0004-vhost-user-rdma-migration.patch
+// makes vhost-user-rdma-pci migratable through the vhost-user
+// device-state protocol (and delivers the device status, DRIVER_OK and
+// 0, which vhost-user-base withheld, so the back-end can tell a
+// switch-over from a reset).
+//
 // Non-goals: this package does not speak vhost-user (the back-end is
 // vrdmad, the front-end here is QEMU), does not build guest images, does
 // not manage KVM (guests run under TCG unless ExtraArgs asks for

@@ -1,0 +1,130 @@
+package main
+
+// The migrate section (issue 29: "downtime reported by QEMU with the vrdma
+// device against the same guest without it, and the longest stream
+// gap"). It runs `vrdma-vmtest migrate` twice under TCG: --no-device (the
+// same guest, its memory and program, without a vrdma device: the
+// baseline) and with the device carrying a verified WRITE stream to a peer
+// guest on the same vrdmad. Each prints one VRDMA-MIGRATE line; the rows
+// are QEMU's downtime with the device against the baseline's, and the
+// stream's longest gap between completions against the downtime. A run
+// with the device whose stream is not verified fails the section (and
+// make bench); missing binaries or guest image leave it unmeasured.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// migrateRun is one VRDMA-MIGRATE line (cmd/vrdma-vmtest migrate.go).
+type migrateRun struct {
+	Status     string  `json:"status"`
+	Device     bool    `json:"device"`
+	DowntimeMS float64 `json:"downtime_ms"`
+	TotalMS    float64 `json:"total_ms"`
+	RAMBytes   uint64  `json:"ram_bytes"`
+	GapMS      float64 `json:"gap_ms"`
+	Bytes      uint64  `json:"bytes"`
+	Verified   bool    `json:"verified"`
+	Error      string  `json:"error"`
+	line       string  // the line as printed
+}
+
+// migrateTimeout bounds one vrdma-vmtest run.
+const migrateTimeout = 4 * time.Minute
+
+// runMigrateScenario runs `vrdma-vmtest migrate args...` and returns its
+// VRDMA-MIGRATE line; the exit status is the caller's to judge (it is in
+// err with the line still returned).
+func runMigrateScenario(vmtest string, args ...string) (migrateRun, error) {
+	args = append([]string{"migrate", "--timeout", migrateTimeout.String(), "--memory", "256", "--hugepages", "16"}, args...)
+	out, err := exec.Command(vmtest, args...).CombinedOutput()
+	var r migrateRun
+	found := false
+	for _, l := range splitLines(string(out)) {
+		rest, ok := strings.CutPrefix(l, "VRDMA-MIGRATE ")
+		if !ok {
+			continue
+		}
+		if jerr := json.Unmarshal([]byte(rest), &r); jerr != nil {
+			return r, fmt.Errorf("vrdma-vmtest %s: bad line %q: %v", strings.Join(args, " "), l, jerr)
+		}
+		r.line, found = rest, true
+	}
+	if !found {
+		if err == nil {
+			err = errors.New("no VRDMA-MIGRATE line")
+		}
+		return r, fmt.Errorf("vrdma-vmtest %s: %w: %s", strings.Join(args, " "), err, lastLines(string(out), 5))
+	}
+	if err != nil {
+		return r, fmt.Errorf("vrdma-vmtest %s: %w", strings.Join(args, " "), err)
+	}
+	return r, nil
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	ls := splitLines(strings.TrimSpace(s))
+	if len(ls) > n {
+		ls = ls[len(ls)-n:]
+	}
+	return strings.Join(ls, " | ")
+}
+
+func migrateSection(o options, w io.Writer) (section, error) {
+	sec := section{title: "Live migration under TCG: downtime and stream gap",
+		intro: "Two runs of `vrdma-vmtest migrate` (256 MiB TCG guests, the patched QEMU, one vrdmad; " +
+			"the migration over a unix socket at up to 4 GiB/s). Baseline: `--no-device`, the same guest " +
+			"(its memory, kernel and idle program) without a vrdma device. Figure: the guest with its vrdma " +
+			"device carrying a verified 4 KiB RDMA WRITE stream to a peer guest, migrated to a second QEMU " +
+			"whose device vrdmad creates as the incoming side of the migrant's (same UUID): QEMU's downtime " +
+			"(query-migrate, the VM stopped at switch-over, the device's state saved and loaded in it), and " +
+			"the stream's longest gap between completions, measured by the peer, whose clock does not stop. " +
+			"TCG and a shared host make both noisy: the rows are one run each."}
+	reason := ""
+	switch {
+	case !exists(o.vmtest):
+		reason = o.vmtest + " is not built"
+	case !exists("bin/qemu-system-x86_64"):
+		reason = "bin/qemu-system-x86_64 is not built (make qemu)"
+	case !exists("bin/guest/vmlinuz"):
+		reason = "bin/guest/ has no guest image (make guest-image)"
+	}
+	if reason != "" {
+		sec.notes = append(sec.notes, "Not measured in this run: "+reason+".")
+		return sec, nil
+	}
+	progress(w, "migrate: the guest without a vrdma device (baseline)")
+	bare, err := runMigrateScenario(o.vmtest, "--no-device", "--after", "2s")
+	if err != nil {
+		return sec, fmt.Errorf("migrate: %w", err)
+	}
+	progress(w, "migrate: the guest with its vrdma device and a verified WRITE stream")
+	dev, err := runMigrateScenario(o.vmtest, "--op", "write", "--duration", "25s", "--after", "4s")
+	if err != nil {
+		return sec, fmt.Errorf("migrate: %w", err)
+	}
+	sec.rows = migrateRows(bare, dev)
+	sec.notes = append(sec.notes, "The VRDMA-MIGRATE lines:", "```\n"+bare.line+"\n"+dev.line+"\n```")
+	for _, n := range sec.notes {
+		fmt.Fprintln(w, n)
+	}
+	return sec, nil
+}
+
+func migrateRows(bare, dev migrateRun) []row {
+	return []row{
+		{name: "migration downtime with the vrdma device (QEMU's)", figure: dev.DowntimeMS, unit: "ms",
+			baseName: "same guest without the device", baseline: bare.DowntimeMS, baseUnit: "ms", invRatio: true},
+		{name: "migration: longest stream gap", figure: dev.GapMS, unit: "ms",
+			baseName: "QEMU's downtime", baseline: dev.DowntimeMS, baseUnit: "ms", invRatio: true},
+		{name: "migration total time with the vrdma device", figure: dev.TotalMS, unit: "ms",
+			baseName: "same guest without the device", baseline: bare.TotalMS, baseUnit: "ms", invRatio: true},
+	}
+}
