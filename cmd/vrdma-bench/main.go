@@ -413,19 +413,25 @@ func suite(o options, w io.Writer) (secs []section, pts []bwPoint, scale []scale
 	return secs, pts, scale, loss, nil
 }
 
+// guestsMissing says what the sections that boot TCG guests through
+// vrdma-vmtest lack ("" when nothing).
+func guestsMissing(o options) string {
+	switch {
+	case !exists(o.vmtest):
+		return o.vmtest + " is not built"
+	case !exists("bin/qemu-system-x86_64"):
+		return "bin/qemu-system-x86_64 is not built (make qemu)"
+	case !exists("bin/guest/vmlinuz"):
+		return "bin/guest/ has no guest image (make guest-image)"
+	}
+	return ""
+}
+
 // spinupSection runs `vrdma-vmtest spinup --json` when it exists, QEMU
 // and the guest image are there and it supports the scenario.
 func spinupSection(o options) section {
 	sec := section{title: "Spin-up (hot-plug under TCG)"}
-	reason := ""
-	switch {
-	case !exists(o.vmtest):
-		reason = o.vmtest + " is not built"
-	case !exists("bin/qemu-system-x86_64"):
-		reason = "bin/qemu-system-x86_64 is not built"
-	case !exists("bin/guest/vmlinuz"):
-		reason = "bin/guest/ has no guest image"
-	}
+	reason := guestsMissing(o)
 	if reason == "" {
 		out, err := exec.Command(o.vmtest, "spinup", "--json").Output()
 		if err != nil {

@@ -87,15 +87,7 @@ func migrateSection(o options, w io.Writer) (section, error) {
 			"(query-migrate, the VM stopped at switch-over, the device's state saved and loaded in it), and " +
 			"the stream's longest gap between completions, measured by the peer, whose clock does not stop. " +
 			"TCG and a shared host make both noisy: the rows are one run each."}
-	reason := ""
-	switch {
-	case !exists(o.vmtest):
-		reason = o.vmtest + " is not built"
-	case !exists("bin/qemu-system-x86_64"):
-		reason = "bin/qemu-system-x86_64 is not built (make qemu)"
-	case !exists("bin/guest/vmlinuz"):
-		reason = "bin/guest/ has no guest image (make guest-image)"
-	}
+	reason := guestsMissing(o)
 	if reason != "" {
 		sec.notes = append(sec.notes, "Not measured in this run: "+reason+".")
 		return sec, nil

@@ -470,7 +470,13 @@ func (q *QP) rnr(rnrRetry, minRNR uint32, now int64) outcome {
 		return failed(abi.WCRNRRetryExcErr)
 	}
 	q.rnrTries++
-	delay := time.Duration(rnrDelayUS[minRNR&31]) * time.Microsecond
+	return q.holdHead(now, time.Duration(rnrDelayUS[minRNR&31])*time.Microsecond)
+}
+
+// holdHead keeps the send queue's head WQE for delay (receiver not ready,
+// or a fenced peer: fence.go): the QP is skipped until then, and a timer
+// wakes its doorbell queue to send it again. Precondition: sqMu held.
+func (q *QP) holdHead(now int64, delay time.Duration) outcome {
 	q.rnrWait = now + int64(delay)
 	if q.rnrTimer == nil {
 		dev, dbq := q.Dev, q.DoorbellQueue

@@ -102,14 +102,7 @@ func (q *QP) fenceHold(now int64) outcome {
 		q.fenceWaits++
 	}
 	q.Dev.fenceHeld.Add(1)
-	q.rnrWait = now + int64(delay)
-	if q.rnrTimer == nil {
-		dev, dbq := q.Dev, q.DoorbellQueue
-		q.rnrTimer = time.AfterFunc(delay, func() { dev.wakeQueue(dbq) })
-	} else {
-		q.rnrTimer.Reset(delay)
-	}
-	return outcome{rnr: true}
+	return q.holdHead(now, delay)
 }
 
 // fencedDrop reports whether a datagram for pq must be dropped because
