@@ -207,7 +207,9 @@ func TestDeviceStateRefused(t *testing.T) {
 	})
 	t.Run("save refused by the device", func(t *testing.T) {
 		f, dev := newStateFrontend(t, []byte("state:x"))
+		dev.mu.Lock()
 		dev.saveErr = errors.New("not transferable")
+		dev.mu.Unlock()
 		if _, setReply, _ := f.save(); setReply&0xff == 0 || setReply&vu.VringFileNoFd == 0 {
 			t.Fatalf("SET_DEVICE_STATE_FD %#x, want a failure without an fd", setReply)
 		}

@@ -25,7 +25,9 @@ func TestQEMUOrder(t *testing.T) {
 	if f.MaxMemSlots < 8 {
 		t.Fatalf("GET_MAX_MEM_SLOTS: got %d, want at least 8", f.MaxMemSlots)
 	}
-	wantFeat := virtio.FeatureVersion1 | virtio.FeatureIndirectDesc | virtio.FeatureEventIdx | vu.FeatureProtocolFeatures
+	// VHOST_F_LOG_ALL: a soft-RNIC device logs its writes for a migration.
+	wantFeat := virtio.FeatureVersion1 | virtio.FeatureIndirectDesc | virtio.FeatureEventIdx |
+		vu.FeatureProtocolFeatures | virtio.FeatureLogAll
 	if f.DeviceFeatures != wantFeat {
 		t.Fatalf("GET_FEATURES: got %#x, want %#x", f.DeviceFeatures, wantFeat)
 	}

@@ -268,6 +268,12 @@ func launched(t *testing.T, script string) *Proc {
 	for i := 0; !strings.Contains(p.Log(), "ready"); i++ {
 		select {
 		case <-p.exited:
+			// Its standard error is read by a goroutine of its own:
+			// what it wrote before it exited may still be in the pipe.
+			select {
+			case <-p.logDone:
+			case <-time.After(5 * time.Second):
+			}
 			if strings.Contains(p.Log(), "ready") {
 				return p
 			}
