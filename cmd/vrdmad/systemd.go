@@ -128,9 +128,14 @@ func (inh *inherited) closeRest() {
 }
 
 // notify sends state to the service manager (sd_notify); without
-// NOTIFY_SOCKET (not under systemd's Type=notify) it does nothing.
+// NOTIFY_SOCKET (not under systemd's Type=notify) it does nothing. It
+// never waits long (daemon.NotifyWithFDs): a manager that does not read
+// its socket loses the message rather than stop the daemon.
 func notify(log *logrus.Entry, state string) {
-	if _, err := sddaemon.SdNotify(false, state); err != nil {
+	if os.Getenv("NOTIFY_SOCKET") == "" {
+		return
+	}
+	if err := daemon.NotifyWithFDs(state); err != nil {
 		log.WithError(err).Warn("sd_notify")
 	}
 }

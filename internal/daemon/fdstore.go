@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -359,23 +360,50 @@ func removeFromStore(names []string) {
 	}
 }
 
+// notifyTimeout bounds how long a message to the service manager waits
+// for room in its socket's queue. systemd reads its notify socket at once;
+// one that is not read (a hung manager, a test's socket nobody reads any
+// more) must not hold the daemon: a STATUS= update blocked there would
+// keep vrdmad from ever seeing its SIGTERM.
+const notifyTimeout = 2 * time.Second
+
 // NotifyWithFDs sends state, with fds, to the service manager's
-// NOTIFY_SOCKET (sd_pid_notify_with_fds); an error when there is none.
+// NOTIFY_SOCKET (sd_pid_notify_with_fds); an error when there is none,
+// or when its queue stays full for notifyTimeout (the message is then
+// not sent).
 func NotifyWithFDs(state string, fds ...int) error {
 	addr := os.Getenv("NOTIFY_SOCKET")
 	if addr == "" {
 		return errors.New("no NOTIFY_SOCKET")
 	}
-	sock, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	sock, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(sock)
+	// Connected, so that poll waits for room in the manager's queue.
+	if err := unix.Connect(sock, &unix.SockaddrUnix{Name: addr}); err != nil {
+		return fmt.Errorf("notify socket %s: %w", addr, err)
+	}
 	var oob []byte
 	if len(fds) > 0 {
 		oob = unix.UnixRights(fds...)
 	}
-	return unix.Sendmsg(sock, []byte(state), oob, &unix.SockaddrUnix{Name: addr}, 0)
+	deadline := time.Now().Add(notifyTimeout)
+	for {
+		err := unix.Sendmsg(sock, []byte(state), oob, nil, unix.MSG_NOSIGNAL)
+		if err != unix.EAGAIN && err != unix.EINTR {
+			return err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("notify socket %s: its queue stayed full for %v", addr, notifyTimeout)
+		}
+		pfd := []unix.PollFd{{Fd: int32(sock), Events: unix.POLLOUT}}
+		if _, err := unix.Poll(pfd, int(left/time.Millisecond)+1); err != nil && err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 // StoreNames are the names a handover from the store used, for
