@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/vrdma/vrdma/backend/rdma/engine"
 	"github.com/vrdma/vrdma/guest/verbs"
+	"github.com/vrdma/vrdma/memmap"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
@@ -250,4 +254,41 @@ func TestMigrateAwayFromPeer(t *testing.T) {
 	if !bytes.Equal(s.mra.Bytes()[8192:8256], bytes.Repeat([]byte{0xd4}, 64)) {
 		t.Fatal("b's WRITE did not land in the source's MR")
 	}
+}
+
+// FuzzLoadState: a migration document is input from another host (QEMU
+// carries it): LoadState never panics, and a refused document leaves the
+// device with nothing made, pinned or registered beyond its own port GID.
+func FuzzLoadState(f *testing.F) {
+	seed := fuzzSeed(f)
+	doc := func(body string) []byte {
+		return []byte(`{"format":"` + MigrationFormat + `","version":1,"device":` + body + `}`)
+	}
+	f.Add(doc(string(seed)))
+	f.Add(doc(`{"node_guid":1,"pds":[256]}`))
+	f.Add(doc(`{}`))
+	f.Add([]byte(`{"format":"vrdma-device-state","version":2}`))
+	f.Add([]byte(`not json`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 1<<20 {
+			return // the bound is MaxMigrationState; TestLoadStateRejects covers it
+		}
+		fd, err := memmap.NewMemfd("guest", handGuestSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		g := &guestOf{t: t}
+		d := g.attachDev(handConfig("fuzz", fuzzUUID, engine.NewFabric()), mapMemory(t, fd))
+		// Reach past the first check: the seed's node_guid is 1.
+		data = bytes.Replace(data, []byte(`"node_guid":1,`), fmt.Appendf(nil, `"node_guid":%d,`, d.conf.NodeGUID), 1)
+		if err := d.LoadState(bytes.NewReader(data)); err != nil {
+			assertEmpty(t, d, nil)
+			return
+		}
+		d.Reset()
+		if s := d.Stats(); s.PDs+s.MRs+s.CQs+s.QPs+s.AHs+s.SRQs != 0 || s.Pin.PinnedBytes != 0 {
+			t.Fatalf("after Reset: %+v", s)
+		}
+	})
 }
