@@ -98,16 +98,9 @@ func (s *session) startTransfer(m *vu.Message) error {
 	if p.Direction != vu.TransferSave && p.Direction != vu.TransferLoad {
 		return fmt.Errorf("transfer direction %d is neither save (0) nor load (1)", p.Direction)
 	}
-	saver, ok := s.dev.(StateSaver)
-	if !ok {
-		return fmt.Errorf("%w: the device's state cannot be transferred", errUnsupported)
-	}
-	// "The VM guest is stopped, and the vhost-user device is suspended":
-	// no worker may run while the state is read or replaced.
-	for i, r := range s.rings {
-		if r.started {
-			return fmt.Errorf("ring %d is running: the device is not suspended", i)
-		}
+	saver, err := s.suspendedSaver("ring %d is running: the device is not suspended")
+	if err != nil {
+		return err
 	}
 	if s.xfer != nil {
 		// A transfer the front-end did not check: it gave up on it
@@ -178,19 +171,32 @@ func (s *session) checkDeviceState() ([]byte, error) {
 // loadState gives the state read to the device, with the rings still
 // stopped (the front-end starts them when the VM runs).
 func (s *session) loadState(b []byte) error {
-	saver, ok := s.dev.(StateSaver)
-	if !ok {
-		return fmt.Errorf("%w: the device's state cannot be transferred", errUnsupported)
-	}
-	for i, r := range s.rings {
-		if r.started {
-			return fmt.Errorf("load: ring %d started during the transfer", i)
-		}
+	saver, err := s.suspendedSaver("load: ring %d started during the transfer")
+	if err != nil {
+		return err
 	}
 	if err := saver.LoadState(bytes.NewReader(b)); err != nil {
 		return fmt.Errorf("load: %w", err)
 	}
 	return nil
+}
+
+// suspendedSaver returns the device as a StateSaver when it is one and
+// suspended: "The VM guest is stopped, and the vhost-user device is
+// suspended": no worker may run while the state is read or replaced.
+// running is the error for a started ring (its index the argument).
+// Precondition: session goroutine.
+func (s *session) suspendedSaver(running string) (StateSaver, error) {
+	saver, ok := s.dev.(StateSaver)
+	if !ok {
+		return nil, fmt.Errorf("%w: the device's state cannot be transferred", errUnsupported)
+	}
+	for i, r := range s.rings {
+		if r.started {
+			return nil, fmt.Errorf(running, i)
+		}
+	}
+	return saver, nil
 }
 
 // endTransfer forgets the transfer under way without checking it; its
