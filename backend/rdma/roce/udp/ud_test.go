@@ -93,7 +93,10 @@ func TestUDLoopback(t *testing.T) {
 	}
 
 	// Refused on arrival: an RC SEND to the UD QP, a UD datagram with
-	// another partition's P_Key, one to an unregistered QPN.
+	// another partition's P_Key, one to an unregistered QPN. The QP's
+	// handler runs before its datagram is counted delivered: wait for the
+	// count of the three above, or the snapshot can miss the last.
+	waitFor(t, func() bool { return b.Counters().RxDelivered == 3 })
 	before := b.Counters()
 	r, err := a.Route(netip.AddrPortFrom(dst, roce.UDPPort))
 	if err != nil {
