@@ -81,6 +81,15 @@ func (d *Device) Suspend(on bool) {
 	if on {
 		d.suspended = true
 		d.eng.SetFence(true)
+		if d.memory != nil && d.memory.Log() != nil {
+			// A migration's switch-over (QEMU logs dirty pages): the
+			// network QPs stop too (engine.RNIC.HoldNet). A pause
+			// leaves them running, as a NIC's DMA goes on into a
+			// paused VM.
+			if n := d.eng.HoldNet(true); n > 0 {
+				d.log.WithField("qps", n).Info("suspended for a migration: network QPs held")
+			}
+		}
 		if err := d.publishAll(); err != nil {
 			d.log.WithError(err).Warn("suspend: publishing the engine's indices")
 		}
@@ -97,6 +106,12 @@ func (d *Device) Suspend(on bool) {
 		}
 	default:
 		d.eng.SetFence(false)
+		// A failed migration's source goes on; a destination's
+		// restored network QPs start (they retransmit what the
+		// source had in flight).
+		if n := d.eng.HoldNet(false); n > 0 {
+			d.log.WithField("qps", n).Info("network QPs let go")
+		}
 	}
 }
 

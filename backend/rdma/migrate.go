@@ -48,9 +48,11 @@ var _ backend.StateSaver = (*Device)(nil)
 // and the device runs again afterwards — if the migration fails, the
 // source's rings start again and it goes on. A device holding what cannot
 // migrate fails with ErrNotTransferable (wrapped with what): host NIC
-// devices, memory windows, ALLOC_MR MRs (ExportState), and QPs connected
-// over the network (their remote peers' packets would still reach this
-// host).
+// devices, memory windows, ALLOC_MR MRs, multipath (spray) QPs
+// (ExportState). A QP connected over plain RoCEv2 is carried with its
+// transport's state when Suspend held it (the VM stopped while QEMU logs
+// dirty pages: engine.RNIC.HoldNet); otherwise the save fails (a pause's
+// suspension: its packets would go on changing it).
 func (d *Device) SaveState(w io.Writer) error {
 	if err := d.Quiesce(); err != nil {
 		d.Unquiesce()
@@ -60,11 +62,6 @@ func (d *Device) SaveState(w io.Writer) error {
 	d.Unquiesce()
 	if err != nil {
 		return fmt.Errorf("rdma: save: %w", err)
-	}
-	for i := range st.QPs {
-		if q := &st.QPs[i]; q.State.Net != nil {
-			return fmt.Errorf("rdma: save: %w: QP %#x is connected over the network", ErrNotTransferable, q.Num)
-		}
 	}
 	b, err := json.Marshal(&MigrationState{Format: MigrationFormat, Version: MigrationVersion, Device: st})
 	if err != nil {
@@ -146,6 +143,20 @@ func (d *Device) LoadState(r io.Reader) error {
 	if err != nil {
 		return fmt.Errorf("rdma: load: %w", err)
 	}
+	if c != nil && c.handoff != nil {
+		// The source runs on this daemon and holds its network QPs'
+		// connections (frozen, claimed on the fabric and at their
+		// endpoints) until its front-end goes.
+		for i := range st.QPs {
+			if n := st.QPs[i].State.Net; n != nil && !n.Closed {
+				d.mu.Lock()
+				c.undo(d)
+				d.mu.Unlock()
+				return fmt.Errorf("rdma: load: %w: QP %#x is connected over the network: a migration between two "+
+					"devices of one vrdmad does not carry it (migrate to another vrdmad)", ErrNotTransferable, st.QPs[i].Num)
+			}
+		}
+	}
 	if err := d.ImportState(st); err != nil {
 		d.mu.Lock()
 		c.undo(d)
@@ -159,15 +170,23 @@ func (d *Device) LoadState(r io.Reader) error {
 		d.mu.Unlock()
 		return fmt.Errorf("rdma: load: %w", err)
 	}
-	if c == nil {
+	if c == nil || c.handoff == nil {
 		// The source ran on another daemon: a QP connected to a peer
-		// that stayed there has nothing to reach it by here. Refused
-		// (QEMU fails the migration and the source runs on) rather than
-		// loaded into a QP that would time out under the guest.
+		// that stayed there on that host's memory path has nothing to
+		// reach it by here (a QP connected over RoCEv2 does: its
+		// connection was restored). Refused (QEMU fails the migration
+		// and the source runs on) rather than loaded into a QP that
+		// would time out under the guest.
 		if qs := d.eng.Unresolved(); len(qs) > 0 {
 			d.Reset()
+			if c != nil {
+				d.mu.Lock()
+				c.undo(d)
+				d.mu.Unlock()
+			}
 			return fmt.Errorf("rdma: load: %w: QP %#x (and %d more) is connected to a peer that is not on this host: "+
-				"a migration between daemons carries no same-host connection yet", ErrNotTransferable, qs[0], len(qs)-1)
+				"a migration between daemons carries no same-host connection (connect such QPs from a network GID "+
+				"to carry them over RoCEv2)", ErrNotTransferable, qs[0], len(qs)-1)
 		}
 	}
 	d.mu.Lock()

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 
+	"github.com/vrdma/vrdma/backend/rdma/roce/rc"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
@@ -270,4 +271,52 @@ func (d *RNIC) Unresolved() []uint32 {
 		}
 	}
 	return out
+}
+
+// HoldNet freezes (on) the transports of d's QPs connected over the
+// network, or lets go (off) the ones it froze and the ones restored
+// frozen from a migration's state (RestoreNet). A live migration's source
+// holds them when its VM stops (rdma.Device.Suspend while QEMU logs dirty
+// pages): from then on a packet from the peer is dropped rather than
+// written into guest memory QEMU has copied or acknowledged in a state
+// already saved, and nothing is sent, so the state SaveState writes is
+// the connection's last. The peer retransmits what it sends meanwhile (RC
+// covers the blackout). If the migration fails, the source's rings start
+// again and HoldNet(false) resumes the QPs where they stopped; if it
+// succeeds, the destination's first ring start lets the restored copies
+// go, and they retransmit from their oldest unacknowledged PSN. A
+// multipath (spray) connection cannot be frozen: it runs on, and the
+// save refuses it. It returns how many QPs it froze or let go.
+func (d *RNIC) HoldNet(on bool) int {
+	n := 0
+	for _, q := range d.allQPs() {
+		q.mu.Lock()
+		nq := q.net
+		q.mu.Unlock()
+		if nq == nil || nq.conn == nil || nq.closed.Load() {
+			continue
+		}
+		f, ok := nq.conn.(rc.Freezer)
+		if !ok {
+			continue
+		}
+		if on {
+			if nq.held.Load() {
+				continue
+			}
+			if _, err := f.Freeze(); err != nil {
+				continue // in error: the QP is in ERR, nothing to carry
+			}
+			nq.held.Store(true)
+			n++
+			continue
+		}
+		if nq.held.Swap(false) {
+			f.Thaw()
+			n++
+			// A WQE the frozen transport refused waits at the head.
+			d.wakeQueue(q.DoorbellQueue)
+		}
+	}
+	return n
 }

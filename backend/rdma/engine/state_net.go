@@ -96,12 +96,15 @@ func (n *netQP) export() (*NetQPState, error) {
 	if !ok {
 		return nil, fmt.Errorf("QP %d: a multipath (spray) connection cannot be handed over", q.Num)
 	}
-	if q.Dev != nil && q.Dev.fabric != nil {
-		// What moves the connection must be stopped for good, not just
-		// for the read: a packet accepted after it would be lost to the
-		// new process.
+	// What moves the connection must be stopped for good, not just for
+	// the read: a packet accepted after it would be lost to the new
+	// process (a live upgrade: the daemon froze the network) or to the
+	// guest memory QEMU copied already (a migration: HoldNet froze the
+	// QP when the VM stopped).
+	held := n.held.Load()
+	if !held && q.Dev != nil && q.Dev.fabric != nil {
 		if fz, ok := q.Dev.fabric.network().(interface{ Frozen() bool }); ok && !fz.Frozen() {
-			return nil, fmt.Errorf("QP %d: the network is not frozen", q.Num)
+			return nil, fmt.Errorf("QP %d: the network is not frozen, nor the QP held for a migration", q.Num)
 		}
 	}
 	cs, err := f.Freeze()
@@ -112,8 +115,12 @@ func (n *netQP) export() (*NetQPState, error) {
 	}
 	// Read what Freeze left (its lock orders the transport's earlier
 	// writes of the slots and receives before these reads), then let the
-	// QP go: nothing drives it while the network is frozen.
-	defer f.Thaw()
+	// QP go: nothing drives it while the network is frozen. A QP held
+	// for a migration stays frozen, and so does its copy.
+	if !held {
+		defer f.Thaw()
+	}
+	cs.Frozen = held
 	st.Conn = cs
 	st.Tail, st.Done = n.tail, n.done.Load()
 	for seq := st.Done; seq != st.Tail; seq++ {
@@ -270,6 +277,7 @@ func (q *QP) RestoreNet(t *memmap.Table, st *NetQPState) error {
 		return stateErr("QP %d: network: %v", q.Num, err)
 	}
 	n.conn = conn
+	n.held.Store(st.Conn.Frozen) // a migration's: HoldNet(false) lets it go
 	q.mu.Lock()
 	q.net = n
 	q.mu.Unlock()

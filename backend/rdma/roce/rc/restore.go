@@ -111,8 +111,8 @@ func (q *QP) stateLocked() *ConnState {
 // unacknowledged PSN (go-back-N, every later packet with its PSN), and
 // its first Flush re-acknowledges the last PSN received, so that a peer
 // whose ACK was lost goes on at once. Restore completes nothing: on error
-// the host has seen no call but Resolve and Rebuilder's. The QP is not
-// frozen.
+// the host has seen no call but Resolve and Rebuilder's. The QP is
+// frozen only if st is (ConnState.Frozen: Thaw lets it go).
 func Restore(st *ConnState, host Host, port Port) (*QP, error) {
 	if err := st.Validate(); err != nil {
 		return nil, err
@@ -123,6 +123,7 @@ func Restore(st *ConnState, host Host, port Port) (*QP, error) {
 		return nil, err
 	}
 	q.started = st.Started
+	q.frozen = st.Frozen
 	rb, _ := host.(Rebuilder)
 	if err := q.restoreRequester(&st.Requester, rb); err != nil {
 		return nil, err

@@ -72,6 +72,12 @@ type ConnState struct {
 	// and it takes work). False: RTR, the requester is idle (no work
 	// requests) and the owner calls Start later.
 	Started bool `json:"started"`
+	// Frozen: the QP was taken frozen for a live migration (its device
+	// suspended with the VM; Freeze) and Restore makes it frozen: it
+	// sends and takes nothing until its owner's Thaw, when the VM runs
+	// at the destination. False (a live upgrade): it runs once its
+	// endpoint does.
+	Frozen bool `json:"frozen,omitempty"`
 
 	// Local and Peer are the addresses the connection's packets go
 	// between (netip's "addr:port" text); PeerSourcePort is the source

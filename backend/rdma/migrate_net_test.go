@@ -1,0 +1,191 @@
+package rdma
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vrdma/vrdma/backend/rdma/engine"
+	"github.com/vrdma/vrdma/guest/verbs"
+	"github.com/vrdma/vrdma/memmap"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
+)
+
+// logDirty gives d's guest memory a dirty log, as QEMU's SET_LOG_BASE
+// does when a migration starts.
+func logDirty(t *testing.T, d *Device) {
+	t.Helper()
+	size := uint64(handGuestSize / 4096 / 8)
+	fd, err := memmap.NewMemfd("log", size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	l, err := memmap.MapDirtyLog(fd, size, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.memory.SetLog(l)
+}
+
+// TestMigrateNetwork: a live migration of a device whose RC QP is
+// connected over RoCEv2 to a device on another host (issue 29, --across).
+// a streams WRITEs and SENDs to b with b short of receives, so that a's
+// transport holds work (a SEND retried on RNR NAKs, the messages after
+// it) when a's VM stops. A pause (no dirty log) leaves the QP running and
+// the save refuses it; a migration's stop (dirty log on) holds it: b's
+// WRITE into a, posted then, is not taken. The state is saved, the
+// source host's network goes (the address leaves it) and a device of a
+// third fabric listening on the same address loads the state, the
+// connection restored frozen until the destination's rings start. Then
+// every message arrives once and in order, b's WRITE lands (its
+// retransmissions covered the blackout), new work runs both ways, and
+// neither guest sees an event.
+func TestMigrateNetwork(t *testing.T) {
+	s := newNetSetup(t, 0)
+	a, b := s.a, s.b
+	cur := []*Device{a.dev, b.dev}
+	devs := func() []*Device { return cur }
+	src := make([]byte, netMsgs*netMsg)
+	for i := range src {
+		src[i] = byte(i*5 + i>>12)
+	}
+	copy(s.mra.Bytes(), src)
+	const early = 4
+	recvAt := func(i int) int { return 512<<10 + i*netMsg }
+	for i := range early {
+		must(t, s.qb.PostRecv(verbs.RecvWR{WRID: uint64(100 + i), SGL: []abi.SGE{s.mrb.SGE(recvAt(i), netMsg)}}))
+	}
+	for i := range netMsgs {
+		wr := verbs.SendWR{WRID: uint64(i), Opcode: abi.WROpSend, Flags: abi.WRFlagSignaled,
+			SGL: []abi.SGE{s.mra.SGE(i*netMsg, netMsg)}}
+		if i%2 == 0 {
+			wr.Opcode, wr.RemoteAddr, wr.RKey = abi.WROpRDMAWrite, s.mrb.Addr+uint64(i/2*netMsg), s.mrb.RKey
+		}
+		must(t, s.qa.PostSend(wr))
+	}
+	stall := 2*early + 1
+	collect(t, s.sa, stall, devs)
+	collect(t, s.rb, early, devs)
+	time.Sleep(20 * time.Millisecond)
+
+	// A pause: the network QP runs on, and cannot be saved.
+	a.dev.Suspend(true)
+	var doc bytes.Buffer
+	if err := a.dev.SaveState(&doc); err == nil || !strings.Contains(err.Error(), "not frozen") {
+		t.Fatalf("SaveState of a paused device with a network QP: got %v, want a refusal", err)
+	}
+	a.dev.Suspend(false)
+
+	// The migration's stop: QEMU logs dirty pages, then stops the VM.
+	logDirty(t, a.dev)
+	a.dev.Suspend(true)
+	copy(s.mrb.Bytes()[1000<<10:1000<<10+64], bytes.Repeat([]byte{0xe7}, 64))
+	must(t, s.qb.PostSend(verbs.SendWR{WRID: 800, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+		SGL: []abi.SGE{s.mrb.SGE(1000<<10, 64)}, RemoteAddr: s.mra.Addr + 960<<10, RKey: s.mra.RKey}))
+	poke(b.dev)
+	time.Sleep(30 * time.Millisecond) // b sends; the held QP drops it
+	if bytes.Equal(s.mra.Bytes()[960<<10:960<<10+64], bytes.Repeat([]byte{0xe7}, 64)) {
+		t.Fatal("a WRITE reached the held source's memory")
+	}
+	doc.Reset()
+	must(t, a.dev.SaveState(&doc))
+	st, err := DecodeMigrationState(bytes.NewReader(doc.Bytes()))
+	must(t, err)
+	var ns *engine.NetQPState
+	for _, q := range st.QPs {
+		if q.Num == s.qa.Num() {
+			ns = q.State.Net
+		}
+	}
+	if ns == nil || ns.Conn == nil || !ns.Conn.Frozen || len(ns.Sends) != netMsgs-stall {
+		t.Fatalf("QP %d saved without its frozen connection and %d sends: %+v", s.qa.Num(), netMsgs-stall, ns)
+	}
+
+	// The source's front-end quits (its objects go, completing
+	// nothing: this test's source and destination share the memory
+	// file), the address moves: the source host's network goes, a third
+	// host listens on it.
+	a.dev.Detach()
+	s.ha.n.Close()
+	hc := newNetHost(t, s.ha.addr, true)
+	cfg := s.cfgA
+	cfg.Fabric, cfg.Incoming = hc.f, true
+	d := a.attachDev(cfg, mapMemory(t, a.file))
+	must(t, d.LoadState(bytes.NewReader(doc.Bytes())))
+	a.tr.mu.Lock()
+	a.tr.dev = d
+	a.tr.mu.Unlock()
+	cur = []*Device{d, b.dev}
+	time.Sleep(20 * time.Millisecond)
+	for _, e := range hc.n.Endpoints() {
+		if c := e.Counters(); c.TxDatagrams != 0 {
+			t.Fatalf("the destination sent %d datagrams before its rings started", c.TxDatagrams)
+		}
+	}
+	d.Suspend(false) // the destination's first ring start
+
+	for i := early; i < netMsgs/2; i++ {
+		must(t, s.qb.PostRecv(verbs.RecvWR{WRID: uint64(100 + i), SGL: []abi.SGE{s.mrb.SGE(recvAt(i), netMsg)}}))
+	}
+	wc := collect(t, s.sa, netMsgs-stall, devs)
+	for i, w := range wc {
+		if w.WRID != uint64(stall+i) || w.Status != abi.WCSuccess || w.ByteLen != netMsg {
+			t.Fatalf("completion %d after the migration: %+v", stall+i, w)
+		}
+	}
+	collect(t, s.rb, netMsgs/2-early, devs)
+	for i := range netMsgs {
+		off := i / 2 * netMsg
+		if i%2 == 1 {
+			off = recvAt(i / 2)
+		}
+		if !bytes.Equal(s.mrb.Bytes()[off:off+netMsg], src[i*netMsg:(i+1)*netMsg]) {
+			t.Fatalf("message %d: b holds other bytes", i)
+		}
+	}
+	if w := collect(t, s.sb, 1, devs)[0]; w.WRID != 800 || w.Status != abi.WCSuccess ||
+		!bytes.Equal(s.mra.Bytes()[960<<10:960<<10+64], bytes.Repeat([]byte{0xe7}, 64)) {
+		t.Fatalf("b's WRITE across the blackout: %+v", w)
+	}
+	must(t, s.qa.PostSend(verbs.SendWR{WRID: 500, Opcode: abi.WROpRDMARead, Flags: abi.WRFlagSignaled,
+		SGL: []abi.SGE{s.mra.SGE(768<<10, netMsg)}, RemoteAddr: s.mrb.Addr, RKey: s.mrb.RKey}))
+	if w := collect(t, s.sa, 1, devs)[0]; w.WRID != 500 || w.Status != abi.WCSuccess ||
+		!bytes.Equal(s.mra.Bytes()[768<<10:768<<10+netMsg], src[:netMsg]) {
+		t.Fatalf("READ after the migration: %+v", w)
+	}
+	if ev := append(a.eventList(), b.eventList()...); len(ev) != 0 {
+		t.Fatalf("events: %+v", ev)
+	}
+	if got := d.Migration(); got != MigrationIn {
+		t.Fatalf("the destination's migration state: %q, want %q", got, MigrationIn)
+	}
+}
+
+// TestMigrateNetworkOneDaemon: a migration between two devices of one
+// vrdmad does not carry a network QP (the source holds its connection
+// until its front-end goes): the load is refused, the source resumes.
+func TestMigrateNetworkOneDaemon(t *testing.T) {
+	s := newNetSetup(t, 0)
+	logDirty(t, s.a.dev)
+	s.a.dev.Suspend(true)
+	var doc bytes.Buffer
+	must(t, s.a.dev.SaveState(&doc))
+	cfg := s.cfgA
+	cfg.ID, cfg.Incoming = "a-dst", true
+	d := s.a.attachDev(cfg, mapMemory(t, s.a.file))
+	if err := d.LoadState(bytes.NewReader(doc.Bytes())); !errors.Is(err, ErrNotTransferable) {
+		t.Fatalf("LoadState on the source's vrdmad: got %v, want ErrNotTransferable", err)
+	}
+	s.a.dev.Suspend(false)
+	must(t, s.qa.PostSend(verbs.SendWR{WRID: 1, Opcode: abi.WROpRDMAWrite, Flags: abi.WRFlagSignaled,
+		SGL: []abi.SGE{s.mra.SGE(0, 64)}, RemoteAddr: s.mrb.Addr, RKey: s.mrb.RKey}))
+	devs := func() []*Device { return []*Device{s.a.dev, s.b.dev} }
+	if w := collect(t, s.sa, 1, devs)[0]; w.Status != abi.WCSuccess {
+		t.Fatalf("a WRITE after the refused load: %+v", w)
+	}
+}
