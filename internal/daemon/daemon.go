@@ -321,8 +321,14 @@ func (d *Daemon) addDevice(spec DeviceSpec, save bool) (dv *ServedDevice, err er
 		if d.cfg.RoCE == nil {
 			return nil, errors.New("roce_bind: this daemon has no RoCE network")
 		}
+		listen := d.cfg.RoCE.Listen
+		if spec.Device.Incoming {
+			// A migration's destination: the addresses move here with
+			// the VM, after the switch-over (docs/operations.md).
+			listen = d.cfg.RoCE.ListenFree
+		}
 		for _, a := range spec.RoCEBind {
-			if _, err := d.cfg.RoCE.Listen(a); err != nil {
+			if _, err := listen(a); err != nil {
 				return nil, fmt.Errorf("roce_bind %s: %w", a, err)
 			}
 		}

@@ -155,7 +155,9 @@ func (n *Network) Adopt(st *NetworkState, fds []int) error {
 	closeAll() // descriptors no endpoint named
 	for i, e := range adopted {
 		n.eps[addrs[i]] = e
-		n.pmtu[addrs[i]] = udp.LinkPMTU(addrs[i])
+		if m, ok := udp.FindLinkPMTU(addrs[i]); ok {
+			n.pmtu[addrs[i]] = m // else looked up at Connect (pmtuLocked)
+		}
 	}
 	n.frozen = true
 	return nil

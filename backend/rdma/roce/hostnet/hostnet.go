@@ -59,7 +59,7 @@ type Network struct {
 
 	mu     sync.Mutex
 	eps    map[netip.Addr]*udp.Endpoint // protected by mu
-	pmtu   map[netip.Addr]roce.MTU      // protected by mu: the largest path MTU of each endpoint's link
+	pmtu   map[netip.Addr]roce.MTU      // protected by mu: the largest path MTU of each endpoint's link (none yet: ListenFree's address is on no interface)
 	frozen bool                         // protected by mu: Freeze or Adopt without Thaw since; new endpoints start frozen
 }
 
@@ -83,6 +83,18 @@ func (n *Network) Paths() int { return n.paths }
 // frozen network (Freeze, Adopt) the new endpoint is frozen too, until
 // Thaw.
 func (n *Network) Listen(addr netip.Addr) (*udp.Endpoint, error) {
+	return n.listen(addr, false)
+}
+
+// ListenFree is Listen for an address that need not be on an interface
+// yet (udp.Config.FreeBind): a live migration's destination device opens
+// the address that moves to this host with its VM. The link's path MTU
+// is looked up again at each Connect until the address arrives.
+func (n *Network) ListenFree(addr netip.Addr) (*udp.Endpoint, error) {
+	return n.listen(addr, true)
+}
+
+func (n *Network) listen(addr netip.Addr, free bool) (*udp.Endpoint, error) {
 	addr = addr.Unmap()
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -90,7 +102,7 @@ func (n *Network) Listen(addr netip.Addr) (*udp.Endpoint, error) {
 		return e, nil
 	}
 	cfg := n.tmpl
-	cfg.Addr = addr
+	cfg.Addr, cfg.FreeBind = addr, free
 	e, err := udp.Listen(cfg)
 	if err != nil {
 		return nil, err
@@ -99,8 +111,27 @@ func (n *Network) Listen(addr netip.Addr) (*udp.Endpoint, error) {
 		_ = e.Freeze() // cannot fail: e is open
 	}
 	n.eps[addr] = e
-	n.pmtu[addr] = udp.LinkPMTU(addr)
+	if m, ok := udp.FindLinkPMTU(addr); ok || !free {
+		n.pmtu[addr] = m
+	}
 	return e, nil
+}
+
+// pmtuLocked is the path MTU of the link of the endpoint on addr (0:
+// none known yet). Precondition: n.mu held.
+func (n *Network) pmtuLocked(addr netip.Addr) roce.MTU {
+	if m, ok := n.pmtu[addr]; ok {
+		return m
+	}
+	if _, open := n.eps[addr]; !open {
+		return 0
+	}
+	m, ok := udp.FindLinkPMTU(addr)
+	if !ok {
+		return 0
+	}
+	n.pmtu[addr] = m
+	return m
 }
 
 // Endpoints returns the open endpoints, ordered by address.
@@ -126,7 +157,7 @@ func (n *Network) Connect(sgid, dgid [16]byte, locals [][16]byte, paths int, cfg
 		return nil, fmt.Errorf("hostnet: %d paths, want 1 … %d", paths, MaxPaths)
 	}
 	n.mu.Lock()
-	e, pmtu := n.eps[src], n.pmtu[src]
+	e, pmtu := n.eps[src], n.pmtuLocked(src)
 	eps := []*udp.Endpoint{e}
 	for _, g := range locals {
 		a := udp.AddrOfGID(g)
@@ -134,7 +165,9 @@ func (n *Network) Connect(sgid, dgid [16]byte, locals [][16]byte, paths int, cfg
 			eps = append(eps, o)
 			// Every path carries the QP's packets: the smallest link
 			// bounds the path MTU.
-			pmtu = min(pmtu, n.pmtu[a])
+			if m := n.pmtuLocked(a); m != 0 && (pmtu == 0 || m < pmtu) {
+				pmtu = m
+			}
 		}
 	}
 	n.mu.Unlock()

@@ -56,6 +56,14 @@ const headroom = 20 + 8 + roce.BTHLen + roce.RETHLen + roce.ImmDtLen + roce.ICRC
 // 1500-byte Ethernet link, 4096 from 4160 bytes on (4096 when no link
 // holds addr).
 func LinkPMTU(addr netip.Addr) roce.MTU {
+	m, _ := FindLinkPMTU(addr)
+	return m
+}
+
+// FindLinkPMTU is LinkPMTU, and whether an interface has addr (false:
+// MTU4096, as LinkPMTU says for an address on no interface — one bound
+// with Config.FreeBind that has not arrived yet).
+func FindLinkPMTU(addr netip.Addr) (roce.MTU, bool) {
 	link := 0
 	ifs, _ := net.Interfaces()
 	for _, ifc := range ifs {
@@ -67,7 +75,7 @@ func LinkPMTU(addr netip.Addr) roce.MTU {
 		}
 	}
 	if link == 0 {
-		return roce.MTU4096
+		return roce.MTU4096, false
 	}
 	room := link - headroom
 	if addr.Is6() {
@@ -75,8 +83,8 @@ func LinkPMTU(addr netip.Addr) roce.MTU {
 	}
 	for m := roce.MTU4096; m > roce.MTU256; m /= 2 {
 		if int(m) <= room {
-			return m
+			return m, true
 		}
 	}
-	return roce.MTU256
+	return roce.MTU256, true
 }

@@ -75,6 +75,12 @@ type Config struct {
 	// each instead of 64 KiB. False: GRO where the kernel has it, GSO
 	// too for IPv6 (see the package documentation).
 	NoOffload bool
+	// FreeBind binds Addr even when no interface has it yet
+	// (IP_FREEBIND, IPV6_FREEBIND): a live migration's destination opens
+	// the address that moves with its VM before it arrives. Until then
+	// nothing arrives and sends fail (counted in TxErrors; RC
+	// retransmits).
+	FreeBind bool
 	// Logger gets warnings (rate-limited); nil discards.
 	Logger *logrus.Entry
 }
@@ -228,10 +234,25 @@ func Listen(cfg Config) (*Endpoint, error) {
 	if cfg.Addr.Is6() {
 		network = "udp6"
 	}
-	conn, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(cfg.Addr, cfg.Port)))
+	var lc net.ListenConfig
+	if cfg.FreeBind {
+		lc.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				if cfg.Addr.Is4() {
+					serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_FREEBIND, 1)
+				} else {
+					serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_FREEBIND, 1)
+				}
+			})
+			return errors.Join(err, serr)
+		}
+	}
+	pc, err := lc.ListenPacket(context.Background(), network, netip.AddrPortFrom(cfg.Addr, cfg.Port).String())
 	if err != nil {
 		return nil, fmt.Errorf("udp: bind %v: %w", cfg.Addr, err)
 	}
+	conn := pc.(*net.UDPConn)
 	e, err := newEndpoint(cfg, conn)
 	if err != nil {
 		return nil, err
