@@ -324,6 +324,11 @@ type ConnectOpts struct {
 	// Paths asks a QP to another host to spray over that many paths
 	// (MODIFY_QP's PATHS, 1 … 64); 0 leaves it to the device.
 	Paths uint32
+	// Timeout is the local ACK timeout code (4.096 µs × 2^Timeout, 1 …
+	// 31; ibv_qp_attr.timeout); 0 means DefaultTimeout. Its retries
+	// (DefaultRetryCnt) span the longest blackout the QP survives: a
+	// peer's live migration, say (docs/operations.md).
+	Timeout uint8
 }
 
 // ConnectRCOpts is ConnectRC with opts.
@@ -334,6 +339,10 @@ func (qp *QP) ConnectRCOpts(remoteGID [16]byte, remoteQPN, remotePSN uint32, acc
 	mtu := opts.PathMTU
 	if mtu == 0 {
 		mtu = abi.MTU4096
+	}
+	timeout := uint32(opts.Timeout)
+	if timeout == 0 {
+		timeout = DefaultTimeout
 	}
 	rd := qp.ctx.attr.MaxQPRdAtom
 	rtrMask := abi.QPAttrState | abi.QPAttrAV | abi.QPAttrPathMTU | abi.QPAttrDestQPN | abi.QPAttrRQPSN | abi.QPAttrMaxDestRdAtomic | abi.QPAttrMinRNRTimer
@@ -350,7 +359,7 @@ func (qp *QP) ConnectRCOpts(remoteGID [16]byte, remoteQPN, remotePSN uint32, acc
 		{"rtr", abi.QPAttr{QPState: abi.QPSRTR, PathMTU: mtu, DestQPNum: remoteQPN, RQPSN: remotePSN & 0xffffff, MaxDestRdAtomic: rd,
 			MinRNRTimer: DefaultMinRNRTimer, DGID: remoteGID, SGIDIndex: opts.SGIDIndex, HopLimit: 1, Paths: opts.Paths},
 			rtrMask},
-		{"rts", abi.QPAttr{QPState: abi.QPSRTS, SQPSN: qp.psn, Timeout: DefaultTimeout, RetryCnt: DefaultRetryCnt,
+		{"rts", abi.QPAttr{QPState: abi.QPSRTS, SQPSN: qp.psn, Timeout: timeout, RetryCnt: DefaultRetryCnt,
 			RNRRetry: DefaultRNRRetry, MaxRdAtomic: rd},
 			abi.QPAttrState | abi.QPAttrSQPSN | abi.QPAttrTimeout | abi.QPAttrRetryCnt | abi.QPAttrRNRRetry | abi.QPAttrMaxQPRdAtomic},
 	}
