@@ -17,7 +17,7 @@ import (
 	"github.com/vrdma/vrdma/vmm/frontend"
 )
 
-// TestMigrateAcross: a live migration to another vrdmad (issue 29,
+// TestMigrateAcrossDaemons: a live migration to another vrdmad (issue 29,
 // docs/operations.md "Live-migrating a VM with its vrdma device"), with Go
 // front-ends doing what QEMU does. Two vrdmads in two network namespaces
 // joined by a veth; on A the devices "peer" and "migrant", each sending
@@ -32,7 +32,7 @@ import (
 // destination's memory, not the source's; the peer READs back through the
 // destination; the source QEMU quits without disturbing the peer, and
 // the peer's QP never leaves RTS nor sees an event.
-func TestMigrateAcross(t *testing.T) {
+func TestMigrateAcrossDaemons(t *testing.T) {
 	vrdmad := needBinary(t, "vrdmad")
 	lab := netlab.NewT(t)
 	hostA, hostB := netip.MustParseAddr("10.200.95.1"), netip.MustParseAddr("10.200.95.2")
@@ -105,7 +105,7 @@ func TestMigrateAcross(t *testing.T) {
 	// A timeout of 2^18 × 4.096 µs (1.07 s), 7 retries: the QPs ride
 	// out the migration's blackout, as a tenant's must (the default's
 	// 67 ms × 7 is shorter than a switch-over and an address move).
-	opts := verbs.ConnectOpts{SGIDIndex: 1, PathMTU: abi.MTU1024, Timeout: 18}
+	opts := verbs.ConnectOpts{SGIDIndex: 1, Timeout: 18} // MTU 4096, lowered to the link's
 	if err := p.qp.ConnectRCOpts(gm, m.qp.Num(), m.qp.PSN(), abi.AccessAll, opts); err != nil {
 		t.Fatal(err)
 	}

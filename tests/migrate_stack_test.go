@@ -113,6 +113,31 @@ func TestMigrateStream(t *testing.T) {
 	}
 }
 
+// TestMigrateAcross migrates the migrant's guest to a QEMU served by a
+// second vrdmad in another network namespace, the peer staying on the
+// first, in the middle of a verified WRITE stream over RoCEv2 between the
+// devices' own addresses: the migrant's address moves to the second
+// namespace after the switch-over, the peer's retransmissions cover the
+// blackout, and the stream completes with every byte verified.
+func TestMigrateAcross(t *testing.T) {
+	vmtest := needMigrate(t)
+	line, out, code := migrateLine(t, vmtest, "--across", "--op", "write", "--duration", "25s", "--after", "4s")
+	if code != 0 {
+		t.Errorf("exit %d:\n%s", code, out)
+	}
+	if line["verified"] != true || line["status"] != "completed" || line["device"] != true {
+		t.Errorf("got %v, want a completed migration of a verified write stream", line)
+	}
+	wantNumber(t, line, "downtime_ms", "total_ms", "ram_bytes", "gap_ms", "bytes")
+	if !strings.Contains(out, "moved to vrdmad B's namespace") {
+		t.Errorf("the migrant's address did not move:\n%s", out)
+	}
+	if e, ok := line["error"]; ok {
+		t.Errorf("error %v", e)
+	}
+	kernelTrouble(t, out)
+}
+
 // TestMigrateCancel starts a slowed-down migration, cancels it halfway:
 // the migrant stays in its QEMU and the stream completes verified there.
 func TestMigrateCancel(t *testing.T) {
@@ -140,15 +165,14 @@ func TestMigrateNoDevice(t *testing.T) {
 	kernelTrouble(t, out)
 }
 
-// TestMigrateUsage: --across is refused as not supported yet (exit 2), as
-// are streams the scenario cannot run.
+// TestMigrateUsage: streams the scenario cannot run are refused (exit 2).
 func TestMigrateUsage(t *testing.T) {
 	vmtest := needBinary(t, "vrdma-vmtest")
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"--across"}, "not supported yet: the destination vrdmad would have to turn the peer's same-host QP into a RoCEv2 one"},
+		{[]string{"--across", "--no-device"}, "--no-device and --across do not go together"},
 		{[]string{"--op", "read"}, "want write or send"},
 		{[]string{"--op", "send", "--size", "64"}, "at least 128"},
 		{[]string{"--after", "1m", "--duration", "30s"}, "shorter than --duration"},

@@ -47,6 +47,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,6 +58,7 @@ import (
 	"github.com/vrdma/vrdma/internal/guestresult"
 	"github.com/vrdma/vrdma/internal/perftest"
 	"github.com/vrdma/vrdma/internal/units"
+	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
 // Line prefixes: a harness greps them. (Result lines are
@@ -148,6 +150,22 @@ func (e *env) run(args []string) error {
 		fs.IntVar(&cfg.TxDepth, "tx-depth", perftest.DefaultTxDepth, "work requests in flight")
 		fs.DurationVar(&cfg.Timeout, "timeout", perftest.DefaultTimeout, "longest wait without progress")
 		fs.DurationVar(&cfg.Duration, "duration", 0, "stream for this long (at least --iters operations); both sides need it")
+		fs.Func("gid-index", "GID table entry the QP sends from (perftest's -x; default 0)", func(v string) error {
+			n, err := strconv.ParseUint(v, 0, 8)
+			if err != nil || n >= abi.GIDTableLen {
+				return fmt.Errorf("want 0 … %d", abi.GIDTableLen-1)
+			}
+			cfg.GIDIndex = uint32(n)
+			return nil
+		})
+		fs.Func("ack-timeout", "local ACK timeout code, 4.096 µs × 2^N (1 … 31; default 14)", func(v string) error {
+			n, err := strconv.ParseUint(v, 0, 8)
+			if err != nil || n < 1 || n > 31 {
+				return errors.New("want 1 … 31")
+			}
+			cfg.AckTimeout = uint8(n)
+			return nil
+		})
 	}
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -1,21 +1,18 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/vrdma/vrdma/internal/controlapi"
-	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
 )
@@ -62,9 +59,6 @@ the source ran on); with --no-device, when the migration completed.
 flags:
 `
 
-// acrossUnsupported is what --across says.
-const acrossUnsupported = "migrate --across: not supported yet: the destination vrdmad would have to turn the peer's same-host QP into a RoCEv2 one"
-
 // migrateFlags are the migrate scenario's flags.
 type migrateFlags struct {
 	op             string
@@ -97,7 +91,7 @@ func parseMigrate(args []string, stderr io.Writer) (migrateFlags, error) {
 	fs.DurationVar(&m.duration, "duration", 40*time.Second, "how long the stream runs (it must span the migration)")
 	fs.DurationVar(&m.after, "after", 4*time.Second, "stream time before the migration starts")
 	fs.BoolVar(&m.cancel, "cancel", false, "slow the migration down and cancel it halfway; the stream completes on the source")
-	fs.BoolVar(&m.across, "across", false, "migrate to a second vrdmad in another network namespace (not supported yet)")
+	fs.BoolVar(&m.across, "across", false, "migrate to a QEMU on a second vrdmad in another network namespace (RoCEv2 between the guests; root)")
 	fs.BoolVar(&m.noDevice, "no-device", false, "migrate the same guest without a vrdma device (baseline downtime; no stream)")
 	fs.Int64Var(&m.bandwidth, "bandwidth", 0, "migration max-bandwidth in `bytes/s` (0: 4 GiB/s, with --cancel 8 MiB/s)")
 	if err := parseScenario(fs, args, migrateUsage, stderr); err != nil {
@@ -106,9 +100,6 @@ func parseMigrate(args []string, stderr io.Writer) (migrateFlags, error) {
 	switch {
 	case fs.NArg() > 0:
 		fmt.Fprintf(stderr, "vrdma-vmtest migrate: unexpected arguments %q\n", fs.Args())
-		return m, errUsage
-	case m.across:
-		fmt.Fprintf(stderr, "vrdma-vmtest %s\n", acrossUnsupported)
 		return m, errUsage
 	case m.op != "write" && m.op != "send":
 		fmt.Fprintf(stderr, "vrdma-vmtest migrate: --op %q: want write or send\n", m.op)
@@ -124,6 +115,9 @@ func parseMigrate(args []string, stderr io.Writer) (migrateFlags, error) {
 		return m, errUsage
 	case m.noDevice && m.cancel:
 		fmt.Fprintf(stderr, "vrdma-vmtest migrate: --no-device and --cancel do not go together\n")
+		return m, errUsage
+	case m.noDevice && m.across:
+		fmt.Fprintf(stderr, "vrdma-vmtest migrate: --no-device and --across do not go together\n")
 		return m, errUsage
 	}
 	if m.bandwidth == 0 {
@@ -166,6 +160,9 @@ func runMigrate(ctx context.Context, o options, mf migrateFlags, stdout, stderr 
 	if mf.noDevice {
 		return runMigrateBare(ctx, o, mf, stdout, stderr)
 	}
+	if mf.across {
+		return runMigrateAcross(ctx, o, mf, stdout, stderr)
+	}
 	d, err := startDaemon(ctx, o, "peer", "migrant")
 	if err != nil {
 		return err
@@ -184,9 +181,23 @@ func runMigrate(ctx context.Context, o options, mf migrateFlags, stdout, stderr 
 	if uuid == "" {
 		return errors.New("vrdmad lists no device \"migrant\"")
 	}
-
 	migrant := guestConfig(o, d, "migrant", "server", mf.args())
 	peer := guestConfig(o, d, "peer", "client", mf.args())
+	return migrateScenario(ctx, o, mf, migrant, peer, func(g *guestvm.Guest) (guestvm.MigrationResult, error) {
+		dst := filepath.Join(d.Dir(), "migrant-dst.sock")
+		// The destination: an incoming device with the migrant's UUID.
+		if _, err := d.AddDevice(ctx, controlapi.AddRequest{ID: "migrant-dst", Socket: dst, UUID: uuid, Incoming: true}); err != nil {
+			return guestvm.MigrationResult{}, err
+		}
+		return migrateGuest(ctx, g, dst, mf, stdout)
+	}, stdout, stderr)
+}
+
+// migrateScenario boots the migrant's and the peer's guests, lets the
+// stream run mf.after, migrates the migrant with migrate, awaits both
+// guests' results and prints the VRDMA-MIGRATE line.
+func migrateScenario(ctx context.Context, o options, mf migrateFlags, migrant, peer guestvm.Config,
+	migrate func(*guestvm.Guest) (guestvm.MigrationResult, error), stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "vrdma-vmtest: booting two VMs (%d MiB, TCG), a %s stream of %d B messages for %v between them\n",
 		o.memory, mf.op, mf.size, mf.duration)
 	p, err := guestvm.StartPair(ctx, migrant, peer)
@@ -196,7 +207,11 @@ func runMigrate(ctx context.Context, o options, mf migrateFlags, stdout, stderr 
 	defer p.Close()
 	line := migrateLine{Op: mf.op, Device: true}
 
-	mres, merr := migrateStream(ctx, d, uuid, p.Server, mf, stdout)
+	var mres guestvm.MigrationResult
+	merr := waitStream(ctx, p.Server, mf.after)
+	if merr == nil {
+		mres, merr = migrate(p.Server)
+	}
 	line.fill(mres)
 	line.Cancelled = mf.cancel && merr == nil && mres.Info.Status == qemu.MigrationCancelled
 
@@ -236,17 +251,10 @@ func runMigrate(ctx context.Context, o options, mf migrateFlags, stdout, stderr 
 	return err
 }
 
-// migrateStream adds the incoming device and migrates g (the migrant)
-// once the stream has run mf.after; with mf.cancel it cancels the
+// migrateGuest migrates g (the migrant) to a second QEMU whose device is
+// served on dst, the incoming device; with mf.cancel it cancels the
 // migration halfway instead.
-func migrateStream(ctx context.Context, d *vrdmadproc.Proc, uuid string, g *guestvm.Guest, mf migrateFlags, stdout io.Writer) (guestvm.MigrationResult, error) {
-	if err := waitStream(ctx, g, mf.after); err != nil {
-		return guestvm.MigrationResult{}, err
-	}
-	dst := filepath.Join(d.Dir(), "migrant-dst.sock")
-	if err := addIncoming(ctx, d, "migrant-dst", dst, uuid); err != nil {
-		return guestvm.MigrationResult{}, err
-	}
+func migrateGuest(ctx context.Context, g *guestvm.Guest, dst string, mf migrateFlags, stdout io.Writer) (guestvm.MigrationResult, error) {
 	cfg := guestvm.MigrateConfig{
 		Devices: []qemu.VhostUserDevice{device("migrant", dst)},
 		Params:  qemu.MigrationParams{MaxBandwidth: mf.bandwidth},
@@ -325,32 +333,6 @@ func waitStream(ctx context.Context, g *guestvm.Guest, after time.Duration) erro
 			return ctx.Err()
 		}
 	}
-}
-
-// addIncoming adds the migration's destination device: id on socket,
-// with the source device's UUID, "incoming" (POST /v1/devices).
-func addIncoming(ctx context.Context, d *vrdmadproc.Proc, id, socket, uuid string) error {
-	body, err := json.Marshal(controlapi.AddRequest{ID: id, Socket: socket, UUID: uuid, Incoming: true})
-	if err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://vrdmad"+controlapi.PathDevices, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	hc := controlapi.HTTPClient(d.Control(), 10*time.Second)
-	defer hc.CloseIdleConnections()
-	resp, err := hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("add incoming device %s: %w", id, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("add incoming device %s: %s: %s", id, resp.Status, strings.TrimSpace(string(b)))
-	}
-	return nil
 }
 
 // streamVerified reports whether both sides reported a verified stream

@@ -10,13 +10,12 @@ import (
 	"github.com/vrdma/vrdma/vmm/qemu"
 )
 
-// TestMigrateCommandLine: --across is refused as not supported yet (exit
-// 2, before anything is looked for), as are streams the scenario cannot
-// run; --help lists the flags.
+// TestMigrateCommandLine: streams the scenario cannot run are refused
+// (exit 2, before anything is looked for); --help lists the flags.
 func TestMigrateCommandLine(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing")
 	clitest.Run(t, []clitest.Case{
-		{Name: "across", Args: []string{"migrate", "--across"}, Code: 2, Stderr: acrossUnsupported + "\n"},
+		{Name: "across no-device", Args: []string{"migrate", "--across", "--no-device"}, Code: 2, Stderr: "--no-device and --across do not go together"},
 		{Name: "op", Args: []string{"migrate", "--op", "atomic"}, Code: 2, Stderr: "want write or send"},
 		{Name: "send size", Args: []string{"migrate", "--op", "send", "--size", "64"}, Code: 2, Stderr: "at least 128"},
 		{Name: "after", Args: []string{"migrate", "--after", "10s", "--duration", "5s"}, Code: 2, Stderr: "shorter than --duration"},

@@ -47,6 +47,11 @@ type Config struct {
 	// Paths asks the device to spray the QP over that many paths (0: the
 	// device's default; docs/spec.md MODIFY_QP PATHS).
 	Paths uint32
+	// AckTimeout is the QP's local ACK timeout code (4.096 µs ×
+	// 2^AckTimeout, 1 … 31; 0: verbs.DefaultTimeout): with 7 retries it
+	// bounds the blackout the stream survives (a peer's live migration
+	// to another host).
+	AckTimeout uint8
 	// Duration, when positive, makes the bandwidth pass a stream that
 	// goes on until Duration has passed (and at least Iters operations
 	// were done): long enough to span an event such as a live migration.
@@ -88,6 +93,9 @@ func (c *Config) fill() error {
 	if c.LatIters < 0 || c.TxDepth < 1 || c.TxDepth > 4096 {
 		return fmt.Errorf("lat-iters %d, tx-depth %d: out of range", c.LatIters, c.TxDepth)
 	}
+	if c.AckTimeout > 31 {
+		return fmt.Errorf("ack timeout %d: want 0 … 31", c.AckTimeout)
+	}
 	if c.Duration < 0 || c.Duration > MaxDuration {
 		return fmt.Errorf("duration %v: want 0 … %v", c.Duration, MaxDuration)
 	}
@@ -104,7 +112,7 @@ func (c *Config) sendStream() bool { return c.Duration > 0 && c.Op == "send" }
 
 // slots is the number of message buffers per side.
 func (c *Config) connectOpts() verbs.ConnectOpts {
-	return verbs.ConnectOpts{SGIDIndex: c.GIDIndex, Paths: c.Paths}
+	return verbs.ConnectOpts{SGIDIndex: c.GIDIndex, Paths: c.Paths, Timeout: c.AckTimeout}
 }
 
 func (c *Config) slots() int {

@@ -196,8 +196,10 @@ func (q *QP) checkNet(st *NetQPState, a *QPAttrState) error {
 		return bad("connection of QP %#x to %#x", c.QPN, c.DestQPN)
 	case c.SQSize != int(q.SQ.Depth):
 		return bad("connection's send queue of %d", c.SQSize)
-	case a.PathMTU > abi.MTU4096 || c.PMTU != 128<<a.PathMTU:
-		return bad("connection's MTU %d", c.PMTU)
+	case a.PathMTU > abi.MTU4096 || c.PMTU > 128<<a.PathMTU:
+		// The network lowers the QP's path MTU to its link's (hostnet
+		// Connect): never above the attribute's.
+		return bad("connection's MTU %d above the QP's path MTU %d", c.PMTU, 128<<a.PathMTU)
 	case c.Started != (a.State != abi.QPSRTR):
 		return bad("connection started %v in state %d", c.Started, a.State)
 	case len(c.Requester.WQEs) != len(st.Sends):
