@@ -78,7 +78,23 @@
 // Live migration (migrate.go): the Device is a backend.StateSaver.
 // SaveState (every ring stopped) quiesces, exports the same DeviceState in
 // a document of its own (MigrationState: format "vrdma-device-state",
-// version 1) and runs on; it also refuses QPs connected over the network.
+// version 1) and runs on. QPs connected over plain RoCEv2 are carried with
+// their connections when Suspend held them (the VM stopped while QEMU logs
+// dirty pages: engine.RNIC.HoldNet freezes their transports, so that
+// nothing arriving changes them or the copied memory); their state is
+// marked frozen, the destination restores them frozen and Suspend(false),
+// its first ring start, lets them go — the device's own addresses
+// (roce_bind, bound with IP_FREEBIND on an incoming device) having moved
+// to its host with the VM. The design choice: rather than turn a
+// same-host (memory path) connection into a RoCEv2 one at the switch-over
+// — two state machines to reconcile, and both daemons to signal — a QP
+// that must survive a migration between hosts connects from the device's
+// own address, so that it is a RoCEv2 connection from the start (through
+// the host's kernel even to a peer on the same vrdmad), and the migration
+// carries it as a live upgrade carries one. A memory-path QP to a peer
+// not on the destination's host is refused there; a network QP migrating
+// between two devices of one vrdmad is refused too (the source holds its
+// connection until its front-end goes).
 // LoadState decodes the document as hostile input (DecodeMigrationState),
 // ImportState's it, FinishImport's it alone, and then
 // engine.RNIC.RepointPeers connects the fabric's other QPs that were

@@ -32,8 +32,8 @@ func TestRunMigrateScenario(t *testing.T) {
 	if _, err := runMigrateScenario(fake("echo no such line; exit 1")); err == nil || !strings.Contains(err.Error(), "no such line") {
 		t.Errorf("no line: got %v, want an error with the output's tail", err)
 	}
-	rows := migrateRows(migrateRun{DowntimeMS: 20, TotalMS: 3000}, r)
-	if len(rows) != 3 || rows[0].baseline != 20 {
+	rows := migrateRows(migrateRun{DowntimeMS: 20, TotalMS: 3000}, r, migrateRun{DowntimeMS: 60, GapMS: 1100})
+	if len(rows) != 5 || rows[0].baseline != 20 || rows[3].figure != 60 || rows[3].met == nil || !*rows[3].met || rows[4].figure != 1100 {
 		t.Errorf("rows %+v", rows)
 	}
 }

@@ -7,7 +7,7 @@
 //	vrdma-vmtest [flags] exec --cmd 'ibv_devinfo -v'
 //	vrdma-vmtest [flags] exec-pair --server 'ib_write_bw -d vrdma0' --client 'ib_write_bw -d vrdma0 {server}'
 //	vrdma-vmtest [flags] pair --op write --size 65536 --iters 1000
-//	vrdma-vmtest [flags] migrate [--op write|send] [--cancel] [--no-device] [--duration D]
+//	vrdma-vmtest [flags] migrate [--across] [--op write|send] [--cancel] [--no-device] [--duration D]
 //	vrdma-vmtest [flags] probe
 //	vrdma-vmtest [flags] selftest
 //	vrdma-vmtest [flags] spinup [--rounds N] [--json]
@@ -71,7 +71,7 @@ scenarios:
                                     two such VMs run CMD against each other
                                     (vrdma-vmtest exec --help says more)
   pair --op OP --size N --iters N   two VMs, server and client, OP between them
-  migrate [--op write|send] [--cancel] [--no-device]
+  migrate [--across] [--op write|send] [--cancel] [--no-device]
                                     two VMs with a verified stream between them,
                                     one live-migrated to a second QEMU
                                     (vrdma-vmtest migrate --help says more)

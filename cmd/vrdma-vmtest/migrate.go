@@ -37,14 +37,19 @@ import (
 // the migrant stays on its QEMU and the stream must complete verified
 // there. --no-device migrates the same guest without a vrdma device (no
 // stream: QEMU's downtime of the bare guest, the bench's baseline).
-// --across (a second vrdmad, RoCEv2) is not supported yet.
+// --across migrates to a QEMU on a second vrdmad in another network
+// namespace, the stream crossing RoCEv2 (migrate_across.go).
 
-const migrateUsage = `usage: vrdma-vmtest [flags] migrate [--op write|send] [--cancel] [--no-device] [--duration D] [--after D] [--size N]
+const migrateUsage = `usage: vrdma-vmtest [flags] migrate [--across] [--op write|send] [--cancel] [--no-device] [--duration D] [--after D] [--size N]
 
 Boots a guest ("migrant", the stream's server) and a peer guest (the
 client) on one vrdmad with a verified RDMA stream between them, live-
 migrates the migrant to a second QEMU (its device taken over by an
-incoming vrdmad device with the same UUID) and prints one line:
+incoming vrdmad device with the same UUID) and prints one line. With
+--across (root) the second QEMU's device is on a second vrdmad in
+another network namespace, the stream crosses RoCEv2 between the
+devices' own addresses, and the migrant's address moves to that
+namespace once the migration completed:
 
   VRDMA-MIGRATE {"op", "device", "cancelled", "status", "downtime_ms",
                  "total_ms", "setup_ms", "ram_bytes", "ram_total_bytes",

@@ -72,7 +72,7 @@ func defineDeviceAdd(fs *flag.FlagSet, c *cli) func([]string) error {
 	var addresses addressList
 	fs.Var(&addresses, "address", "assign the device this IP `ADDR`ess or PREFIX: its guest's driver may add the GIDs within it (repeatable; without any the device holds only its port GID)")
 	rnic := fs.String("rnic", "", "what executes the device's work: soft (vrdmad's software RNIC) or verbs:`DEVICE[:PORT]` (the host's RDMA NIC through rdma-core, e.g. verbs:mlx5_0); default: vrdmad's --rnic")
-	incoming := fs.Bool("incoming", false, "the destination of a live migration from a device of this vrdmad: it takes the source's --uuid (or --guid, --gid, --mac) and its GIDs and QP numbers when QEMU loads the source's state into it")
+	incoming := fs.Bool("incoming", false, "the destination of a live migration: it takes the source's --uuid (or --guid, --gid, --mac), and its GIDs and QP numbers when QEMU loads the source's state into it (from a device of this vrdmad, or of another host's; its --roce-bind addresses are bound before they arrive with the VM)")
 	sf := defineShare(fs)
 	return func(pos []string) error {
 		if err := wantArgs("device add", pos, "ID"); err != nil {

@@ -32,11 +32,12 @@
 // its permissions keep the caller out: the error names the group to
 // join).
 //
-// device add --incoming adds the destination of a live migration between
-// two QEMUs served by this vrdmad: it takes the source device's --uuid,
-// holds no GID and no QP number until the destination QEMU loads the
-// source's state into it, and enters vrdmad's state file only then
-// (docs/state.md, "Through QEMU's device-state protocol").
+// device add --incoming adds the destination of a live migration (from a
+// QEMU served by this vrdmad or by another host's): it takes the source
+// device's --uuid, holds no GID and no QP number until the destination
+// QEMU loads the source's state into it, binds its --roce-bind addresses
+// before they arrive with the VM, and enters vrdmad's state file only
+// then (docs/state.md, "Through QEMU's device-state protocol").
 //
 // device set changes a running device's share of the engine (PATCH
 // /v1/devices/{id}): only the flags given are sent, the rest is kept;

@@ -215,12 +215,14 @@ type AddRequest struct {
 	// addresses (all of them when none are assigned) and takes no
 	// roce_bind.
 	RNIC string `json:"rnic,omitempty"`
-	// Incoming makes the device the destination of a live migration from
-	// a device of this vrdmad: it may share its UUID (guid, gid, mac)
-	// with that one, the source, and holds no GID and no QP number until
-	// QEMU loads the source's state into it, which moves them over. It is
-	// not saved in the state file until then. The soft RNIC only; the
-	// UUID (or guid, gid, mac) is required.
+	// Incoming makes the device the destination of a live migration: it
+	// may share its UUID (guid, gid, mac) with a device of this vrdmad,
+	// the source, and holds no GID and no QP number until QEMU loads the
+	// source's state into it, which moves them over (from another host's
+	// vrdmad: registers them). Its RoCEBind addresses are bound before
+	// they are on an interface (IP_FREEBIND): they move to this host with
+	// the VM. It is not saved in the state file until then. The soft RNIC
+	// only; the UUID (or guid, gid, mac) is required.
 	Incoming bool `json:"incoming,omitempty"`
 }
 

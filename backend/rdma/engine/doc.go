@@ -144,7 +144,11 @@
 // numbers in one step (Fabric.Handoff, migrate.go); the source is
 // migrated out and fenced for good; Handoff.Undo gives them back after a
 // failed load, Handoff.Commit repoints the source's peers (RepointPeers)
-// and wakes them.
+// and wakes them. A migration to another host holds the source's network
+// QPs instead (RNIC.HoldNet: their transports frozen with the VM, the
+// state exported frozen, restored frozen at the destination and let go
+// there when the VM runs); netQP.held marks them, and export reads a held
+// transport without a frozen network and leaves it frozen.
 //
 // # Handing a device over to another process
 //

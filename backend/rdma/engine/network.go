@@ -75,9 +75,7 @@ type netQP struct {
 	// reset: its WQEs are discarded, not completed).
 	quiet  atomic.Bool
 	closed atomic.Bool
-	// held: the transport is frozen for a live migration (RNIC.HoldNet,
-	// or restored frozen from a migration's state) until HoldNet(false).
-	held atomic.Bool
+	held   atomic.Bool // frozen for a live migration (RNIC.HoldNet, RestoreNet) until HoldNet(false)
 	// remote is the peer QP, claimed on the fabric (claimConn) from
 	// before the transport is made until it closes (immutable once set by
 	// Modify).
