@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vrdma/vrdma/internal/stacklab"
+	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	"github.com/vrdma/vrdma/vmm/guestvm"
 	"github.com/vrdma/vrdma/vmm/qemu"
 )
@@ -268,6 +270,12 @@ func runExec(scenario string, args []string, o options, kernelSet bool, binDir s
 		}
 	})
 	upFailed := up.stop()
+	if !interrupted() && (err != nil || res.ExitCode() != 0) {
+		// While the guests still hold their objects: what vrdmad's QPs
+		// say (state, counters: RNR, drops, errors) tells a hung pair
+		// from a lost message.
+		dumpQPs(d, stderr)
+	}
 	cerr := p.Close()
 	report(say, guestvm.RoleServer, p.Server, res.Server, nil)
 	report(say, guestvm.RoleClient, p.Client, res.Client, nil)
@@ -287,7 +295,7 @@ func runExec(scenario string, args []string, o options, kernelSet bool, binDir s
 	if cerr != nil {
 		say("close: %v", cerr)
 	}
-	if f.verbose {
+	if f.verbose || (!interrupted() && err != nil) {
 		fmt.Fprintf(stderr, "=== vrdmad log ===\n%s", d.Log())
 	}
 	c := code(res.ExitCode())
@@ -394,4 +402,34 @@ func (p *linePrinter) print(role string, l guestvm.StackLine) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	fmt.Fprintf(w, "%s%s\n", prefix, l.Text)
+}
+
+// dumpQPs prints every device's QPs as vrdmad lists them (GET
+// /v1/devices/{id}/qps: state, PSNs, counters), one JSON line each, at
+// most 64 a device, for a run that failed.
+func dumpQPs(d *vrdmadproc.Proc, w io.Writer) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := d.Client()
+	devs, err := c.Devices(ctx)
+	if err != nil {
+		fmt.Fprintf(w, "=== vrdmad QPs: %v ===\n", err)
+		return
+	}
+	for _, dev := range devs {
+		qps, err := c.QPs(ctx, dev.ID)
+		fmt.Fprintf(w, "=== vrdmad: device %s, %d QPs ===\n", dev.ID, len(qps))
+		if err != nil {
+			fmt.Fprintf(w, "%v\n", err)
+			continue
+		}
+		for i, q := range qps {
+			if i == 64 {
+				fmt.Fprintf(w, "... %d more\n", len(qps)-i)
+				break
+			}
+			b, _ := json.Marshal(q)
+			fmt.Fprintf(w, "%s\n", b)
+		}
+	}
 }
