@@ -355,7 +355,7 @@ func (n *netQP) takeRecvLocked(t *memmap.Table) (rc.Recv, bool) {
 	}
 	if q.SRQ == nil {
 		q.rqCI++
-		q.setCI(rqIdx, rec, q.rqCI)
+		q.setCIOn(t, rqIdx, rec, q.rqCI)
 	}
 	b.wrID = wrID
 	n.recvOpen++
@@ -528,7 +528,7 @@ func walkSGEs(d *RNIC, sges []abi.SGE, mrs []*MR, off uint32, buf []byte, into b
 			continue
 		}
 		k := min(l-skip, uint64(len(c.buf)))
-		if err := mrs[i].Range(t, s.Addr+skip, k, c.fn); err != nil {
+		if err := mrs[i].rangeFor(t, s.Addr+skip, k, into, c.fn); err != nil {
 			return err
 		}
 		skip = 0
@@ -563,7 +563,7 @@ func (m *MR) copyAt(va uint64, buf []byte, into bool) (err error) {
 	c := sgeCopies.Get().(*sgeCopy)
 	defer sgeCopies.Put(c)
 	c.buf, c.into = buf, into
-	err = m.Range(t, va, uint64(len(buf)), c.fn)
+	err = m.rangeFor(t, va, uint64(len(buf)), into, c.fn)
 	c.buf = nil
 	return err
 }
@@ -586,7 +586,7 @@ func (m *MR) Atomic(va uint64, op rc.AtomicOp, compare, swapAdd uint64) (orig ui
 	if op == rc.AtomicCmpSwp {
 		a.op, a.compareAdd, a.swap = abi.WROpAtomicCmpSwp, compare, swapAdd
 	}
-	if err := m.Range(t, va, 8, a.fn); err != nil {
+	if err := m.RangeWrite(t, va, 8, a.fn); err != nil {
 		return 0, err
 	}
 	if !a.done {
