@@ -37,46 +37,11 @@ func TestMigrateAcrossDaemons(t *testing.T) {
 	lab := netlab.NewT(t)
 	hostA, hostB := netip.MustParseAddr("10.200.95.1"), netip.MustParseAddr("10.200.95.2")
 	peerAddr, migAddr := netip.MustParseAddr("10.200.95.11"), netip.MustParseAddr("10.200.95.12")
-	nsA, err := lab.AddNS("ma")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nsB, err := lab.AddNS("mb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, step := range []func() error{
-		func() error { return lab.Veth(nsA, "va", nsB, "vb") },
-		func() error { return nsA.AddAddr("va", netip.PrefixFrom(hostA, 24)) },
-		func() error { return nsA.AddAddr("va", netip.PrefixFrom(peerAddr, 32)) },
-		func() error { return nsA.AddAddr("va", netip.PrefixFrom(migAddr, 32)) },
-		func() error { return nsB.AddAddr("vb", netip.PrefixFrom(hostB, 24)) },
-		func() error { return nsA.SetUp("va", true) },
-		func() error { return nsB.SetUp("vb", true) },
-	} {
-		if err := step(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	start := func(ns *netlab.NS, addr netip.Addr) *vrdmadproc.Proc {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		p, err := vrdmadproc.Start(ctx, vrdmadproc.Config{Binary: vrdmad, NetNS: ns.Name,
-			Args: []string{"--roce-bind", addr.String()}, StateDir: vrdmadproc.NoState})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := p.Stop(); err != nil {
-				t.Errorf("vrdmad in %s: %v", ns.Name, err)
-			}
-			if t.Failed() {
-				t.Logf("vrdmad in %s:\n%s", ns.Name, p.Log())
-			}
-		})
-		return p
-	}
-	pa, pb := start(nsA, hostA), start(nsB, hostB)
+	nsA, nsB := vethHosts(t, lab, "ma", "mb",
+		[]netip.Prefix{netip.PrefixFrom(hostA, 24), netip.PrefixFrom(peerAddr, 32), netip.PrefixFrom(migAddr, 32)},
+		[]netip.Prefix{netip.PrefixFrom(hostB, 24)})
+	pa := startVrdmadIn(t, vrdmad, nsA, nil, "--roce-bind", hostA.String())
+	pb := startVrdmadIn(t, vrdmad, nsB, nil, "--roce-bind", hostB.String())
 	u := uuid.New()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -34,27 +34,8 @@ func TestRoCETwoDaemons(t *testing.T) {
 	lab := netlab.NewT(t)
 	addrA, addrB := netip.MustParseAddr("10.200.91.1"), netip.MustParseAddr("10.200.91.2")
 	addr6A, addr6B := netip.MustParseAddr("fd00:7672:91::1"), netip.MustParseAddr("fd00:7672:91::2")
-	nsA, err := lab.AddNS("ra")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nsB, err := lab.AddNS("rb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, step := range []func() error{
-		func() error { return lab.Veth(nsA, "va", nsB, "vb") },
-		func() error { return nsA.AddAddr("va", netip.PrefixFrom(addrA, 24)) },
-		func() error { return nsB.AddAddr("vb", netip.PrefixFrom(addrB, 24)) },
-		func() error { return nsA.AddAddr("va", netip.PrefixFrom(addr6A, 64)) },
-		func() error { return nsB.AddAddr("vb", netip.PrefixFrom(addr6B, 64)) },
-		func() error { return nsA.SetUp("va", true) },
-		func() error { return nsB.SetUp("vb", true) },
-	} {
-		if err := step(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	nsA, nsB := vethHosts(t, lab, "ra", "rb", []netip.Prefix{netip.PrefixFrom(addrA, 24), netip.PrefixFrom(addr6A, 64)},
+		[]netip.Prefix{netip.PrefixFrom(addrB, 24), netip.PrefixFrom(addr6B, 64)})
 	metricsA := t.TempDir() + "/metrics.sock"
 	start := func(ns *netlab.NS, addr, addr6 netip.Addr, extra ...string) *vrdmadproc.Proc {
 		p, err := vrdmadproc.Start(context.Background(), vrdmadproc.Config{Binary: vrdmad, NetNS: ns.Name,

@@ -11,7 +11,6 @@ import (
 	"github.com/vrdma/vrdma/guest/verbs"
 	"github.com/vrdma/vrdma/internal/controlapi"
 	"github.com/vrdma/vrdma/internal/netlab"
-	"github.com/vrdma/vrdma/internal/vrdmadproc"
 	"github.com/vrdma/vrdma/virtio/rdma/abi"
 )
 
@@ -32,44 +31,9 @@ func TestDaemonUpgradeRoCE(t *testing.T) {
 	vrdmad := needBinary(t, "vrdmad")
 	lab := netlab.NewT(t)
 	addrA, addrB := netip.MustParseAddr("10.200.93.1"), netip.MustParseAddr("10.200.93.2")
-	nsA, err := lab.AddNS("ua")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nsB, err := lab.AddNS("ub")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, step := range []func() error{
-		func() error { return lab.Veth(nsA, "va", nsB, "vb") },
-		func() error { return nsA.AddAddr("va", netip.PrefixFrom(addrA, 24)) },
-		func() error { return nsB.AddAddr("vb", netip.PrefixFrom(addrB, 24)) },
-		func() error { return nsA.SetUp("va", true) },
-		func() error { return nsB.SetUp("vb", true) },
-	} {
-		if err := step(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	start := func(ns *netlab.NS, addr netip.Addr) *vrdmadproc.Proc {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		p, err := vrdmadproc.Start(ctx, vrdmadproc.Config{Binary: vrdmad, NetNS: ns.Name, Devices: []string{"d0"},
-			Args: []string{"--roce-bind", addr.String()}, StateDir: vrdmadproc.NoState})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := p.Stop(); err != nil {
-				t.Errorf("vrdmad in %s: %v", ns.Name, err)
-			}
-			if t.Failed() {
-				t.Logf("vrdmad in %s:\n%s", ns.Name, p.Log())
-			}
-		})
-		return p
-	}
-	pa, pb := start(nsA, addrA), start(nsB, addrB)
+	nsA, nsB := vethHosts(t, lab, "ua", "ub", []netip.Prefix{netip.PrefixFrom(addrA, 24)}, []netip.Prefix{netip.PrefixFrom(addrB, 24)})
+	pa := startVrdmadIn(t, vrdmad, nsA, []string{"d0"}, "--roce-bind", addrA.String())
+	pb := startVrdmadIn(t, vrdmad, nsB, []string{"d0"}, "--roce-bind", addrB.String())
 	a, b := openPeer(t, pa.Socket("d0"), 0), openPeer(t, pb.Socket("d0"), 0)
 	ga, err := a.ctx.QueryGIDAt(1)
 	if err != nil {

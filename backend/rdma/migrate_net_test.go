@@ -146,24 +146,7 @@ func TestMigrateNetwork(t *testing.T) {
 	for i := range src {
 		src[i] = byte(i*5 + i>>12)
 	}
-	copy(s.mra.Bytes(), src)
-	const early = 4
-	recvAt := func(i int) int { return 512<<10 + i*netMsg }
-	for i := range early {
-		must(t, s.qb.PostRecv(verbs.RecvWR{WRID: uint64(100 + i), SGL: []abi.SGE{s.mrb.SGE(recvAt(i), netMsg)}}))
-	}
-	for i := range netMsgs {
-		wr := verbs.SendWR{WRID: uint64(i), Opcode: abi.WROpSend, Flags: abi.WRFlagSignaled,
-			SGL: []abi.SGE{s.mra.SGE(i*netMsg, netMsg)}}
-		if i%2 == 0 {
-			wr.Opcode, wr.RemoteAddr, wr.RKey = abi.WROpRDMAWrite, s.mrb.Addr+uint64(i/2*netMsg), s.mrb.RKey
-		}
-		must(t, s.qa.PostSend(wr))
-	}
-	stall := 2*early + 1
-	collect(t, s.sa, stall, devs)
-	collect(t, s.rb, early, devs)
-	time.Sleep(20 * time.Millisecond)
+	stall := s.startStalled(t, src, devs)
 
 	// A pause: the network QP runs on, and cannot be saved.
 	a.dev.Suspend(true)
@@ -221,25 +204,7 @@ func TestMigrateNetwork(t *testing.T) {
 	}
 	d.Suspend(false) // the destination's first ring start
 
-	for i := early; i < netMsgs/2; i++ {
-		must(t, s.qb.PostRecv(verbs.RecvWR{WRID: uint64(100 + i), SGL: []abi.SGE{s.mrb.SGE(recvAt(i), netMsg)}}))
-	}
-	wc := collect(t, s.sa, netMsgs-stall, devs)
-	for i, w := range wc {
-		if w.WRID != uint64(stall+i) || w.Status != abi.WCSuccess || w.ByteLen != netMsg {
-			t.Fatalf("completion %d after the migration: %+v", stall+i, w)
-		}
-	}
-	collect(t, s.rb, netMsgs/2-early, devs)
-	for i := range netMsgs {
-		off := i / 2 * netMsg
-		if i%2 == 1 {
-			off = recvAt(i / 2)
-		}
-		if !bytes.Equal(s.mrb.Bytes()[off:off+netMsg], src[i*netMsg:(i+1)*netMsg]) {
-			t.Fatalf("message %d: b holds other bytes", i)
-		}
-	}
+	s.finishStalled(t, src, stall, devs)
 	if w := collect(t, s.sb, 1, devs)[0]; w.WRID != 800 || w.Status != abi.WCSuccess ||
 		!bytes.Equal(s.mra.Bytes()[960<<10:960<<10+64], bytes.Repeat([]byte{0xe7}, 64)) {
 		t.Fatalf("b's WRITE across the blackout: %+v", w)

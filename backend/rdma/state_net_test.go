@@ -162,18 +162,20 @@ func collect(t *testing.T, cq *verbs.CQ, n int, devs func() []*Device) []verbs.W
 // arrives once and in order, a's PSNs continue from where they stood, b
 // sees no error and no event, the QP numbers and attributes are the same,
 // and the restored QP carries new work both ways (a READ, b's SENDs).
-func TestHandoverNetwork(t *testing.T) {
-	s := newNetSetup(t, 0)
-	a, b := s.a, s.b
-	cur := []*Device{a.dev, b.dev}
-	devs := func() []*Device { return cur }
-	src := make([]byte, netMsgs*netMsg)
-	for i := range src {
-		src[i] = byte(i*7 + i>>13)
-	}
+// Receives b posts before a's stream stalls (startStalled), and where
+// b's receive i lands.
+const early = 4
+
+func recvAt(i int) int { return 512<<10 + i*netMsg }
+
+// startStalled fills a's MR with src (netMsgs × netMsg bytes) and streams
+// it to b: WRITE, SEND, WRITE, … of two SGEs each, b holding early
+// receives, so that a stalls at SEND number early (WQE 2*early+1, which
+// it returns): b has no receive, the SEND is NAKed and retried, the
+// messages after it are posted to the transport.
+func (s *netSetup) startStalled(t *testing.T, src []byte, devs func() []*Device) int {
+	t.Helper()
 	copy(s.mra.Bytes(), src)
-	const early = 4 // receives b posts before the handover
-	recvAt := func(i int) int { return 512<<10 + i*netMsg }
 	for i := range early {
 		must(t, s.qb.PostRecv(verbs.RecvWR{WRID: uint64(100 + i), SGL: []abi.SGE{s.mrb.SGE(recvAt(i), netMsg)}}))
 	}
@@ -185,16 +187,56 @@ func TestHandoverNetwork(t *testing.T) {
 		}
 		must(t, s.qa.PostSend(wr))
 	}
-	// a stalls at SEND number early (WQE 2*early+1): b has no receive.
 	stall := 2*early + 1
-	wc := collect(t, s.sa, stall, devs)
-	for i, w := range wc {
+	for i, w := range collect(t, s.sa, stall, devs) {
 		if w.WRID != uint64(i) || w.Status != abi.WCSuccess {
-			t.Fatalf("completion %d before the handover: %+v", i, w)
+			t.Fatalf("completion %d before the stall: %+v", i, w)
 		}
 	}
 	collect(t, s.rb, early, devs)
 	time.Sleep(20 * time.Millisecond) // the stalled SEND is NAKed and retried meanwhile
+	return stall
+}
+
+// finishStalled posts b's other receives and checks that a's stream
+// (startStalled) completes from the stall on, once and in order, every
+// byte of src where it belongs in b.
+func (s *netSetup) finishStalled(t *testing.T, src []byte, stall int, devs func() []*Device) {
+	t.Helper()
+	for i := early; i < netMsgs/2; i++ {
+		must(t, s.qb.PostRecv(verbs.RecvWR{WRID: uint64(100 + i), SGL: []abi.SGE{s.mrb.SGE(recvAt(i), netMsg)}}))
+	}
+	for i, w := range collect(t, s.sa, netMsgs-stall, devs) {
+		if w.WRID != uint64(stall+i) || w.Status != abi.WCSuccess || w.ByteLen != netMsg {
+			t.Fatalf("completion %d after the stall: %+v", stall+i, w)
+		}
+	}
+	for i, w := range collect(t, s.rb, netMsgs/2-early, devs) {
+		if w.WRID != uint64(100+early+i) || w.Status != abi.WCSuccess || w.ByteLen != netMsg {
+			t.Fatalf("receive %d after the stall: %+v", early+i, w)
+		}
+	}
+	for i := range netMsgs {
+		off := i / 2 * netMsg
+		if i%2 == 1 {
+			off = recvAt(i / 2)
+		}
+		if !bytes.Equal(s.mrb.Bytes()[off:off+netMsg], src[i*netMsg:(i+1)*netMsg]) {
+			t.Fatalf("message %d: b holds other bytes", i)
+		}
+	}
+}
+
+func TestHandoverNetwork(t *testing.T) {
+	s := newNetSetup(t, 0)
+	a, b := s.a, s.b
+	cur := []*Device{a.dev, b.dev}
+	devs := func() []*Device { return cur }
+	src := make([]byte, netMsgs*netMsg)
+	for i := range src {
+		src[i] = byte(i*7 + i>>13)
+	}
+	stall := s.startStalled(t, src, devs)
 	before := map[string]abi.QPAttr{}
 	for name, qp := range map[string]*verbs.QP{"qa": s.qa, "qb": s.qb} {
 		attr, err := qp.Query()
@@ -254,31 +296,7 @@ func TestHandoverNetwork(t *testing.T) {
 		}
 	}
 	// b posts the rest of the receives: the stream completes.
-	for i := early; i < netMsgs/2; i++ {
-		must(t, s.qb.PostRecv(verbs.RecvWR{WRID: uint64(100 + i), SGL: []abi.SGE{s.mrb.SGE(recvAt(i), netMsg)}}))
-	}
-	wc = collect(t, s.sa, netMsgs-stall, devs)
-	for i, w := range wc {
-		if w.WRID != uint64(stall+i) || w.Status != abi.WCSuccess || w.ByteLen != netMsg {
-			t.Fatalf("completion %d after the handover: %+v", stall+i, w)
-		}
-	}
-	rw := collect(t, s.rb, netMsgs/2-early, devs)
-	for i, w := range rw {
-		if w.WRID != uint64(100+early+i) || w.Status != abi.WCSuccess || w.ByteLen != netMsg {
-			t.Fatalf("receive %d after the handover: %+v", early+i, w)
-		}
-	}
-	for i := range netMsgs {
-		want := src[i*netMsg : (i+1)*netMsg]
-		off := i / 2 * netMsg
-		if i%2 == 1 {
-			off = recvAt(i / 2)
-		}
-		if got := s.mrb.Bytes()[off : off+netMsg]; !bytes.Equal(got, want) {
-			t.Fatalf("message %d: b holds other bytes", i)
-		}
-	}
+	s.finishStalled(t, src, stall, devs)
 
 	// New work both ways: a READs back what it wrote first; b SENDs to a.
 	must(t, s.qa.PostSend(verbs.SendWR{WRID: 500, Opcode: abi.WROpRDMARead, Flags: abi.WRFlagSignaled,
