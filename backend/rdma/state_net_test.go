@@ -153,15 +153,6 @@ func collect(t *testing.T, cq *verbs.CQ, n int, devs func() []*Device) []verbs.W
 	return got
 }
 
-// TestHandoverNetwork: a stream of WRITEs and SENDs of 8 KiB from a to b
-// over RoCEv2, verified byte for byte, with b short of receives so that
-// a's requester has work in flight (a SEND retried on RNR NAKs, the
-// messages after it posted to the transport) when a is handed over: its
-// network frozen, its state exported through JSON, imported on a third
-// fabric whose network adopted the sockets, thawed. Every message then
-// arrives once and in order, a's PSNs continue from where they stood, b
-// sees no error and no event, the QP numbers and attributes are the same,
-// and the restored QP carries new work both ways (a READ, b's SENDs).
 // Receives b posts before a's stream stalls (startStalled), and where
 // b's receive i lands.
 const early = 4
@@ -227,6 +218,15 @@ func (s *netSetup) finishStalled(t *testing.T, src []byte, stall int, devs func(
 	}
 }
 
+// TestHandoverNetwork: a stream of WRITEs and SENDs of 8 KiB from a to b
+// over RoCEv2, verified byte for byte, with b short of receives so that
+// a's requester has work in flight (a SEND retried on RNR NAKs, the
+// messages after it posted to the transport) when a is handed over: its
+// network frozen, its state exported through JSON, imported on a third
+// fabric whose network adopted the sockets, thawed. Every message then
+// arrives once and in order, a's PSNs continue from where they stood, b
+// sees no error and no event, the QP numbers and attributes are the same,
+// and the restored QP carries new work both ways (a READ, b's SENDs).
 func TestHandoverNetwork(t *testing.T) {
 	s := newNetSetup(t, 0)
 	a, b := s.a, s.b
