@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -367,10 +368,17 @@ func removeFromStore(names []string) {
 // keep vrdmad from ever seeing its SIGTERM.
 const notifyTimeout = 2 * time.Second
 
+// notifyStalled: a message found the manager's queue full for
+// notifyTimeout. Until one gets through again, messages do not wait: a
+// burst of them (a stop with --fdstore sends one per descriptor) would
+// otherwise wait notifyTimeout each, and keep the daemon from exiting.
+var notifyStalled atomic.Bool
+
 // NotifyWithFDs sends state, with fds, to the service manager's
 // NOTIFY_SOCKET (sd_pid_notify_with_fds); an error when there is none,
-// or when its queue stays full for notifyTimeout (the message is then
-// not sent).
+// or when its queue stays full for notifyTimeout — or is full at all
+// while an earlier message found it so (notifyStalled) — and the message
+// is then not sent.
 func NotifyWithFDs(state string, fds ...int) error {
 	addr := os.Getenv("NOTIFY_SOCKET")
 	if addr == "" {
@@ -393,10 +401,17 @@ func NotifyWithFDs(state string, fds ...int) error {
 	for {
 		err := unix.Sendmsg(sock, []byte(state), oob, nil, unix.MSG_NOSIGNAL)
 		if err != unix.EAGAIN && err != unix.EINTR {
+			if err == nil {
+				notifyStalled.Store(false)
+			}
 			return err
+		}
+		if err == unix.EAGAIN && notifyStalled.Load() {
+			return fmt.Errorf("notify socket %s: its queue is still full (the manager does not read it): message dropped", addr)
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
+			notifyStalled.Store(true)
 			return fmt.Errorf("notify socket %s: its queue stayed full for %v", addr, notifyTimeout)
 		}
 		pfd := []unix.PollFd{{Fd: int32(sock), Events: unix.POLLOUT}}

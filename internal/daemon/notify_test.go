@@ -42,11 +42,25 @@ func TestNotifyUnreadSocket(t *testing.T) {
 	if sent == 0 || sent == 100_000 {
 		t.Fatalf("%d messages sent before the queue was full", sent)
 	}
+	// The queue found full once, the next messages do not wait: a burst
+	// (a stop with --fdstore: one per descriptor) costs one timeout.
+	start := time.Now()
+	for i := range 20 {
+		if err := NotifyWithFDs("FDSTORE=1"); err == nil || !strings.Contains(err.Error(), "still full") {
+			t.Fatalf("message %d after the stall: got %v, want it dropped at once", i, err)
+		}
+	}
+	if took := time.Since(start); took > notifyTimeout {
+		t.Errorf("20 messages to a stalled manager took %v", took)
+	}
 	buf := make([]byte, 64)
 	if n, _, err := unix.Recvfrom(mgr, buf, 0); err != nil || string(buf[:n]) != "STATUS=filling" {
 		t.Fatalf("the manager read %q, %v", buf[:n], err)
 	}
 	if err := NotifyWithFDs("READY=1"); err != nil {
 		t.Fatalf("with room again: %v", err)
+	}
+	if notifyStalled.Load() {
+		t.Fatal("a message got through and the stall is still recorded")
 	}
 }
