@@ -10,35 +10,12 @@ import (
 	"github.com/vrdma/vrdma/internal/vrdmadproc"
 )
 
-// vethHosts makes two network namespaces of lab ("hosts" A and B)
-// joined by a veth, va in A and vb in B, with the prefixes given on
-// each end, both ends up.
+// vethHosts is netlab.Lab.VethHosts, failing the test on error.
 func vethHosts(t *testing.T, lab *netlab.Lab, labelA, labelB string, onA, onB []netip.Prefix) (nsA, nsB *netlab.NS) {
 	t.Helper()
-	nsA, err := lab.AddNS(labelA)
+	nsA, nsB, err := lab.VethHosts(labelA, labelB, onA, onB)
 	if err != nil {
 		t.Fatal(err)
-	}
-	nsB, err = lab.AddNS(labelB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lab.Veth(nsA, "va", nsB, "vb"); err != nil {
-		t.Fatal(err)
-	}
-	for _, end := range []struct {
-		ns   *netlab.NS
-		link string
-		ps   []netip.Prefix
-	}{{nsA, "va", onA}, {nsB, "vb", onB}} {
-		for _, p := range end.ps {
-			if err := end.ns.AddAddr(end.link, p); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := end.ns.SetUp(end.link, true); err != nil {
-			t.Fatal(err)
-		}
 	}
 	return nsA, nsB
 }

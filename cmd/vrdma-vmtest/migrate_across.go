@@ -51,26 +51,11 @@ func runMigrateAcross(ctx context.Context, o options, mf migrateFlags, stdout, s
 		return err
 	}
 	defer lab.Close()
-	nsA, err := lab.AddNS("mga")
+	nsA, nsB, err := lab.VethHosts("mga", "mgb",
+		[]netip.Prefix{netip.PrefixFrom(acrossHostA, 24), netip.PrefixFrom(acrossPeer, 32), netip.PrefixFrom(acrossMig, 32)},
+		[]netip.Prefix{netip.PrefixFrom(acrossHostB, 24)})
 	if err != nil {
-		return err
-	}
-	nsB, err := lab.AddNS("mgb")
-	if err != nil {
-		return err
-	}
-	for _, step := range []func() error{
-		func() error { return lab.Veth(nsA, "va", nsB, "vb") },
-		func() error { return nsA.AddAddr("va", netip.PrefixFrom(acrossHostA, 24)) },
-		func() error { return nsA.AddAddr("va", netip.PrefixFrom(acrossPeer, 32)) },
-		func() error { return nsA.AddAddr("va", netip.PrefixFrom(acrossMig, 32)) },
-		func() error { return nsB.AddAddr("vb", netip.PrefixFrom(acrossHostB, 24)) },
-		func() error { return nsA.SetUp("va", true) },
-		func() error { return nsB.SetUp("vb", true) },
-	} {
-		if err := step(); err != nil {
-			return fmt.Errorf("migrate --across: network: %w", err)
-		}
+		return fmt.Errorf("migrate --across: network: %w", err)
 	}
 	start := func(ns *netlab.NS, addr netip.Addr) (*vrdmadproc.Proc, error) {
 		return vrdmadproc.Start(ctx, vrdmadproc.Config{Binary: o.vrdmad, NetNS: ns.Name,

@@ -64,6 +64,36 @@ func (l *Lab) Veth(a *NS, aName string, b *NS, bName string) error {
 	return l.veth(a, aName, "", b, bName, "")
 }
 
+// VethHosts makes two namespaces, labelled labelA and labelB ("hosts" A
+// and B), joined by a veth — va in A, vb in B — with the prefixes onA and
+// onB on those ends, both up.
+func (l *Lab) VethHosts(labelA, labelB string, onA, onB []netip.Prefix) (a, b *NS, err error) {
+	if a, err = l.AddNS(labelA); err != nil {
+		return nil, nil, err
+	}
+	if b, err = l.AddNS(labelB); err != nil {
+		return nil, nil, err
+	}
+	if err := l.Veth(a, "va", b, "vb"); err != nil {
+		return nil, nil, err
+	}
+	for _, end := range []struct {
+		ns   *NS
+		link string
+		ps   []netip.Prefix
+	}{{a, "va", onA}, {b, "vb", onB}} {
+		for _, p := range end.ps {
+			if err := end.ns.AddAddr(end.link, p); err != nil {
+				return nil, nil, err
+			}
+		}
+		if err := end.ns.SetUp(end.link, true); err != nil {
+			return nil, nil, err
+		}
+	}
+	return a, b, nil
+}
+
 // veth is Veth with MAC addresses (empty: random).
 func (l *Lab) veth(a *NS, aName, aMAC string, b *NS, bName, bMAC string) error {
 	if err := checkIfName(aName); err != nil {

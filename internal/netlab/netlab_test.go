@@ -497,3 +497,46 @@ func TestSweepRemovesDeadPidsOnly(t *testing.T) {
 		t.Errorf("%s (live pid) was removed", live)
 	}
 }
+
+// TestVethHosts: two namespaces joined by a veth, each end up with its
+// addresses, and a UDP datagram from one address reaches the other.
+func TestVethHosts(t *testing.T) {
+	l := NewT(t)
+	a4, b4 := netip.MustParseAddr("10.200.97.1"), netip.MustParseAddr("10.200.97.2")
+	extra := netip.MustParseAddr("10.200.97.11")
+	a, b, err := l.VethHosts("ha", "hb", []netip.Prefix{netip.PrefixFrom(a4, 24), netip.PrefixFrom(extra, 32)},
+		[]netip.Prefix{netip.PrefixFrom(b4, 24)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ns, want := range map[*NS][]string{a: {"va", a4.String(), extra.String(), "UP"}, b: {"vb", b4.String(), "UP"}} {
+		out, err := ns.IP("addr", "show")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%s: %q lacks %s", ns.Label, out, w)
+			}
+		}
+	}
+	rx, err := b.ListenUDP(netip.AddrPortFrom(b4, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rx.Close()
+	tx, err := a.ListenUDP(netip.AddrPortFrom(extra, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	if _, err := tx.WriteToUDPAddrPort([]byte("hi"), rx.LocalAddr().(*net.UDPAddr).AddrPort()); err != nil {
+		t.Fatal(err)
+	}
+	rx.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 8)
+	n, from, err := rx.ReadFromUDPAddrPort(buf)
+	if err != nil || string(buf[:n]) != "hi" || from.Addr() != extra {
+		t.Fatalf("got %q from %v, %v; want \"hi\" from %v", buf[:n], from, err, extra)
+	}
+}
