@@ -143,34 +143,35 @@ func (d *Device) LoadState(r io.Reader) error {
 	if err != nil {
 		return fmt.Errorf("rdma: load: %w", err)
 	}
-	if c != nil && c.handoff != nil {
-		// The source runs on this daemon and holds its network QPs'
-		// connections (frozen, claimed on the fabric and at their
-		// endpoints) until its front-end goes.
+	// undo gives back what claimForLoad took (nothing for a nil claim).
+	undo := func() {
+		d.mu.Lock()
+		c.undo(d)
+		d.mu.Unlock()
+	}
+	sameDaemon := c != nil && c.handoff != nil // the source runs on this daemon
+	if sameDaemon {
+		// The source holds its network QPs' connections (frozen,
+		// claimed on the fabric and at their endpoints) until its
+		// front-end goes.
 		for i := range st.QPs {
 			if n := st.QPs[i].State.Net; n != nil && !n.Closed {
-				d.mu.Lock()
-				c.undo(d)
-				d.mu.Unlock()
+				undo()
 				return fmt.Errorf("rdma: load: %w: QP %#x is connected over the network: a migration between two "+
 					"devices of one vrdmad does not carry it (migrate to another vrdmad)", ErrNotTransferable, st.QPs[i].Num)
 			}
 		}
 	}
 	if err := d.ImportState(st); err != nil {
-		d.mu.Lock()
-		c.undo(d)
-		d.mu.Unlock()
+		undo()
 		return err
 	}
 	if err := FinishImport([]*Device{d}); err != nil {
 		d.Reset()
-		d.mu.Lock()
-		c.undo(d)
-		d.mu.Unlock()
+		undo()
 		return fmt.Errorf("rdma: load: %w", err)
 	}
-	if c == nil || c.handoff == nil {
+	if !sameDaemon {
 		// The source ran on another daemon: a QP connected to a peer
 		// that stayed there on that host's memory path has nothing to
 		// reach it by here (a QP connected over RoCEv2 does: its
@@ -179,11 +180,7 @@ func (d *Device) LoadState(r io.Reader) error {
 		// would time out under the guest.
 		if qs := d.eng.Unresolved(); len(qs) > 0 {
 			d.Reset()
-			if c != nil {
-				d.mu.Lock()
-				c.undo(d)
-				d.mu.Unlock()
-			}
+			undo()
 			return fmt.Errorf("rdma: load: %w: QP %#x (and %d more) is connected to a peer that is not on this host: "+
 				"a migration between daemons carries no same-host connection (connect such QPs from a network GID "+
 				"to carry them over RoCEv2)", ErrNotTransferable, qs[0], len(qs)-1)

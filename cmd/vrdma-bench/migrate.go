@@ -126,20 +126,22 @@ func migrateSection(o options, w io.Writer) (section, error) {
 const migrateAddedTarget = 50 * time.Millisecond
 
 func migrateRows(bare, dev, across migrateRun) []row {
-	return []row{
-		{name: "migration downtime with the vrdma device (QEMU's)", figure: dev.DowntimeMS, unit: "ms",
+	downtime := func(name string, r migrateRun) row {
+		return row{name: name, figure: r.DowntimeMS, unit: "ms",
 			baseName: "same guest without the device", baseline: bare.DowntimeMS, baseUnit: "ms", invRatio: true,
 			target: fmt.Sprintf("device adds ≤ %d ms", migrateAddedTarget.Milliseconds()),
-			met:    boolp(dev.DowntimeMS-bare.DowntimeMS <= ms(migrateAddedTarget))},
-		{name: "migration: longest stream gap", figure: dev.GapMS, unit: "ms",
-			baseName: "QEMU's downtime", baseline: dev.DowntimeMS, baseUnit: "ms", invRatio: true},
+			met:    boolp(r.DowntimeMS-bare.DowntimeMS <= ms(migrateAddedTarget))}
+	}
+	gap := func(name string, r migrateRun) row {
+		return row{name: name, figure: r.GapMS, unit: "ms",
+			baseName: "QEMU's downtime", baseline: r.DowntimeMS, baseUnit: "ms", invRatio: true}
+	}
+	return []row{
+		downtime("migration downtime with the vrdma device (QEMU's)", dev),
+		gap("migration: longest stream gap", dev),
 		{name: "migration total time with the vrdma device", figure: dev.TotalMS, unit: "ms",
 			baseName: "same guest without the device", baseline: bare.TotalMS, baseUnit: "ms", invRatio: true},
-		{name: "migration to another vrdmad (RoCEv2): downtime (QEMU's)", figure: across.DowntimeMS, unit: "ms",
-			baseName: "same guest without the device", baseline: bare.DowntimeMS, baseUnit: "ms", invRatio: true,
-			target: fmt.Sprintf("device adds ≤ %d ms", migrateAddedTarget.Milliseconds()),
-			met:    boolp(across.DowntimeMS-bare.DowntimeMS <= ms(migrateAddedTarget))},
-		{name: "migration to another vrdmad: longest stream gap", figure: across.GapMS, unit: "ms",
-			baseName: "QEMU's downtime", baseline: across.DowntimeMS, baseUnit: "ms", invRatio: true},
+		downtime("migration to another vrdmad (RoCEv2): downtime (QEMU's)", across),
+		gap("migration to another vrdmad: longest stream gap", across),
 	}
 }

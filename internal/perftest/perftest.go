@@ -110,11 +110,12 @@ func (c *Config) fill() error {
 // the client's done message arrives in one, marked by immediate data.
 func (c *Config) sendStream() bool { return c.Duration > 0 && c.Op == "send" }
 
-// slots is the number of message buffers per side.
+// connectOpts are the QP's connection choices.
 func (c *Config) connectOpts() verbs.ConnectOpts {
 	return verbs.ConnectOpts{SGIDIndex: c.GIDIndex, Paths: c.Paths, Timeout: c.AckTimeout}
 }
 
+// slots is the number of message buffers per side.
 func (c *Config) slots() int {
 	return int(max(1, min(uint64(c.TxDepth), c.Budget/c.Size)))
 }
