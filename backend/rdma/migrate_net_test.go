@@ -142,11 +142,7 @@ func TestMigrateNetwork(t *testing.T) {
 	a, b := s.a, s.b
 	cur := []*Device{a.dev, b.dev}
 	devs := func() []*Device { return cur }
-	src := make([]byte, netMsgs*netMsg)
-	for i := range src {
-		src[i] = byte(i*5 + i>>12)
-	}
-	stall := s.startStalled(t, src, devs)
+	src, stall := s.startStalled(t, devs)
 
 	// A pause: the network QP runs on, and cannot be saved.
 	a.dev.Suspend(true)

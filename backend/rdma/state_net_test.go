@@ -159,13 +159,17 @@ const early = 4
 
 func recvAt(i int) int { return 512<<10 + i*netMsg }
 
-// startStalled fills a's MR with src (netMsgs × netMsg bytes) and streams
-// it to b: WRITE, SEND, WRITE, … of two SGEs each, b holding early
-// receives, so that a stalls at SEND number early (WQE 2*early+1, which
-// it returns): b has no receive, the SEND is NAKed and retried, the
-// messages after it are posted to the transport.
-func (s *netSetup) startStalled(t *testing.T, src []byte, devs func() []*Device) int {
+// startStalled fills a's MR with a pattern, src (netMsgs × netMsg
+// bytes), and streams it to b: WRITE, SEND, WRITE, … of two SGEs each, b
+// holding early receives, so that a stalls at SEND number early (WQE
+// 2*early+1, returned as stall): b has no receive, the SEND is NAKed and
+// retried, the messages after it are posted to the transport.
+func (s *netSetup) startStalled(t *testing.T, devs func() []*Device) (src []byte, stall int) {
 	t.Helper()
+	src = make([]byte, netMsgs*netMsg)
+	for i := range src {
+		src[i] = byte(i*7 + i>>13)
+	}
 	copy(s.mra.Bytes(), src)
 	for i := range early {
 		must(t, s.qb.PostRecv(verbs.RecvWR{WRID: uint64(100 + i), SGL: []abi.SGE{s.mrb.SGE(recvAt(i), netMsg)}}))
@@ -178,7 +182,7 @@ func (s *netSetup) startStalled(t *testing.T, src []byte, devs func() []*Device)
 		}
 		must(t, s.qa.PostSend(wr))
 	}
-	stall := 2*early + 1
+	stall = 2*early + 1
 	for i, w := range collect(t, s.sa, stall, devs) {
 		if w.WRID != uint64(i) || w.Status != abi.WCSuccess {
 			t.Fatalf("completion %d before the stall: %+v", i, w)
@@ -186,7 +190,7 @@ func (s *netSetup) startStalled(t *testing.T, src []byte, devs func() []*Device)
 	}
 	collect(t, s.rb, early, devs)
 	time.Sleep(20 * time.Millisecond) // the stalled SEND is NAKed and retried meanwhile
-	return stall
+	return src, stall
 }
 
 // finishStalled posts b's other receives and checks that a's stream
@@ -232,11 +236,7 @@ func TestHandoverNetwork(t *testing.T) {
 	a, b := s.a, s.b
 	cur := []*Device{a.dev, b.dev}
 	devs := func() []*Device { return cur }
-	src := make([]byte, netMsgs*netMsg)
-	for i := range src {
-		src[i] = byte(i*7 + i>>13)
-	}
-	stall := s.startStalled(t, src, devs)
+	src, stall := s.startStalled(t, devs)
 	before := map[string]abi.QPAttr{}
 	for name, qp := range map[string]*verbs.QP{"qa": s.qa, "qb": s.qb} {
 		attr, err := qp.Query()
