@@ -13,12 +13,15 @@ import (
 // StartDirtyLog turns the back-end's dirty logging on as QEMU does when a
 // migration starts (vhost_dev_set_log): a log covering the guest memory,
 // one bit per LogPageSize page, in a memfd given with SET_LOG_BASE, then
-// SET_FEATURES with VHOST_F_LOG_ALL. It returns the log's bytes (the
-// mapping lives as long as the front-end's process: a test's). The
-// back-end must offer VHOST_F_LOG_ALL (a device on a host NIC does not).
+// SET_FEATURES with VHOST_F_LOG_ALL. It returns the log's bytes, mapped
+// until Close. The back-end must offer VHOST_F_LOG_ALL (a device on a
+// host NIC does not); logging is started once.
 func (f *Frontend) StartDirtyLog() ([]byte, error) {
 	if f.DeviceFeatures&virtio.FeatureLogAll == 0 {
 		return nil, fmt.Errorf("frontend: the back-end does not offer VHOST_F_LOG_ALL")
+	}
+	if f.log != nil {
+		return nil, fmt.Errorf("frontend: dirty logging is on already")
 	}
 	pages := (uint64(len(f.Memory())) + memmap.LogPageSize - 1) / memmap.LogPageSize
 	size := (pages + 63) / 64 * 8
@@ -52,5 +55,6 @@ func (f *Frontend) StartDirtyLog() ([]byte, error) {
 		return nil, err
 	}
 	f.Features |= virtio.FeatureLogAll
+	f.log = log
 	return log, nil
 }

@@ -53,6 +53,7 @@ type Frontend struct {
 	fd    int // the memfd, kept to send again (SET_MEM_TABLE) and for tests
 	mem   *memmap.Region
 	alloc *allocator // guest memory allocator (alloc.go)
+	log   []byte     // the dirty log's mapping (StartDirtyLog), unmapped by Close
 
 	// Negotiated.
 	DeviceFeatures   uint64
@@ -415,6 +416,10 @@ func (f *Frontend) Close() error {
 	if f.fd >= 0 {
 		unix.Close(f.fd)
 		f.fd = -1
+	}
+	if f.log != nil {
+		unix.Munmap(f.log)
+		f.log = nil
 	}
 	return err
 }
