@@ -85,31 +85,39 @@ func wantNumber(t *testing.T, line map[string]any, keys ...string) {
 	}
 }
 
+// migratedStream runs a migration of a 25 s stream of op (after 4 s,
+// with the further args) and checks what every completed one must show:
+// exit 0, a verified stream, the numbers, no error, no kernel trouble.
+// It returns the output.
+func migratedStream(t *testing.T, vmtest, op string, args ...string) string {
+	t.Helper()
+	line, out, code := migrateLine(t, vmtest, append(args, "--op", op, "--duration", "25s", "--after", "4s")...)
+	if code != 0 {
+		t.Errorf("exit %d:\n%s", code, out)
+	}
+	if line["verified"] != true || line["status"] != "completed" || line["cancelled"] != false || line["device"] != true || line["op"] != op {
+		t.Errorf("got %v, want a completed migration of a verified %s stream", line, op)
+	}
+	wantNumber(t, line, "downtime_ms", "total_ms", "ram_bytes", "gap_ms", "bytes")
+	// Loosely: the stream's pause is the migration's, not the stream's
+	// whole length.
+	if g, _ := line["gap_ms"].(float64); g >= 25000 {
+		t.Errorf("gap_ms %v: the stream stood still for its whole duration", g)
+	}
+	if e, ok := line["error"]; ok {
+		t.Errorf("error %v", e)
+	}
+	kernelTrouble(t, out)
+	return out
+}
+
 // TestMigrateStream migrates the migrant's guest in the middle of a
 // verified WRITE stream and of a verified SEND stream: the migration
 // completes, both sides verify every byte, neither guest sees an error.
 func TestMigrateStream(t *testing.T) {
 	vmtest := needMigrate(t)
 	for _, op := range []string{"write", "send"} {
-		t.Run(op, func(t *testing.T) {
-			line, out, code := migrateLine(t, vmtest, "--op", op, "--duration", "25s", "--after", "4s")
-			if code != 0 {
-				t.Errorf("exit %d:\n%s", code, out)
-			}
-			if line["verified"] != true || line["status"] != "completed" || line["cancelled"] != false || line["device"] != true || line["op"] != op {
-				t.Errorf("got %v, want a completed migration of a verified %s stream", line, op)
-			}
-			wantNumber(t, line, "downtime_ms", "total_ms", "ram_bytes", "gap_ms", "bytes")
-			// Loosely: the stream's pause is the migration's, not the
-			// stream's whole length.
-			if g, _ := line["gap_ms"].(float64); g >= 25000 {
-				t.Errorf("gap_ms %v: the stream stood still for its whole duration", g)
-			}
-			if e, ok := line["error"]; ok {
-				t.Errorf("error %v", e)
-			}
-			kernelTrouble(t, out)
-		})
+		t.Run(op, func(t *testing.T) { migratedStream(t, vmtest, op) })
 	}
 }
 
@@ -126,21 +134,9 @@ func TestMigrateAcross(t *testing.T) {
 	vmtest := needMigrate(t)
 	for _, op := range []string{"write", "send"} {
 		t.Run(op, func(t *testing.T) {
-			line, out, code := migrateLine(t, vmtest, "--across", "--op", op, "--duration", "25s", "--after", "4s")
-			if code != 0 {
-				t.Errorf("exit %d:\n%s", code, out)
-			}
-			if line["verified"] != true || line["status"] != "completed" || line["device"] != true || line["op"] != op {
-				t.Errorf("got %v, want a completed migration of a verified %s stream", line, op)
-			}
-			wantNumber(t, line, "downtime_ms", "total_ms", "ram_bytes", "gap_ms", "bytes")
-			if !strings.Contains(out, "moved to vrdmad B's namespace") {
+			if out := migratedStream(t, vmtest, op, "--across"); !strings.Contains(out, "moved to vrdmad B's namespace") {
 				t.Errorf("the migrant's address did not move:\n%s", out)
 			}
-			if e, ok := line["error"]; ok {
-				t.Errorf("error %v", e)
-			}
-			kernelTrouble(t, out)
 		})
 	}
 }
